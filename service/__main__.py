@@ -1,0 +1,55 @@
+"""`python -m service`: read settings from the environment and serve with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from pydantic import ValidationError
+
+
+def main() -> int:
+    from service.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as err:
+        for problem in err.errors():
+            field = ".".join(str(p) for p in problem["loc"]).upper() or "settings"
+            print(
+                f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
+            )
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from training.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    import uvicorn
+
+    from service.app import create_app
+    from service.backends.inprocess import DeviceError, configure_tensorflow
+
+    try:
+        # Before uvicorn starts, so a missing GPU is one clear line and exit code 2.
+        configure_tensorflow(settings.device, settings.intra_op_threads, settings.inter_op_threads)
+    except DeviceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        # Let in-flight requests finish on SIGTERM/Ctrl-C before the model is closed.
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

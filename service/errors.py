@@ -1,0 +1,55 @@
+"""Service errors: one base with an HTTP status; bodies in TF Serving's {"error": "..."} form."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base error; `status` is the HTTP status the client gets."""
+
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadInput(ServiceError):
+    """The request is malformed or its tensors have the wrong shape, type or values."""
+
+    status = 400
+
+
+class NotFound(ServiceError):
+    """Unknown model, version or signature target."""
+
+    status = 404
+
+
+class PayloadTooLarge(ServiceError):
+    """Body or image count over the configured limit."""
+
+    status = 413
+
+
+class TooManyRequests(ServiceError):
+    """The backend is out of capacity (TF Serving's RESOURCE_EXHAUSTED)."""
+
+    status = 429
+
+
+class NotReady(ServiceError):
+    """No model is loaded yet, or the backend is unreachable."""
+
+    status = 503
+
+
+class UpstreamError(ServiceError):
+    """The backend failed in a way that is not the client's fault."""
+
+    status = 502
+
+
+class UpstreamTimeout(ServiceError):
+    """The backend did not answer within the deadline."""
+
+    status = 504

@@ -1,0 +1,76 @@
+"""Prometheus metrics, one registry per app (tests build many apps in one process)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The service's metrics: requests, latency, predictions by class, model version."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "http_requests_total",
+            "HTTP requests by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "http_request_duration_seconds",
+            "Time from request start to the end of the response, by route template.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.predictions = Counter(
+            "predictions_total",
+            "Images classified, by predicted label.",
+            ["model", "label"],
+            registry=self.registry,
+        )
+        self.images_per_request = Histogram(
+            "images_per_request",
+            "Images in one prediction request.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=self.registry,
+        )
+        self.model_version = Gauge(
+            "model_version",
+            "The version answering requests that name no version.",
+            ["model", "device"],
+            registry=self.registry,
+        )
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware counting every HTTP request by its route template and status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(template).observe(time.perf_counter() - started)

@@ -1,0 +1,60 @@
+"""The service's settings, read from the environment (names as in the tensorflow/serving image)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told at start; built once in the entry point."""
+
+    # No prefix: MODEL_NAME and MODEL_BASE_PATH mean what they mean to tensorflow/serving.
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    model_name: str = Field(
+        "fashion_mnist", description="Model served, the folder under MODEL_BASE_PATH."
+    )
+    model_base_path: str = Field(
+        "models", description="Model repository: <base>/<name>/<version>/saved_model.pb."
+    )
+    host: str = Field("127.0.0.1", description="Address uvicorn binds.")
+    port: int = Field(8000, ge=1, le=65535, description="Port uvicorn listens on.")
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="auto: a GPU when TensorFlow sees one, else the CPU; gpu: fail without one.",
+    )
+    model_poll_seconds: float = Field(
+        2.0, ge=0, description="How often to look for a newer version and swap it in; 0 = never."
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
+    )
+    max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
+    intra_op_threads: int = Field(
+        0, ge=0, description="TensorFlow threads inside one op; 0 = one per core (best measured)."
+    )
+    inter_op_threads: int = Field(
+        1,
+        ge=0,
+        description="TensorFlow ops run in parallel; 1 was best measured here, 0 = TF's choice.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the service and uvicorn."
+    )
+
+    @field_validator("model_name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or "/" in value or value in (".", ".."):
+            raise ValueError(f"must be a plain folder name, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> Settings:
+        # One 28x28 image is at least ~1.6 KB as JSON; a limit below that rejects everything.
+        if self.max_body_bytes < 4096:
+            raise ValueError(f"MAX_BODY_BYTES={self.max_body_bytes} is too small for one image")
+        return self

@@ -1,0 +1,1 @@
+"""Training job: IDX data, the reference CNN as an Estimator, evaluation and versioned export."""
