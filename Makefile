@@ -63,3 +63,8 @@ format: venv
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
+
+# Side-by-side throughput: in-process ceiling, naive FastAPI, this service without and with batching.
+bench: setup
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	$(PY) -m benchmarks.bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -12,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.datastructures import UploadFile
 
 from service import codec
-from service.errors import BadInput, PayloadTooLarge
+from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge
 from training.contract import CLASSES_KEY, PROBABILITIES_KEY, SIGNATURE_NAME, normalize_pixels
 from training.images import INVERT_MODES
 
@@ -29,7 +30,8 @@ def json_response(content, status_code: int = 200) -> Response:
 def _version(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit():
+    # ASCII only: str.isdigit() also accepts '²' (int() then raises) and '１' (int() reads 1).
+    if not (text.isascii() and text.isdigit()):
         raise BadInput(f"Malformed request: version must be a non-negative integer, got {text!r}")
     return int(text)
 
@@ -63,10 +65,32 @@ def _check_count(request: Request, count: int) -> None:
         )
 
 
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body is fully read by now, so the next message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work):
+    """Await `work`, cancelling it if the client disconnects first (frees its batch slot)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientClosedRequest("the client disconnected before the prediction was ready")
+    return task.result()
+
+
 async def _predict(request: Request, name: str, images: np.ndarray, version, signature_name):
     _check_count(request, len(images))
     state = request.app.state
-    prediction = await state.backend.predict(name, images, version, signature_name)
+    prediction = await _unless_disconnected(
+        request, state.backend.predict(name, images, version, signature_name)
+    )
     state.metrics.images_per_request.observe(len(images))
     classes = prediction.outputs.get(CLASSES_KEY)
     if classes is not None:
@@ -306,7 +330,14 @@ async def _uploaded_images(request: Request, invert: str):
             max_files=limit + 1, max_part_size=request.app.state.settings.max_body_bytes
         )
     except Exception as err:  # multipart's parser raises several types for malformed bodies
-        raise BadInput(f"malformed multipart body: {err}") from err
+        detail = str(getattr(err, "detail", err))
+        if detail.startswith("Too many files"):
+            # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files lands here.
+            raise PayloadTooLarge(
+                f"request has more than {limit + 1} images; the limit is {limit} per request "
+                "(MAX_IMAGES)"
+            ) from err
+        raise BadInput(f"malformed multipart body: {detail}") from err
     uploads = [(key, value) for key, value in form.multi_items() if isinstance(value, UploadFile)]
     if not uploads:
         raise BadInput("multipart body has no file; send one or more images as 'files'")

@@ -21,10 +21,23 @@ log = logging.getLogger("service")
 
 
 def make_backend(settings: Settings) -> Backend:
-    """The backend the settings ask for."""
+    """The backend the settings ask for.
+
+    BACKEND=tfserving forwards every call to TF Serving, which batches on its side
+    (--enable_batching), so no batcher sits in front of it here: one would serialize the calls.
+    """
+    if settings.backend == "tfserving":
+        from service.backends.tfserving import TFServingBackend
+
+        return TFServingBackend(
+            settings.model_name,
+            settings.model_base_path,
+            settings.tfserving_grpc_address,
+            settings.tfserving_deadline_seconds,
+        )
     from service.backends.inprocess import InProcessBackend
 
-    return InProcessBackend(
+    backend = InProcessBackend(
         settings.model_name,
         settings.model_base_path,
         device=settings.device,
@@ -32,6 +45,13 @@ def make_backend(settings: Settings) -> Backend:
         inter_op_threads=settings.inter_op_threads,
         poll_seconds=settings.model_poll_seconds,
     )
+    if settings.batch_max_size > 1:
+        from service.batching import BatchingBackend
+
+        backend = BatchingBackend(
+            backend, settings.batch_max_size, settings.batch_timeout_ms, settings.batch_max_queue
+        )
+    return backend
 
 
 def _error(status: int, message: str) -> Response:

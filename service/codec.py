@@ -98,7 +98,8 @@ def to_array(value: Any, where: str) -> np.ndarray:
 
 def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
     """float32 as TF Serving would feed it; BadInput on values that are not finite in float32."""
-    images = arr.astype(np.float32)
+    with np.errstate(over="ignore"):  # values past float32's range become inf, refused below
+        images = arr.astype(np.float32)
     if not np.isfinite(images).all():
         i = int(np.argmax(~np.isfinite(images).reshape(len(images), -1).all(axis=1)))
         raise BadInput(f"{where}[{i}]: values must be finite numbers (NaN/Inf or too large)")

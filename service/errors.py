@@ -53,3 +53,15 @@ class UpstreamTimeout(ServiceError):
     """The backend did not answer within the deadline."""
 
     status = 504
+
+
+class Overloaded(ServiceError):
+    """The batching queue is full: refuse at once rather than queue without bound."""
+
+    status = 503
+
+
+class ClientClosedRequest(ServiceError):
+    """The client went away before its answer was ready (nginx's 499; nobody reads it)."""
+
+    status = 499

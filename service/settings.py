@@ -22,6 +22,32 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address uvicorn binds.")
     port: int = Field(8000, ge=1, le=65535, description="Port uvicorn listens on.")
+    backend: Literal["tensorflow", "tfserving"] = Field(
+        "tensorflow",
+        description="tensorflow: run the SavedModel in this process; tfserving: forward to "
+        "TensorFlow Serving over gRPC.",
+    )
+    tfserving_grpc_address: str = Field(
+        "tfserving:8500",
+        description="host:port of TensorFlow Serving's gRPC API (BACKEND=tfserving).",
+    )
+    tfserving_deadline_seconds: float = Field(
+        10.0, gt=0, description="Deadline of each gRPC call to TensorFlow Serving; past it, 504."
+    )
+    batch_max_size: int = Field(
+        64,
+        ge=1,
+        description="Dynamic batching: most images merged into one model call (1 = no batching).",
+    )
+    batch_timeout_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Dynamic batching: longest wait for more requests once the model is free "
+        "(0 = run what is queued at once, TF Serving's advice on CPU).",
+    )
+    batch_max_queue: int = Field(
+        256, ge=1, description="Dynamic batching: most requests waiting; beyond it, 503 at once."
+    )
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
         description="auto: a GPU when TensorFlow sees one, else the CPU; gpu: fail without one.",

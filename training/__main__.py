@@ -15,8 +15,8 @@ from training.data import DEFAULT_DATA_DIR, DataError
 DEFAULT_MODEL_DIR = "runs/fashion_mnist"
 DEFAULT_EXPORT_DIR = "models/fashion_mnist"
 PARAMS_FILE = "params.json"
-# Measured here (README): 3 epochs of batch 100 with Adam 1e-3 and cosine decay.
-DEFAULT_EPOCHS = 3
+# Measured here (README): 10 epochs of batch 100, Adam 1e-3 with cosine decay: 0.93 in ~3.5 min.
+DEFAULT_EPOCHS = 10
 DEFAULT_BATCH_SIZE = 100
 DEFAULT_LEARNING_RATE = 1e-3
 EVAL_BATCH_SIZE = 500
@@ -38,6 +38,11 @@ def _positive_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+# argparse names the type in "invalid <name> value: 'ten'".
+_positive_int.__name__ = "positive integer"
+_positive_float.__name__ = "positive number"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _labels(args) -> tuple[str, ...]:
+    try:
+        return resolve_labels(args.labels, args.data_dir)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
 def _load_params(model_dir: Path) -> dict:
     path = model_dir / PARAMS_FILE
     if not path.is_file():
@@ -183,6 +195,17 @@ def _latest_step(model_dir: Path) -> int:
     return int(tf.train.load_variable(checkpoint, "global_step"))
 
 
+def _exported_version_of(export_dir: Path, model_dir: Path, step: int) -> Path | None:
+    """The newest version exported from this model dir at this step, if any."""
+    from training.saved_model import read_report, version_dirs
+
+    for _, path in reversed(version_dirs(export_dir)):
+        report = read_report(path) or {}
+        if report.get("model_dir") == str(model_dir) and report.get("global_step") == step:
+            return path
+    return None
+
+
 def _report_builder(test_images, test_labels, labels, context):
     """A build_report callback evaluating the staged SavedModel itself on the test split."""
     from training.contract import normalize_pixels
@@ -206,7 +229,7 @@ def cmd_train(args) -> int:
     from training.export import export_model
     from training.hooks import ProgressHook, train_accuracy_hook
 
-    labels = resolve_labels(args.labels, args.data_dir)
+    labels = _labels(args)
     train_split = data.validate_split(args.data_dir, "train")
     test_split, test_images, test_labels = data.load_split(args.data_dir, "test")
     steps_per_epoch = math.ceil(train_split.count / args.batch_size)
@@ -260,6 +283,10 @@ def cmd_train(args) -> int:
         )
     else:
         print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
+        exported = _exported_version_of(Path(args.export_dir), model_dir, start_step)
+        if exported is not None and not args.no_export:
+            print(f"Step {start_step} is already exported as {exported}; not exporting it again.")
+            return 0
     train_seconds = time.perf_counter() - started
     if args.no_export:
         return 0
@@ -301,7 +328,7 @@ def cmd_evaluate(args) -> int:
         version_path = path if (path / "saved_model.pb").is_file() else versions[-1][1]
         predictor = SavedModelPredictor(version_path)
         classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
-        labels = read_labels_file(version_path) or resolve_labels(args.labels, args.data_dir)
+        labels = read_labels_file(version_path) or _labels(args)
         source = {"saved_model": str(version_path)}
     else:
         import numpy as np
@@ -316,7 +343,7 @@ def cmd_evaluate(args) -> int:
             lambda: data.predict_input_fn(test_images, EVAL_BATCH_SIZE), predict_keys=["classes"]
         )
         classes = np.fromiter((p["classes"] for p in predictions), np.int64, len(test_images))
-        labels = tuple(params.get("labels") or resolve_labels(args.labels, args.data_dir))
+        labels = tuple(params.get("labels") or _labels(args))
         source = {"model_dir": str(path), "global_step": _latest_step(path)}
     report = build_report(
         test_labels, classes, labels, data_dir=str(args.data_dir), split="test", **source
@@ -337,7 +364,7 @@ def cmd_export(args) -> int:
     step = _latest_step(model_dir)
     if step == 0:
         raise UsageError(f"{model_dir}: holds no checkpoint to export")
-    labels = tuple(params.get("labels") or resolve_labels(args.labels, args.data_dir))
+    labels = tuple(params.get("labels") or _labels(args))
     _, test_images, test_labels = data.load_split(args.data_dir, "test")
     estimator = make_estimator(str(model_dir), data_format=params["data_format"])
     context = {
@@ -369,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
-    except (DataError, UsageError, ValueError) as err:
+    except (DataError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as err:

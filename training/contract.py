@@ -25,6 +25,9 @@ PIXEL_MAX = 255.0
 ASSETS_EXTRA = "assets.extra"
 LABELS_FILE = "labels.txt"
 REPORT_FILE = "evaluation.json"
+# TF Serving replays this TFRecord of PredictionLog requests when it loads a version; so does
+# the in-process backend (the name and format are TF Serving's).
+WARMUP_FILE = "tf_serving_warmup_requests"
 
 FASHION_MNIST_LABELS = (
     "T-shirt/top",

@@ -38,10 +38,6 @@ class IdxSplit:
     labels_path: str
     count: int
 
-    @property
-    def compressed(self) -> bool:
-        return self.images_path.endswith(".gz")
-
 
 def _find(data_dir: Path, prefix: str, kind: str) -> Path:
     # Both spellings occur in the wild: train-images-idx3-ubyte and train-images.idx3-ubyte.
@@ -159,12 +155,18 @@ def validate_split(data_dir: str | os.PathLike, split: str) -> IdxSplit:
     return load_split(data_dir, split)[0]
 
 
-def _decode_idx(path: str, header_bytes: int, compressed: bool):
+def _is_gzip(path: str) -> bool:
+    # By content, as read_bytes() decides: a gzipped file need not be named .gz.
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _decode_idx(path: str, header_bytes: int):
     """Graph ops that read one IDX file and return its payload as a flat uint8 tensor."""
     import tensorflow as tf
 
     data = tf.io.read_file(path)
-    if compressed:
+    if _is_gzip(path):
         data = tf.io.decode_compressed(data, compression_type="GZIP")
     return tf.io.decode_raw(tf.strings.substr(data, header_bytes, -1), tf.uint8)
 
@@ -178,10 +180,10 @@ def dataset(split: IdxSplit):
     import tensorflow as tf
 
     images = tf.reshape(
-        _decode_idx(split.images_path, IMAGES_HEADER_BYTES, split.compressed),
+        _decode_idx(split.images_path, IMAGES_HEADER_BYTES),
         [split.count, IMAGE_HEIGHT, IMAGE_WIDTH],
     )
-    labels = _decode_idx(split.labels_path, LABELS_HEADER_BYTES, split.labels_path.endswith(".gz"))
+    labels = _decode_idx(split.labels_path, LABELS_HEADER_BYTES)
     ds = tf.data.Dataset.from_tensor_slices((images, labels))
     return ds.map(
         lambda image, label: ({INPUT_KEY: normalize_pixels(image)}, tf.cast(label, tf.int32)),

@@ -1,8 +1,9 @@
 """Export a checkpoint as a new integer version in TensorFlow Serving's repository layout.
 
-A version appears atomically: the SavedModel, its labels and its evaluation report are built in
-a hidden staging directory beside the versions and renamed into place only when complete, so
-TF Serving and our service, which poll the folder, never see a half-written version.
+A version appears atomically: the SavedModel, its labels, its evaluation report and its warmup
+requests are built in a hidden staging directory beside the versions and renamed into place
+only when complete, so TF Serving and our service, which poll the folder, never see a
+half-written version.
 """
 
 from __future__ import annotations
@@ -14,21 +15,28 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from training.contract import (
     ASSETS_EXTRA,
     IMAGE_HEIGHT,
+    IMAGE_SHAPE,
     IMAGE_WIDTH,
     INPUT_KEY,
     LABELS_FILE,
     REPORT_FILE,
+    SIGNATURE_NAME,
+    WARMUP_FILE,
 )
-from training.saved_model import version_dirs
+from training.saved_model import signature_def_map, version_dirs
 
 STAGING_PREFIX = ".export-"
 # Staging directories older than this belong to a killed export and are swept away.
 STALE_STAGING_SECONDS = 3600
+# Warmup batch sizes for the default signature: one image (the common request) and a small
+# batch (what dynamic batching sends); every other signature is warmed with one image.
+WARMUP_BATCH_SIZES = (1, 8)
 
 
 def serving_input_receiver_fn():
@@ -37,6 +45,52 @@ def serving_input_receiver_fn():
     with tf.Graph().as_default():
         image = tf.compat.v1.placeholder(tf.float32, [None, IMAGE_HEIGHT, IMAGE_WIDTH], INPUT_KEY)
     return tf.estimator.export.build_raw_serving_input_receiver_fn({INPUT_KEY: image})
+
+
+def warmup_requests(version_path: str | Path, model_name: str, images: np.ndarray | None = None):
+    """The PredictRequests TF Serving should replay when it loads this SavedModel.
+
+    Args:
+        version_path: the (staged) SavedModel, read for its signatures.
+        model_name: put in each request's model_spec (TF Serving ignores it during warmup).
+        images: float32 [n, 28, 28] in [0, 1] to send; by default all-zero images.
+    """
+    from tensorflow_serving.apis import predict_pb2
+
+    largest = max(WARMUP_BATCH_SIZES)
+    if images is None or len(images) == 0:
+        images = np.zeros((largest, *IMAGE_SHAPE), np.float32)
+    images = np.asarray(images, np.float32)
+    requests = []
+    for name, signature in sorted(signature_def_map(version_path).signature_def.items()):
+        # Only the signatures this service can call: one `image` input.
+        if set(signature.inputs) != {INPUT_KEY}:
+            continue
+        sizes = WARMUP_BATCH_SIZES if name == SIGNATURE_NAME else WARMUP_BATCH_SIZES[:1]
+        for size in sizes:
+            # Repeat the images when fewer were given than the batch size asks for.
+            batch = np.resize(images, (size, *IMAGE_SHAPE))
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = name
+            request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(batch, tf.float32))
+            requests.append(request)
+    return requests
+
+
+def write_warmup_file(version_path: str | Path, requests) -> Path:
+    """Write requests as assets.extra/tf_serving_warmup_requests, TF Serving's warmup format."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = Path(version_path) / ASSETS_EXTRA / WARMUP_FILE
+    path.parent.mkdir(exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for request in requests:
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request)
+            )
+            writer.write(log.SerializeToString())
+    return path
 
 
 def _sweep_stale_staging(base: Path) -> None:
@@ -67,6 +121,7 @@ def export_model(
     labels: tuple[str, ...],
     build_report: Callable[[Path], dict] | None = None,
     checkpoint_path: str | None = None,
+    warmup_images: np.ndarray | None = None,
 ) -> Path:
     """Export the estimator's latest (or the given) checkpoint as a new version.
 
@@ -77,6 +132,9 @@ def export_model(
         build_report: called with the staged SavedModel's path before it is published; its
             result is written to assets.extra/evaluation.json.
         checkpoint_path: a specific checkpoint instead of the latest.
+        warmup_images: float32 [n, 28, 28] in [0, 1] for the warmup requests written to
+            assets.extra/tf_serving_warmup_requests (a few real images are best); by default
+            all-zero images.
     Returns:
         The published version directory, e.g. models/fashion_mnist/3.
     """
@@ -93,6 +151,7 @@ def export_model(
         extra = staged / ASSETS_EXTRA
         extra.mkdir(exist_ok=True)
         (extra / LABELS_FILE).write_text("\n".join(labels) + "\n", encoding="utf-8")
+        write_warmup_file(staged, warmup_requests(staged, base.name, warmup_images))
         if build_report is not None:
             report = build_report(staged)
             (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -11,11 +11,13 @@ import tensorflow as tf
 from training.contract import (
     ASSETS_EXTRA,
     CLASSES_KEY,
+    IMAGE_SHAPE,
     INPUT_KEY,
     LABELS_FILE,
     PROBABILITIES_KEY,
     REPORT_FILE,
     SIGNATURE_NAME,
+    WARMUP_FILE,
 )
 
 
@@ -44,6 +46,32 @@ def read_report(version_path: str | Path) -> dict | None:
     """The evaluation report exported with a version, or None when it has none."""
     path = Path(version_path) / ASSETS_EXTRA / REPORT_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def read_warmup_requests(version_path: str | Path) -> list:
+    """The PredictRequests of a version's TF Serving warmup file; [] when it has none.
+
+    The file is assets.extra/tf_serving_warmup_requests: a TFRecord of PredictionLog records
+    (TF Serving's format). Only predict_log records are kept, as they are all this model uses.
+
+    Raises:
+        ValueError: the file is not a TFRecord of PredictionLog records.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = Path(version_path) / ASSETS_EXTRA / WARMUP_FILE
+    if not path.is_file():
+        return []
+    requests = []
+    try:
+        for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+            log = prediction_log_pb2.PredictionLog.FromString(record)
+            if log.WhichOneof("log_type") == "predict_log":
+                requests.append(log.predict_log.request)
+    except (tf.errors.DataLossError, DecodeError) as err:
+        raise ValueError(f"{path}: not a TFRecord of PredictionLog records ({err})") from err
+    return requests
 
 
 def signature_def_map(version_path: str | Path):
@@ -97,6 +125,7 @@ class SavedModelPredictor:
             runner = tf.function(
                 lambda image: signature(**{INPUT_KEY: image}),
                 input_signature=[tf.TensorSpec(spec.shape, spec.dtype)],
+                autograph=False,  # nothing to convert; spares a warning about the lambda
             )
             self._runners[signature_name] = runner
         return runner
@@ -114,6 +143,30 @@ class SavedModelPredictor:
         with tf.device(self.device):
             outputs = self._runner(signature_name)(tf.constant(images, tf.float32))
         return {key: value.numpy() for key, value in outputs.items()}
+
+    def warm_up(self) -> int:
+        """Replay the version's warmup requests (as TF Serving does on load); how many ran.
+
+        Without a warmup file, one all-zero image through the default signature. Either way
+        the first call's tracing is paid here, before the version reports ready.
+
+        Raises:
+            ValueError: the warmup file is unreadable or a request does not fit the model.
+        """
+        requests = read_warmup_requests(self.path)
+        if not requests:
+            self.run(np.zeros((1, *IMAGE_SHAPE), np.float32))
+            return 0
+        for i, request in enumerate(requests):
+            signature_name = request.model_spec.signature_name or SIGNATURE_NAME
+            if signature_name not in self.signatures or set(request.inputs) != {INPUT_KEY}:
+                raise ValueError(
+                    f"{self.path}: warmup request {i} wants signature {signature_name!r} with "
+                    f"inputs {sorted(request.inputs)}; the model has {sorted(self.signatures)} "
+                    f"taking {INPUT_KEY!r}"
+                )
+            self.run(tf.make_ndarray(request.inputs[INPUT_KEY]), signature_name)
+        return len(requests)
 
     def predict(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 [n, 28, 28] in [0, 1] -> (int64 classes [n], float32 probabilities [n, 10])."""

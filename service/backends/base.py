@@ -95,3 +95,39 @@ class Backend(abc.ABC):
             labels = read_labels_file(self.model_dir / str(version)) or DIGIT_LABELS
             self._labels[version] = labels
         return labels
+
+
+class DelegatingBackend(Backend):
+    """A backend that wraps another and passes every call through; override what differs."""
+
+    def __init__(self, inner: Backend):
+        super().__init__(inner.model_name, str(inner.model_dir.parent))
+        self.inner = inner
+
+    @property
+    def ready(self) -> bool:
+        return self.inner.ready
+
+    def not_ready_reason(self) -> str:
+        return self.inner.not_ready_reason()
+
+    def device(self) -> str:
+        return self.inner.device()
+
+    def labels(self, version: int) -> tuple[str, ...]:
+        return self.inner.labels(version)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def model_status(self, name, version):
+        return await self.inner.model_status(name, version)
+
+    async def metadata(self, name, version):
+        return await self.inner.metadata(name, version)
+
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
+        return await self.inner.predict(name, images, version, signature_name)

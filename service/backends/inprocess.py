@@ -17,7 +17,7 @@ import numpy as np
 
 from service.backends.base import Backend, Prediction, servable_not_found, version_status
 from service.errors import BadInput, NotFound, NotReady
-from training.contract import IMAGE_SHAPE, SIGNATURE_NAME
+from training.contract import SIGNATURE_NAME
 from training.saved_model import version_dirs
 
 log = logging.getLogger("service.backends.inprocess")
@@ -27,39 +27,34 @@ class DeviceError(RuntimeError):
     """DEVICE=gpu was asked for and TensorFlow sees no GPU."""
 
 
-_configured: dict[tuple, str] = {}
-
-
 def configure_tensorflow(device: str, intra_op_threads: int, inter_op_threads: int) -> str:
     """Set threads and GPU memory growth before TF initialises; return the device to use.
 
-    TF accepts these settings only once, before its runtime starts: later calls with the same
-    arguments return the first answer.
+    TF takes these settings only before its runtime starts; when it already runs in this
+    process (a test suite, a second app) with other values, it keeps them and says so.
 
     Raises:
         DeviceError: device is 'gpu' and no GPU is visible.
     """
-    key = (device, intra_op_threads, inter_op_threads)
-    if key in _configured:
-        return _configured[key]
-    if _configured:
-        raise RuntimeError(f"TensorFlow is already configured as {next(iter(_configured))}")
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
         raise DeviceError("DEVICE=gpu but TensorFlow sees no GPU (is the CUDA build installed?)")
-    if device == "cpu" or not gpus:
-        chosen = "/CPU:0"
-    else:
-        for gpu in gpus:
+    use_gpu = device != "cpu" and bool(gpus)
+    threading = tf.config.threading
+    try:
+        if threading.get_intra_op_parallelism_threads() != intra_op_threads:
+            threading.set_intra_op_parallelism_threads(intra_op_threads)
+        if threading.get_inter_op_parallelism_threads() != inter_op_threads:
+            threading.set_inter_op_parallelism_threads(inter_op_threads)
+        for gpu in gpus if use_gpu else ():
             # Grow into GPU memory as needed rather than taking the whole card at start.
-            tf.config.experimental.set_memory_growth(gpu, True)
-        chosen = "/GPU:0"
-    _configured[key] = chosen
-    return chosen
+            if not tf.config.experimental.get_memory_growth(gpu):
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as err:
+        log.warning("TensorFlow already started in this process; keeping its settings (%s)", err)
+    return "/GPU:0" if use_gpu else "/CPU:0"
 
 
 class InProcessBackend(Backend):
@@ -172,8 +167,15 @@ class InProcessBackend(Backend):
         from training.saved_model import SavedModelPredictor
 
         model = SavedModelPredictor(self.model_dir / str(version), device=self._device)
-        # Warm up: the first call traces the function; pay that before reporting ready.
-        model.run(np.zeros((1, *IMAGE_SHAPE), np.float32))
+        # The first call of each signature traces it: pay that before reporting ready, with the
+        # version's TF Serving warmup requests (one zero image when it has none).
+        replayed = model.warm_up()
+        log.info(
+            "Warmed up %s version %s with %s",
+            self.model_name,
+            version,
+            f"{replayed} warmup request(s)" if replayed else "one zero image (no warmup file)",
+        )
         return model
 
     async def _model(self, name: str, version: int | None):
@@ -198,7 +200,10 @@ class InProcessBackend(Backend):
             return [version_status(version)]
         if name != self.model_name:
             raise NotFound(f"Could not find any versions of model {name}")
-        statuses = [version_status(v) for v in sorted(self._models, reverse=True)]
+        # The version serving unversioned requests first: /readyz and the model_version gauge
+        # report statuses[0], and a version loaded on demand (a request naming it) may be newer.
+        loaded = sorted(self._models, key=lambda v: (v != self._latest, -v))
+        statuses = [version_status(v) for v in loaded]
         statuses += [
             version_status(v, "END", "UNKNOWN", message) for v, message in self._failed.items()
         ]

@@ -1,0 +1,290 @@
+"""`make bench`: the model's ceiling, a naive FastAPI app and this service, in one run.
+
+(1) the SavedModel called in-process at its best batch size: the ceiling;
+(2) a naive FastAPI endpoint (benchmarks/naive_app.py): the baseline users would write;
+(3) this service with batching off (BATCH_MAX_SIZE=1);
+(4) this service with dynamic batching on (the defaults).
+Load comes from wrk, a separate process, with the same request bodies for every server.
+Results: benchmarks/results/latest.json and latest.png, and a Markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+LUA = ROOT / "benchmarks" / "post.lua"
+PATH = "/v1/models/fashion_mnist:predict"
+# (concurrency, images per request)
+LOADS = [(1, 1), (16, 1), (64, 1), (16, 8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_or_train_model(workdir: Path) -> Path:
+    """The newest exported version under models/fashion_mnist, or a quickly trained one."""
+    from training.saved_model import version_dirs
+
+    versions = version_dirs(ROOT / "models" / "fashion_mnist")
+    if versions:
+        return versions[-1][1]
+    print("No exported model: training a small one for the benchmark (speed does not depend "
+          "on accuracy).", flush=True)
+    export = workdir / "models" / "fashion_mnist"
+    subprocess.run(
+        [sys.executable, "-m", "training", "train", "--max-steps", "300",
+         "--model-dir", str(workdir / "run"), "--export-dir", str(export)],
+        check=True,
+    )
+    return version_dirs(export)[-1][1]
+
+
+def request_bodies(workdir: Path) -> dict[int, Path]:
+    """Real test images as TF Serving row-format JSON, one file per batch size."""
+    from training.contract import normalize_pixels
+    from training.data import DEFAULT_DATA_DIR, load_split
+
+    _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
+    bodies = {}
+    for n in sorted({n for _, n in LOADS}):
+        path = workdir / f"body-{n}.json"
+        pixels = np.round(normalize_pixels(images[:n]), 4)
+        path.write_text(json.dumps({"instances": pixels.tolist()}))
+        bodies[n] = path
+    return bodies
+
+
+def measure_ceiling(version_path: Path) -> dict:
+    """The SavedModel in this process: images/s per batch size and batch-1 latency."""
+    from service.backends.inprocess import configure_tensorflow
+    from training.saved_model import SavedModelPredictor
+
+    configure_tensorflow("auto", 0, 1)
+    model = SavedModelPredictor(version_path)
+    rng = np.random.default_rng(0)
+    by_batch = {}
+    for batch in (1, 8, 32, 64, 128, 256):
+        images = rng.random((batch, 28, 28), dtype=np.float32)
+        model.run(images)  # trace and warm
+        times = []
+        deadline = time.perf_counter() + 2.0
+        while time.perf_counter() < deadline or len(times) < 5:
+            start = time.perf_counter()
+            model.run(images)
+            times.append(time.perf_counter() - start)
+        by_batch[batch] = {
+            "images_per_s": batch / float(np.median(times)),
+            "p50_ms": 1000 * float(np.percentile(times, 50)),
+            "p99_ms": 1000 * float(np.percentile(times, 99)),
+        }
+    best = max(by_batch, key=lambda b: by_batch[b]["images_per_s"])
+    return {"by_batch": by_batch, "best_batch": best,
+            "images_per_s": by_batch[best]["images_per_s"],
+            "batch1_p50_ms": by_batch[1]["p50_ms"]}
+
+
+def start_server(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
+    import httpx
+
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc.log = log
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/docs", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not start within 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+def run_wrk(port: int, body: Path, concurrency: int, seconds: int) -> dict:
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH}
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+           "-s", str(LUA), f"http://127.0.0.1:{port}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": _ms(latency["50"]),
+        "p99_ms": _ms(latency["99"]),
+        "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+    }
+
+
+def bench_server(name, cmd, env, port, bodies, seconds) -> dict:
+    print(f"== {name}", flush=True)
+    proc = start_server(cmd, env, port)
+    try:
+        run_wrk(port, bodies[1], 16, 2)  # warm up
+        results = {}
+        for concurrency, n in LOADS:
+            r = run_wrk(port, bodies[n], concurrency, seconds)
+            r["images_per_s"] = r["requests_per_s"] * n
+            results[f"c{concurrency}x{n}"] = r
+            print(f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
+                  f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
+                  flush=True)
+        return results
+    finally:
+        stop_server(proc)
+
+
+def table(result: dict) -> str:
+    ceiling = result["ceiling"]
+    rows = [
+        f"Ceiling (1): SavedModel in-process, best batch {ceiling['best_batch']}: "
+        f"{ceiling['images_per_s']:,.0f} images/s; batch 1: p50 {ceiling['batch1_p50_ms']:.2f} ms",
+        "",
+        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    names = {"naive": "(2) naive FastAPI", "unbatched": "(3) service, batching off",
+             "batched": "(4) service, batching on"}
+    for load in result["servers"]["batched"]:
+        c, n = load[1:].split("x")
+        for key, label in names.items():
+            r = result["servers"][key][load]
+            rows.append(f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
+                        f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                        f"{r['errors']} |")
+    rows += ["", "| load | (3)/(1) | (4)/(1) | (4)/(2) |", "|---|---:|---:|---:|"]
+    for load, ratio in result["ratios"].items():
+        rows.append(f"| {load} | {ratio['unbatched_vs_ceiling']:.2f} | "
+                    f"{ratio['batched_vs_ceiling']:.2f} | {ratio['batched_vs_naive']:.1f}x |")
+    c1 = result["servers"]["batched"]["c1x1"]["p50_ms"]
+    rows.append("")
+    rows.append(f"At c=1, (4) p50 {c1:.2f} ms vs (1) batch-1 p50 {ceiling['batch1_p50_ms']:.2f} ms: "
+                f"+{c1 - ceiling['batch1_p50_ms']:.2f} ms")
+    return "\n".join(rows)
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = list(result["servers"]["batched"])
+    names = ["naive", "unbatched", "batched"]
+    x = np.arange(len(loads))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, name in enumerate(names):
+        ax.bar(x + (i - 1) * 0.27, [result["servers"][name][l]["images_per_s"] for l in loads],
+               0.27, label=name)
+    ax.axhline(result["ceiling"]["images_per_s"], color="k", ls="--", label="in-process ceiling")
+    ax.set_xticks(x, [l.replace("x", " x") + " img" for l in loads])
+    ax.set_ylabel("images/s")
+    ax.set_title(f"Throughput on {result['machine']['cores']} cores ({result['date']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
+        return 2
+    from training.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        version_path = find_or_train_model(workdir)
+        bodies = request_bodies(workdir)
+        print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
+        ceiling = measure_ceiling(version_path)
+        base_env = {**os.environ, "MODEL_NAME": "fashion_mnist",
+                    "MODEL_BASE_PATH": str(version_path.parent.parent), "MODEL_POLL_SECONDS": "0",
+                    "LOG_LEVEL": "warning", "MAX_IMAGES": "1024"}
+        servers = {}
+        port = free_port()
+        servers["naive"] = bench_server(
+            "(2) naive FastAPI",
+            [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app", "--port", str(port),
+             "--log-level", "warning"],
+            {**base_env, "NAIVE_MODEL_PATH": str(version_path)}, port, bodies, args.seconds)
+        port = free_port()
+        servers["unbatched"] = bench_server(
+            "(3) this service, batching off", [sys.executable, "-m", "service"],
+            {**base_env, "PORT": str(port), "BATCH_MAX_SIZE": "1"}, port, bodies, args.seconds)
+        port = free_port()
+        servers["batched"] = bench_server(
+            "(4) this service, batching on", [sys.executable, "-m", "service"],
+            {**base_env, "PORT": str(port)}, port, bodies, args.seconds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratios = {}
+    for load in servers["batched"]:
+        ratios[load] = {
+            "unbatched_vs_ceiling": servers["unbatched"][load]["images_per_s"]
+            / ceiling["images_per_s"],
+            "batched_vs_ceiling": servers["batched"][load]["images_per_s"]
+            / ceiling["images_per_s"],
+            "batched_vs_naive": servers["batched"][load]["images_per_s"]
+            / servers["naive"][load]["images_per_s"],
+        }
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                    "python": platform.python_version(),
+                    "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset")},
+        "model": str(version_path),
+        "ceiling": ceiling,
+        "servers": servers,
+        "ratios": ratios,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
+    chart(result, RESULTS / "latest.png")
+    (RESULTS / "latest.md").write_text(table(result) + "\n")
+    print()
+    print(table(result))
+    print(f"\nSaved {RESULTS / 'latest.json'}, latest.md and latest.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The dynamic batcher with real concurrent HTTP requests against a real uvicorn server.
+
+The server runs in a thread of the test process with the real in-process backend behind a
+gate: each model call waits until the test opens the gate, so the test decides what queues
+while the model is busy, and the gate records the size of every batch the model ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from service.app import create_app
+from service.backends.base import DelegatingBackend
+from service.backends.inprocess import InProcessBackend
+from service.batching import BatchingBackend
+from service.errors import UpstreamError
+from service.settings import Settings
+from training.contract import normalize_pixels
+from training.saved_model import SavedModelPredictor
+
+pytestmark = pytest.mark.slow
+PATH = "/v1/models/fashion_mnist:predict"
+WAIT_SECONDS = 30.0
+
+
+def wait_until(condition, what: str) -> None:
+    """Wait for a condition another thread makes true (bounded; not a timing assertion)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class GatedBackend(DelegatingBackend):
+    """Holds every model call until the gate opens; records batch sizes; can fail a call."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls_started = 0
+        self.sizes: list[int] = []
+        self.fail_call: int | None = None  # 1-based number of the call to fail
+
+    async def predict(self, name, images, version=None, signature_name="serving_default"):
+        self.calls_started += 1
+        call = self.calls_started
+        await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
+        self.sizes.append(len(images))
+        if call == self.fail_call:
+            raise UpstreamError("injected failure of this batch")
+        return await self.inner.predict(name, images, version, signature_name)
+
+
+@contextlib.contextmanager
+def serving(trained_model, max_batch_size=4, timeout_ms=0.0, max_queue=8):
+    settings = Settings(
+        model_name="fashion_mnist",
+        model_base_path=str(trained_model.export_base.parent),
+        model_poll_seconds=0,
+        log_level="warning",
+    )
+    gated = GatedBackend(InProcessBackend(settings.model_name, settings.model_base_path))
+    batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
+    app = create_app(settings, backend=batcher)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, "the server to start")
+    try:
+        yield f"http://127.0.0.1:{port}", gated, batcher
+    finally:
+        gated.gate.set()
+        server.should_exit = True
+        thread.join(WAIT_SECONDS)
+
+
+@pytest.fixture(scope="module")
+def images(trained_model, small_test_data):
+    """Eight real test images and what the SavedModel itself says about each."""
+    pixels = normalize_pixels(small_test_data[0][:8])
+    _, probabilities = SavedModelPredictor(trained_model.version_path).predict(pixels)
+    return pixels, probabilities
+
+
+def post(url, pixels):
+    body = {"instances": np.asarray(pixels).tolist()}
+    return httpx.post(url + PATH, json=body, timeout=WAIT_SECONDS)
+
+
+def probabilities_of(response):
+    assert response.status_code == 200, response.text
+    return np.array([p["probabilities"] for p in response.json()["predictions"]])
+
+
+def test_queued_requests_merge_into_one_call_and_split_back_in_order(trained_model, images):
+    pixels, expected = images
+    with (
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+        # While the model is busy: requests of 2, 2 and 1 images queue up.
+        parts = [(1, 3), (3, 5), (5, 6)]
+        queued = []
+        for a, b in parts:  # one at a time, so the queue order is known
+            queued.append(pool.submit(post, url, pixels[a:b]))
+            count = len(queued)
+            wait_until(lambda count=count: batcher.waiting == count, f"{count} queued")
+        gated.gate.set()
+        np.testing.assert_allclose(probabilities_of(first.result()), expected[0:1], atol=1e-5)
+        for (a, b), future in zip(parts, queued, strict=True):
+            np.testing.assert_allclose(probabilities_of(future.result()), expected[a:b], atol=1e-5)
+    # 2 + 2 images fill a batch of 4; the last request runs in the next one.
+    assert gated.sizes == [1, 4, 1]
+
+
+def test_full_queue_answers_503_at_once(trained_model, images):
+    pixels, _ = images
+    with (
+        serving(trained_model, max_queue=2) as (url, gated, batcher),
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+    ):
+        gated.gate.clear()
+        running = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        queued = [pool.submit(post, url, pixels[i : i + 1]) for i in (1, 2)]
+        wait_until(lambda: batcher.waiting == 2, "a full queue")
+        refused = post(url, pixels[3:4])
+        assert refused.status_code == 503
+        assert "BATCH_MAX_QUEUE" in refused.json()["error"]
+        gated.gate.set()
+        assert all(f.result().status_code == 200 for f in [running, *queued])
+        # Once the queue drains the service takes requests again.
+        assert post(url, pixels[3:4]).status_code == 200
+
+
+def test_a_failed_batch_fails_only_its_own_requests(trained_model, images):
+    pixels, expected = images
+    with (
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+    ):
+        gated.fail_call = 2
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        doomed = [pool.submit(post, url, pixels[i : i + 1]) for i in (1, 2)]
+        wait_until(lambda: batcher.waiting == 2, "two queued requests")
+        gated.gate.set()
+        assert first.result().status_code == 200
+        for future in doomed:
+            response = future.result()
+            assert response.status_code == 502
+            assert "injected failure" in response.json()["error"]
+        after = post(url, pixels[3:4])
+        np.testing.assert_allclose(probabilities_of(after), expected[3:4], atol=1e-5)
+    assert gated.sizes == [1, 2, 1]
+
+
+def test_a_batch_that_is_not_full_waits_for_the_timeout(trained_model, images):
+    pixels, expected = images
+    with (
+        serving(trained_model, max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        # With an idle model and a long timeout, two requests still merge: the batch fills.
+        futures = [pool.submit(post, url, pixels[i : i + 1]) for i in (0, 1)]
+        for i, future in enumerate(futures):
+            np.testing.assert_allclose(
+                probabilities_of(future.result()), expected[i : i + 1], atol=1e-5
+            )
+    assert gated.sizes == [2]
+    with serving(trained_model, max_batch_size=4, timeout_ms=50) as (url, gated, _):
+        # Alone and short of a full batch, a request runs once the timeout passes.
+        np.testing.assert_allclose(
+            probabilities_of(post(url, pixels[0:1])), expected[0:1], atol=1e-5
+        )
+    assert gated.sizes == [1]
+
+
+def test_a_client_that_gives_up_is_dropped_from_the_queue(trained_model, images):
+    pixels, expected = images
+    body = httpx.Request("POST", "http://x" + PATH, json={"instances": pixels[1:2].tolist()})
+    with (
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        port = int(url.rsplit(":", 1)[1])
+        quitter = socket.create_connection(("127.0.0.1", port))
+        content = body.read()
+        quitter.sendall(
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(content)}\r\n\r\n".encode()
+            + content
+        )
+        wait_until(lambda: batcher.waiting == 1, "the quitter to queue")
+        quitter.close()
+        wait_until(lambda: batcher.waiting == 0, "the server to notice the disconnect")
+        stayer = pool.submit(post, url, pixels[2:3])
+        wait_until(lambda: batcher.waiting == 1, "the stayer to queue")
+        gated.gate.set()
+        assert first.result().status_code == 200
+        np.testing.assert_allclose(probabilities_of(stayer.result()), expected[2:3], atol=1e-5)
+    # The model never saw the quitter's image: the stayer ran alone.
+    assert gated.sizes == [1, 1]
