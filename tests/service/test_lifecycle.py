@@ -1,0 +1,249 @@
+"""The service's life: start-up failures, an empty repository, new and broken versions, shutdown.
+
+Each scenario runs its own `python -m service` on a private copy of the model repository.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from service_harness import (
+    MODEL_NAME,
+    Server,
+    add_version,
+    copy_repository,
+    run_service,
+    start_server,
+)
+
+from training import data
+
+pytestmark = pytest.mark.slow
+
+MODEL = f"/v1/models/{MODEL_NAME}"
+WAIT_SECONDS = 60.0
+
+
+def wait_for(condition: Callable[[], object], what: str, server: Server) -> object:
+    """Poll until condition() is truthy (bounded); fail with the server's output otherwise."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        value = condition()
+        if value:
+            return value
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
+        time.sleep(0.1)
+
+
+def statuses(client: httpx.Client) -> dict[str, dict]:
+    """GET /v1/models/<name> as {version: entry}."""
+    response = client.get(MODEL)
+    assert response.status_code == 200, response.text
+    entries = response.json()["model_version_status"]
+    return {entry["version"]: entry for entry in entries}
+
+
+def served_version(client: httpx.Client, image: list) -> str:
+    """The version that answers a request naming none (the friendly /predict reports it)."""
+    response = client.post("/predict", json={"instances": [image]})
+    assert response.status_code == 200, response.text
+    return response.json()["model_version"]
+
+
+def probabilities(client: httpx.Client, path: str, images: list) -> np.ndarray:
+    response = client.post(path, json={"instances": images})
+    assert response.status_code == 200, response.text
+    return np.array([row["probabilities"] for row in response.json()["predictions"]])
+
+
+def gauge(client: httpx.Client) -> str:
+    """The model_version gauge's sample line."""
+    text = client.get("/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("model_version{")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def images(trained_model) -> tuple[list, list]:
+    """Two real test images: as integer pixels (for /predict) and as floats (for :predict)."""
+    _, pixels, _ = data.load_split(trained_model.data_dir, "test")
+    return pixels[:2].tolist(), (pixels[:2] / 255.0).tolist()
+
+
+@pytest.fixture
+def repository(trained_model, tmp_path) -> Path:
+    """A private copy of the model repository; returns <copy>/fashion_mnist."""
+    return copy_repository(trained_model, tmp_path) / MODEL_NAME
+
+
+@pytest.fixture
+def launch(tmp_path) -> Iterator[Callable[..., Server]]:
+    """Start servers for one test; all are stopped at its end."""
+    started: list[Server] = []
+
+    def start(wait_for: str = "/readyz", **settings: str) -> Server:
+        server = start_server(tmp_path / f"server{len(started)}.log", wait_for, **settings)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+# --- start-up failures --------------------------------------------------------------------
+
+
+def test_device_gpu_without_a_gpu_exits_2_with_one_line(trained_model):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+    env = {"DEVICE": "gpu", "MODEL_BASE_PATH": str(trained_model.export_base.parent)}
+    # What a person sees: TensorFlow's own C++ logging left at its default level.
+    result = run_service(TF_CPP_MIN_LOG_LEVEL="0", **env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "GPU" in lines[0]
+    assert "Uvicorn running" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PORT", "notanumber"),
+        ("PORT", "70000"),
+        ("DEVICE", "tpu"),
+        ("MAX_IMAGES", "0"),
+        ("MAX_BODY_BYTES", "10"),
+        ("MODEL_POLL_SECONDS", "-1"),
+        ("MODEL_NAME", "../elsewhere"),
+        ("LOG_LEVEL", "loud"),
+    ],
+)
+def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
+    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{name: value})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and name in lines[0], lines[0]
+
+
+# --- an empty repository ------------------------------------------------------------------
+
+
+def test_empty_repository_not_ready_until_a_version_appears(
+    launch, trained_model, tmp_path, images
+):
+    base = tmp_path / "empty-models"
+    base.mkdir()
+    server = launch(wait_for="/healthz", MODEL_BASE_PATH=str(base), MODEL_POLL_SECONDS="0.2")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert set(ready.json()) == {"error"}
+        assert str(base / MODEL_NAME) in ready.json()["error"]
+        assert client.get(MODEL).status_code == 404
+        assert client.get(f"{MODEL}/metadata").status_code == 503
+        predict = client.post(f"{MODEL}:predict", json={"instances": images[1]})
+        assert predict.status_code == 503 and "error" in predict.json()
+        assert client.post("/predict", json={"instances": images[0]}).status_code == 503
+        assert "model_version{" not in client.get("/metrics").text
+
+        # An export lands: the poller loads it and the service becomes ready.
+        (base / MODEL_NAME).mkdir()
+        shutil.copytree(trained_model.version_path, base / MODEL_NAME / ".staging")
+        (base / MODEL_NAME / ".staging").rename(base / MODEL_NAME / "1")
+        wait_for(lambda: client.get("/readyz").status_code == 200, "readyz 200", server)
+        assert client.get("/readyz").json()["version"] == "1"
+        assert served_version(client, images[0][0]) == "1"
+
+    # SIGTERM: a graceful shutdown (uvicorn re-raises the signal once done), no error logged.
+    assert server.stop() in (0, -signal.SIGTERM)
+    log = server.log()
+    assert "Application shutdown complete" in log and "Finished server process" in log
+    assert "Traceback" not in log and " ERROR " not in log
+
+
+# --- versions -----------------------------------------------------------------------------
+
+
+def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, images):
+    ints, floats = images
+    server = launch(MODEL_BASE_PATH=str(repository.parent), MODEL_POLL_SECONDS="0.2")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert list(statuses(client)) == ["1"]
+        before = probabilities(client, f"{MODEL}/versions/1:predict", floats)
+
+        add_version(repository, "1", "2")
+        wait_for(lambda: "2" in statuses(client), "version 2 in the model status", server)
+        assert client.get("/readyz").json()["version"] == "2"
+        assert served_version(client, ints[0]) == "2"
+        assert 'model="fashion_mnist"' in gauge(client) and gauge(client).endswith(" 2.0")
+        # Both versions answer when named; version 2 is a copy of 1, so they agree.
+        np.testing.assert_allclose(
+            probabilities(client, f"{MODEL}/versions/1:predict", floats), before, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            probabilities(client, f"{MODEL}/versions/2:predict", floats), before, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            probabilities(client, f"{MODEL}:predict", floats), before, atol=1e-6
+        )
+        assert statuses(client)["2"]["state"] == "AVAILABLE"
+
+        # A broken export (garbage saved_model.pb) must not replace the serving version.
+        staging = repository / ".staging-3"
+        staging.mkdir()
+        (staging / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+        staging.rename(repository / "3")
+        status = wait_for(lambda: statuses(client).get("3"), "version 3 in the status", server)
+        assert status["state"] == "END"
+        assert status["status"]["error_code"] != "OK"
+        assert status["status"]["error_message"]
+
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["version"] == "2"
+        assert served_version(client, ints[0]) == "2"
+        assert statuses(client)["2"]["state"] == "AVAILABLE"
+        assert gauge(client).endswith(" 2.0")
+
+        # The poller keeps running every 0.2 s but does not retry (and re-log) a failed version.
+        time.sleep(1.0)
+        failures = [line for line in server.log().splitlines() if "version 3 failed" in line]
+        assert len(failures) == 1, failures
+
+        named = client.post(f"{MODEL}/versions/3:predict", json={"instances": floats})
+        assert named.status_code == 503 and "3" in named.json()["error"]
+        assert served_version(client, ints[0]) == "2"
+
+
+def test_without_polling_a_new_version_is_served_only_when_named(launch, repository, images):
+    ints, floats = images
+    server = launch(MODEL_BASE_PATH=str(repository.parent), MODEL_POLL_SECONDS="0")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        add_version(repository, "1", "2")
+        one = probabilities(client, f"{MODEL}/versions/1:predict", floats)
+        two = probabilities(client, f"{MODEL}/versions/2:predict", floats)  # loaded on demand
+        np.testing.assert_allclose(two, one, atol=1e-6)
+        assert {v: s["state"] for v, s in statuses(client).items()} == {
+            "1": "AVAILABLE",
+            "2": "AVAILABLE",
+        }
+        # Requests naming no version still go to 1, and the status endpoints must say so.
+        assert served_version(client, ints[0]) == "1"
+        assert client.get("/readyz").json()["version"] == "1"
+        assert gauge(client).endswith(" 1.0")
