@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 
 from fastapi import FastAPI, Request
@@ -11,7 +12,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import codec
-from service.api import router
+from service.api import raw_router, router
 from service.backends import Backend
 from service.errors import ServiceError
 from service.metrics import Metrics, MetricsMiddleware
@@ -71,6 +72,10 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await app.state.backend.start()
+        # TF and the model leave ~280k long-lived objects (a full collection: ~160 ms here);
+        # freezing them keeps collections under load, and their latency spikes, short.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -87,6 +92,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     app.state.backend = backend or make_backend(settings)
     app.state.metrics = Metrics()
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.include_router(raw_router)
     app.include_router(router)
 
     @app.exception_handler(ServiceError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 
 import numpy as np
@@ -161,6 +162,9 @@ class InProcessBackend(Backend):
             self._loading.pop(version, None)
         self._models[version] = model
         self._failed.pop(version, None)
+        # A loaded model is long-lived: keep its objects out of the collector's scans (see
+        # create_app, which does the same for what exists at start).
+        gc.freeze()
         return model
 
     def _load_blocking(self, version: int):
