@@ -194,6 +194,10 @@ def parse_pixel_instances(body: bytes, invert: str) -> np.ndarray:
             if isinstance(item, dict):
                 images.append(decode_b64_image(item, where, invert))
             else:
-                images.append(as_pixels(to_array([item], where), where)[0])
+                try:
+                    images.append(as_pixels(to_array([item], "instances"), "instances")[0])
+                except BadInput as err:
+                    # Checked as a batch of one: put the item's real index in the message.
+                    raise BadInput(err.message.replace("instances[0]", where, 1)) from err
         return np.stack(images)
     return as_pixels(to_array(instances, "instances"), "instances")

@@ -543,7 +543,7 @@ ERROR_CASES = [
         "POST",
         PREDICT,
         400,
-        ("instances[1]", "(27, 28)"),
+        ("instances[1]: expected", "(27, 28)"),
         body({"instances": [GRAY, SHORT]}),
     ),
     Case(
@@ -551,7 +551,7 @@ ERROR_CASES = [
         "POST",
         PREDICT,
         400,
-        ("instances[1]", "(27, 28)"),
+        ("instances[1]: expected", "(27, 28)"),
         body({"instances": [{"image": GRAY}, {"image": SHORT}]}),
     ),
     Case(
@@ -781,6 +781,14 @@ ERROR_CASES = [
         400,
         ("instances[1]", "image"),
         body({"instances": [BLACK, b64(b"hello, world")]}),
+    ),
+    Case(
+        "mixed-b64-then-short-array",
+        "POST",
+        "/predict",
+        400,
+        ("instances[1]: expected", "(27, 28)"),
+        body({"instances": [b64(TINY_PNG), SHORT]}),
     ),
     Case(
         "b64-extra-key",
