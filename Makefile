@@ -15,17 +15,17 @@ PORT ?= 8000
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup data venv train serve test lint format bench clean
+.PHONY: setup data compose venv train serve test lint format bench clean
 
-setup: venv data
+setup: venv data compose
 
 venv: $(STAMP)
 
 # Reinstalled only when the pinned requirements or the project metadata change.
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet -r requirements.lock -r requirements-dev.lock
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -38,6 +38,15 @@ data:
 	    echo "Fashion-MNIST is missing: run 'sudo apt-get install dataset-fashion-mnist' (or set DATA_DIR)"; exit 1; \
 	  fi; \
 	fi
+
+# tests/test_containers.py validates the compose files with Debian's docker-compose (no engine needed).
+compose:
+	@command -v docker-compose >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; \
+	  else \
+	    echo "docker-compose is missing: run 'sudo apt-get install docker-compose'"; exit 1; \
+	  fi; }
 
 train: setup
 	$(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)

@@ -46,12 +46,25 @@ def find_or_train_model(workdir: Path) -> Path:
     versions = version_dirs(ROOT / "models" / "fashion_mnist")
     if versions:
         return versions[-1][1]
-    print("No exported model: training a small one for the benchmark (speed does not depend "
-          "on accuracy).", flush=True)
+    print(
+        "No exported model: training a small one for the benchmark (speed does not depend "
+        "on accuracy).",
+        flush=True,
+    )
     export = workdir / "models" / "fashion_mnist"
     subprocess.run(
-        [sys.executable, "-m", "training", "train", "--max-steps", "300",
-         "--model-dir", str(workdir / "run"), "--export-dir", str(export)],
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "train",
+            "--max-steps",
+            "300",
+            "--model-dir",
+            str(workdir / "run"),
+            "--export-dir",
+            str(export),
+        ],
         check=True,
     )
     return version_dirs(export)[-1][1]
@@ -96,22 +109,24 @@ def measure_ceiling(version_path: Path) -> dict:
             "p99_ms": 1000 * float(np.percentile(times, 99)),
         }
     best = max(by_batch, key=lambda b: by_batch[b]["images_per_s"])
-    return {"by_batch": by_batch, "best_batch": best,
-            "images_per_s": by_batch[best]["images_per_s"],
-            "batch1_p50_ms": by_batch[1]["p50_ms"]}
+    return {
+        "by_batch": by_batch,
+        "best_batch": best,
+        "images_per_s": by_batch[best]["images_per_s"],
+        "batch1_p50_ms": by_batch[1]["p50_ms"],
+    }
 
 
-def start_server(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
+def start_server(cmd: list[str], env: dict, port: int, log_path: Path) -> subprocess.Popen:
+    """Start a server with its output in log_path; return once it answers HTTP."""
     import httpx
 
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    proc.log = log
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited: {log.read().decode()[-2000:]}")
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/docs", timeout=1).status_code == 200:
                 return proc
@@ -119,7 +134,7 @@ def start_server(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
             pass
         time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("server did not start within 120 s")
+    raise RuntimeError(f"server did not start within 120 s: {log_path.read_text()[-2000:]}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -137,10 +152,22 @@ def _ms(text: str) -> float:
 
 def run_wrk(port: int, body: Path, concurrency: int, seconds: int) -> dict:
     env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH}
-    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "--timeout", "10s",
-           "-s", str(LUA), f"http://127.0.0.1:{port}"]
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{seconds}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}",
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    if set(latency) != {"50", "99"}:
+        raise RuntimeError(f"could not read wrk's latency distribution:\n{out}")
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return {
@@ -151,9 +178,9 @@ def run_wrk(port: int, body: Path, concurrency: int, seconds: int) -> dict:
     }
 
 
-def bench_server(name, cmd, env, port, bodies, seconds) -> dict:
+def bench_server(name, cmd, env, port, bodies, seconds, log_path: Path) -> dict:
     print(f"== {name}", flush=True)
-    proc = start_server(cmd, env, port)
+    proc = start_server(cmd, env, port, log_path)
     try:
         run_wrk(port, bodies[1], 16, 2)  # warm up
         results = {}
@@ -161,9 +188,11 @@ def bench_server(name, cmd, env, port, bodies, seconds) -> dict:
             r = run_wrk(port, bodies[n], concurrency, seconds)
             r["images_per_s"] = r["requests_per_s"] * n
             results[f"c{concurrency}x{n}"] = r
-            print(f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
-                  f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
-                  flush=True)
+            print(
+                f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
+                f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
+                flush=True,
+            )
         return results
     finally:
         stop_server(proc)
@@ -178,23 +207,32 @@ def table(result: dict) -> str:
         "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    names = {"naive": "(2) naive FastAPI", "unbatched": "(3) service, batching off",
-             "batched": "(4) service, batching on"}
+    names = {
+        "naive": "(2) naive FastAPI",
+        "unbatched": "(3) service, batching off",
+        "batched": "(4) service, batching on",
+    }
     for load in result["servers"]["batched"]:
         c, n = load[1:].split("x")
         for key, label in names.items():
             r = result["servers"][key][load]
-            rows.append(f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
-                        f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                        f"{r['errors']} |")
+            rows.append(
+                f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
+                f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                f"{r['errors']} |"
+            )
     rows += ["", "| load | (3)/(1) | (4)/(1) | (4)/(2) |", "|---|---:|---:|---:|"]
     for load, ratio in result["ratios"].items():
-        rows.append(f"| {load} | {ratio['unbatched_vs_ceiling']:.2f} | "
-                    f"{ratio['batched_vs_ceiling']:.2f} | {ratio['batched_vs_naive']:.1f}x |")
+        rows.append(
+            f"| {load} | {ratio['unbatched_vs_ceiling']:.2f} | "
+            f"{ratio['batched_vs_ceiling']:.2f} | {ratio['batched_vs_naive']:.1f}x |"
+        )
     c1 = result["servers"]["batched"]["c1x1"]["p50_ms"]
     rows.append("")
-    rows.append(f"At c=1, (4) p50 {c1:.2f} ms vs (1) batch-1 p50 {ceiling['batch1_p50_ms']:.2f} ms: "
-                f"+{c1 - ceiling['batch1_p50_ms']:.2f} ms")
+    base = ceiling["batch1_p50_ms"]
+    rows.append(
+        f"At c=1, (4) p50 {c1:.2f} ms vs (1) batch-1 p50 {base:.2f} ms: +{c1 - base:.2f} ms"
+    )
     return "\n".join(rows)
 
 
@@ -209,10 +247,14 @@ def chart(result: dict, path: Path) -> None:
     x = np.arange(len(loads))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, name in enumerate(names):
-        ax.bar(x + (i - 1) * 0.27, [result["servers"][name][l]["images_per_s"] for l in loads],
-               0.27, label=name)
+        ax.bar(
+            x + (i - 1) * 0.27,
+            [result["servers"][name][load]["images_per_s"] for load in loads],
+            0.27,
+            label=name,
+        )
     ax.axhline(result["ceiling"]["images_per_s"], color="k", ls="--", label="in-process ceiling")
-    ax.set_xticks(x, [l.replace("x", " x") + " img" for l in loads])
+    ax.set_xticks(x, [load.replace("x", " x") + " img" for load in loads])
     ax.set_ylabel("images/s")
     ax.set_title(f"Throughput on {result['machine']['cores']} cores ({result['date']})")
     ax.legend()
@@ -236,24 +278,54 @@ def main() -> int:
         bodies = request_bodies(workdir)
         print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
         ceiling = measure_ceiling(version_path)
-        base_env = {**os.environ, "MODEL_NAME": "fashion_mnist",
-                    "MODEL_BASE_PATH": str(version_path.parent.parent), "MODEL_POLL_SECONDS": "0",
-                    "LOG_LEVEL": "warning", "MAX_IMAGES": "1024"}
+        base_env = {
+            **os.environ,
+            "MODEL_NAME": "fashion_mnist",
+            "MODEL_BASE_PATH": str(version_path.parent.parent),
+            "MODEL_POLL_SECONDS": "0",
+            "LOG_LEVEL": "warning",
+            "MAX_IMAGES": "1024",
+        }
         servers = {}
         port = free_port()
         servers["naive"] = bench_server(
             "(2) naive FastAPI",
-            [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app", "--port", str(port),
-             "--log-level", "warning"],
-            {**base_env, "NAIVE_MODEL_PATH": str(version_path)}, port, bodies, args.seconds)
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "benchmarks.naive_app:app",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            {**base_env, "NAIVE_MODEL_PATH": str(version_path)},
+            port,
+            bodies,
+            args.seconds,
+            workdir / "naive.log",
+        )
         port = free_port()
         servers["unbatched"] = bench_server(
-            "(3) this service, batching off", [sys.executable, "-m", "service"],
-            {**base_env, "PORT": str(port), "BATCH_MAX_SIZE": "1"}, port, bodies, args.seconds)
+            "(3) this service, batching off",
+            [sys.executable, "-m", "service"],
+            {**base_env, "PORT": str(port), "BATCH_MAX_SIZE": "1"},
+            port,
+            bodies,
+            args.seconds,
+            workdir / "unbatched.log",
+        )
         port = free_port()
         servers["batched"] = bench_server(
-            "(4) this service, batching on", [sys.executable, "-m", "service"],
-            {**base_env, "PORT": str(port)}, port, bodies, args.seconds)
+            "(4) this service, batching on",
+            [sys.executable, "-m", "service"],
+            {**base_env, "PORT": str(port)},
+            port,
+            bodies,
+            args.seconds,
+            workdir / "batched.log",
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratios = {}
@@ -268,9 +340,12 @@ def main() -> int:
         }
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                    "python": platform.python_version(),
-                    "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset")},
+        "machine": {
+            "cores": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"),
+        },
         "model": str(version_path),
         "ceiling": ceiling,
         "servers": servers,

@@ -31,12 +31,15 @@ def main() -> int:
     from service.app import create_app
     from service.backends.inprocess import DeviceError, configure_tensorflow
 
-    try:
-        # Before uvicorn starts, so a missing GPU is one clear line and exit code 2.
-        configure_tensorflow(settings.device, settings.intra_op_threads, settings.inter_op_threads)
-    except DeviceError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if settings.backend == "tensorflow":
+        try:
+            # Before uvicorn starts, so a missing GPU is one clear line and exit code 2.
+            configure_tensorflow(
+                settings.device, settings.intra_op_threads, settings.inter_op_threads
+            )
+        except DeviceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     app = create_app(settings)
     uvicorn.run(
         app,

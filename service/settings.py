@@ -37,7 +37,8 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(
         64,
         ge=1,
-        description="Dynamic batching: most images merged into one model call (1 = no batching).",
+        description="In-process dynamic batching (TF Serving batches on its own side): most "
+        "images merged into one model call (1 = no batching).",
     )
     batch_timeout_ms: float = Field(
         0.0,

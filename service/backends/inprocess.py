@@ -200,6 +200,9 @@ class InProcessBackend(Backend):
 
     async def model_status(self, name: str, version: int | None) -> list[dict]:
         if version is not None:
+            if name == self.model_name and not (self.model_dir / str(version)).is_dir():
+                # TF Serving's GetModelStatus wording for a version it does not have.
+                raise NotFound(f"Could not find version {version} of model {name}")
             await self._model(name, version)
             return [version_status(version)]
         if name != self.model_name:

@@ -1,0 +1,68 @@
+# syntax=docker/dockerfile:1
+# Images of this project, from one Dockerfile:
+#   api      the prediction service (the default target)      docker build --target api .
+#   trainer  the training job, with Debian's Fashion-MNIST     docker build --target trainer .
+# A GPU build adds CUDA's pip wheels: --build-arg TENSORFLOW_EXTRAS=and-cuda
+# (docker-compose.gpu.yml does that).
+
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+
+# --- builder: a virtualenv with the pinned dependencies, then the project ------------------
+FROM ${PYTHON_IMAGE} AS builder
+ARG TENSORFLOW_EXTRAS=""
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
+WORKDIR /src
+# Dependencies in their own layer: rebuilt only when the lock file (or the extras) change,
+# not on every code change.
+COPY requirements.lock ./
+RUN pip install --requirement requirements.lock \
+ && if [ -n "$TENSORFLOW_EXTRAS" ]; then \
+      pip install "tensorflow[${TENSORFLOW_EXTRAS}]==$(sed -n 's/^tensorflow==//p' requirements.lock)"; \
+    fi
+COPY pyproject.toml ./
+COPY training ./training
+COPY service ./service
+RUN pip install --no-deps .
+
+# --- runtime: the virtualenv on a clean base, a non-root user -----------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+# Match your host user's id (docker-compose passes APP_UID) so the trainer can write to the
+# bind-mounted ./models.
+ARG APP_UID=1000
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    TF_ENABLE_ONEDNN_OPTS=1 \
+    MODEL_NAME=fashion_mnist \
+    MODEL_BASE_PATH=/models
+RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nologin app \
+ && mkdir -p /models /app/runs \
+ && chown app:app /models /app/runs
+COPY --from=builder /opt/venv /opt/venv
+WORKDIR /app
+
+# --- trainer: `python -m training train` on Fashion-MNIST into /models ----------------------
+FROM runtime AS trainer
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends dataset-fashion-mnist \
+ && rm -rf /var/lib/apt/lists/*
+USER app
+# /app/runs keeps checkpoints (a volume in docker-compose.yml), so a killed run resumes.
+ENTRYPOINT ["python", "-m", "training"]
+CMD ["train", "--data-dir", "/usr/share/datasets/fashion-mnist", \
+     "--model-dir", "/app/runs/fashion_mnist", "--export-dir", "/models/fashion_mnist"]
+
+# --- api: the FastAPI service on 0.0.0.0:8000 (the last stage: the default target) ---------
+FROM runtime AS api
+ENV HOST=0.0.0.0 \
+    PORT=8000
+USER app
+EXPOSE 8000
+# No curl in the slim image: Python asks /readyz (any answer but 200 raises, exit 1).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PORT', '8000'), timeout=4)"]
+CMD ["python", "-m", "service"]
