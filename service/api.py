@@ -199,6 +199,8 @@ async def _metadata(request: Request, name: str, version: str | None):
         {
             "model_spec": {"name": name, "signature_name": "", "version": str(served)},
             "metadata": {"signature_def": signature_def},
+            # Not in TF Serving's answer (clients ignore the extra key): where the model runs.
+            "device": backend.device(),
         }
     )
 

@@ -224,6 +224,7 @@ def test_model_status(client, path):
 def test_model_metadata(client, path):
     body = ok_json(client.get(path))
     assert body["model_spec"] == {"name": MODEL_NAME, "signature_name": "", "version": "1"}
+    assert body["device"] == "/CPU:0"
     signatures = body["metadata"]["signature_def"]["signature_def"]
     assert set(signatures) == {"serving_default", "classify"}
     for signature in signatures.values():
