@@ -65,3 +65,36 @@ class ClientClosedRequest(ServiceError):
     """The client went away before its answer was ready (nginx's 499; nobody reads it)."""
 
     status = 499
+
+
+# The rest of TF Serving's gRPC-to-HTTP mapping (service/backends/tfserving.py).
+
+
+class Conflict(ServiceError):
+    """TF Serving answered ALREADY_EXISTS or ABORTED."""
+
+    status = 409
+
+
+class Forbidden(ServiceError):
+    """TF Serving answered PERMISSION_DENIED."""
+
+    status = 403
+
+
+class Unauthorized(ServiceError):
+    """TF Serving answered UNAUTHENTICATED."""
+
+    status = 401
+
+
+class UpstreamInternal(ServiceError):
+    """TF Serving failed inside (UNKNOWN, INTERNAL, DATA_LOSS): 500, as its REST API says."""
+
+    status = 500
+
+
+class NotImplementedUpstream(ServiceError):
+    """TF Serving does not implement the call (UNIMPLEMENTED)."""
+
+    status = 501

@@ -25,11 +25,16 @@ from service.backends.base import Backend, Prediction, version_status
 from service.errors import (
     BadInput,
     ClientClosedRequest,
+    Conflict,
+    Forbidden,
     NotFound,
+    NotImplementedUpstream,
     NotReady,
     ServiceError,
     TooManyRequests,
+    Unauthorized,
     UpstreamError,
+    UpstreamInternal,
     UpstreamTimeout,
 )
 from training.contract import INPUT_KEY, SIGNATURE_NAME
@@ -51,36 +56,6 @@ CHANNEL_OPTIONS = (
 STATUS_POLL_SECONDS = 1.0
 METADATA_FIELD = "signature_def"
 AVAILABLE = "AVAILABLE"
-
-
-class Conflict(ServiceError):
-    """TF Serving answered ALREADY_EXISTS or ABORTED."""
-
-    status = 409
-
-
-class Forbidden(ServiceError):
-    """TF Serving answered PERMISSION_DENIED."""
-
-    status = 403
-
-
-class Unauthorized(ServiceError):
-    """TF Serving answered UNAUTHENTICATED."""
-
-    status = 401
-
-
-class UpstreamInternal(ServiceError):
-    """TF Serving failed inside (UNKNOWN, INTERNAL, DATA_LOSS): 500, as its REST API says."""
-
-    status = 500
-
-
-class NotImplementedUpstream(ServiceError):
-    """TF Serving does not implement the call (UNIMPLEMENTED)."""
-
-    status = 501
 
 
 # gRPC status -> error, the mapping TF Serving's HTTP server applies to its own statuses
