@@ -8,7 +8,6 @@ import logging
 import numpy as np
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, Response
-from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.datastructures import UploadFile
@@ -21,26 +20,6 @@ from training.images import INVERT_MODES
 log = logging.getLogger("service.api")
 router = APIRouter()
 
-
-class RawRequestRoute(APIRoute):
-    """A route whose endpoint reads the raw request itself: `endpoint(request, **path_params)`.
-
-    It skips FastAPI's per-request dependency solving and body handling, which cost about as
-    much as the rest of a one-image prediction (see README, Throughput); the endpoint's
-    signature still documents it in OpenAPI.
-    """
-
-    def get_route_handler(self):
-        endpoint = self.endpoint
-
-        async def handler(request: Request) -> Response:
-            return await endpoint(request, **request.path_params)
-
-        return handler
-
-
-# The hot prediction routes; `router` has the rest.
-raw_router = APIRouter(route_class=RawRequestRoute)
 
 JSON = "application/json"
 
@@ -242,7 +221,8 @@ TF_SERVING_PREDICT_DOC = {
 }
 
 
-async def _tf_serving_predict(request: Request, name: str, version: str | None):
+async def tf_serving_predict(request: Request, name: str, version: str | None) -> Response:
+    """TF Serving's REST predict; also called directly by service.fastlane."""
     parsed_version = _version(version)
     signature_name, images, columnar = codec.parse_tf_serving_request(await read_body(request))
     prediction = await _predict(request, name, images, parsed_version, signature_name)
@@ -255,24 +235,24 @@ async def _tf_serving_predict(request: Request, name: str, version: str | None):
     return json_response({"predictions": rows})
 
 
-@raw_router.post(
+@router.post(
     "/v1/models/{name}:predict",
     tags=["tf-serving"],
     summary="Predict with the newest version",
     openapi_extra=TF_SERVING_PREDICT_DOC,
 )
 async def predict_latest(request: Request, name: str):
-    return await _tf_serving_predict(request, name, None)
+    return await tf_serving_predict(request, name, None)
 
 
-@raw_router.post(
+@router.post(
     "/v1/models/{name}/versions/{version}:predict",
     tags=["tf-serving"],
     summary="Predict with one version",
     openapi_extra=TF_SERVING_PREDICT_DOC,
 )
 async def predict_version(request: Request, name: str, version: str):
-    return await _tf_serving_predict(request, name, version)
+    return await tf_serving_predict(request, name, version)
 
 
 # --- for people ---------------------------------------------------------------------------

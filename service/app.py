@@ -12,9 +12,10 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import codec
-from service.api import raw_router, router
+from service.api import router
 from service.backends import Backend
 from service.errors import ServiceError
+from service.fastlane import PredictFastLane
 from service.metrics import Metrics, MetricsMiddleware
 from service.settings import Settings
 
@@ -61,6 +62,24 @@ def _error(status: int, message: str) -> Response:
     )
 
 
+def error_response(request: Request, err: Exception) -> Response:
+    """Any exception as TF Serving's {"error": "..."} body with the right status."""
+    if isinstance(err, ServiceError):
+        # A client's mistake is routine: INFO, never ERROR.
+        level = logging.INFO if err.status < 500 else logging.WARNING
+        log.log(level, "%s %s -> %s: %s", request.method, request.url.path, err.status, err.message)
+        return _error(err.status, err.message)
+    if isinstance(err, RequestValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        return _error(400, problems)
+    if isinstance(err, StarletteHTTPException):
+        return _error(err.status_code, str(err.detail))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+    return _error(500, f"internal error: {type(err).__name__}")
+
+
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     """Build the service.
 
@@ -91,31 +110,24 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.backend = backend or make_backend(settings)
     app.state.metrics = Metrics()
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    app.include_router(raw_router)
     app.include_router(router)
 
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, err: ServiceError):
-        # A client's mistake is routine: INFO, never ERROR.
-        level = logging.INFO if err.status < 500 else logging.WARNING
-        log.log(level, "%s %s -> %s: %s", request.method, request.url.path, err.status, err.message)
-        return _error(err.status, err.message)
+    async def handle_error(request: Request, err: Exception):
+        return error_response(request, err)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, err: RequestValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        return _error(400, problems)
+    # The specific classes are handled inside the app; Exception only at its outermost layer.
+    for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(error_class, handle_error)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException):
-        return _error(err.status_code, str(err.detail))
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, err: Exception):
-        log.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, f"internal error: {type(err).__name__}")
-
+    predict_routes = {route.path: route for route in router.routes}
+    app.add_middleware(
+        PredictFastLane,
+        routes={
+            False: predict_routes["/v1/models/{name}:predict"],
+            True: predict_routes["/v1/models/{name}/versions/{version}:predict"],
+        },
+        error_response=error_response,
+    )
+    # Added last, so outermost: it counts the fast lane's requests too.
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
