@@ -166,3 +166,15 @@ def png_bytes(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, fmt)
     return buffer.getvalue()
+
+
+def wait_for(condition, what: str, server: Server, timeout: float = 60.0):
+    """Poll until condition() is truthy (bounded); fail with the server's output otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
+        time.sleep(0.1)

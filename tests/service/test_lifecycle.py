@@ -21,6 +21,7 @@ from service_harness import (
     copy_repository,
     run_service,
     start_server,
+    wait_for,
 )
 
 from training import data
@@ -28,19 +29,6 @@ from training import data
 pytestmark = pytest.mark.slow
 
 MODEL = f"/v1/models/{MODEL_NAME}"
-WAIT_SECONDS = 60.0
-
-
-def wait_for(condition: Callable[[], object], what: str, server: Server) -> object:
-    """Poll until condition() is truthy (bounded); fail with the server's output otherwise."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        value = condition()
-        if value:
-            return value
-        if server.process.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
-        time.sleep(0.1)
 
 
 def statuses(client: httpx.Client) -> dict[str, dict]:

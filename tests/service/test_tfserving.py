@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import httpx
@@ -25,6 +24,7 @@ from service_harness import (
     copy_repository,
     free_port,
     png_bytes,
+    wait_for,
 )
 from tfserving_standin import TFServingStandIn
 
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.slow
 MODEL = f"/v1/models/{MODEL_NAME}"
 PREDICT = f"{MODEL}:predict"
 DEADLINE_SECONDS = 3.0
-WAIT_SECONDS = 30.0
 
 # TF Serving's own gRPC -> HTTP mapping (model_servers/http_server.cc), written out here
 # independently of the table under test.
@@ -117,18 +116,6 @@ def pixels(trained_model) -> np.ndarray:
     """4 real Fashion-MNIST test images, uint8 [4, 28, 28]."""
     _, images, _ = data.load_split(trained_model.data_dir, "test")
     return images[:4]
-
-
-def wait_for(condition: Callable[[], object], what: str, server: Server) -> object:
-    """Poll until condition() is truthy (bounded); fail with the server's output otherwise."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        value = condition()
-        if value:
-            return value
-        if server.process.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
-        time.sleep(0.1)
 
 
 def error_of(response: httpx.Response, status: int) -> str:
