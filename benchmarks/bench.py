@@ -286,46 +286,27 @@ def main() -> int:
             "LOG_LEVEL": "warning",
             "MAX_IMAGES": "1024",
         }
+        naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
+        service = [sys.executable, "-m", "service"]
+        runs = [  # key, title, command, extra environment
+            ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(version_path)}),
+            ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
+            ("batched", "(4) this service, batching on", service, {}),
+        ]
         servers = {}
-        port = free_port()
-        servers["naive"] = bench_server(
-            "(2) naive FastAPI",
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "benchmarks.naive_app:app",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            {**base_env, "NAIVE_MODEL_PATH": str(version_path)},
-            port,
-            bodies,
-            args.seconds,
-            workdir / "naive.log",
-        )
-        port = free_port()
-        servers["unbatched"] = bench_server(
-            "(3) this service, batching off",
-            [sys.executable, "-m", "service"],
-            {**base_env, "PORT": str(port), "BATCH_MAX_SIZE": "1"},
-            port,
-            bodies,
-            args.seconds,
-            workdir / "unbatched.log",
-        )
-        port = free_port()
-        servers["batched"] = bench_server(
-            "(4) this service, batching on",
-            [sys.executable, "-m", "service"],
-            {**base_env, "PORT": str(port)},
-            port,
-            bodies,
-            args.seconds,
-            workdir / "batched.log",
-        )
+        for key, title, command, extra_env in runs:
+            port = free_port()
+            # PORT for the service's settings, UVICORN_* for the naive app's uvicorn command.
+            env = {
+                **base_env,
+                **extra_env,
+                "PORT": str(port),
+                "UVICORN_PORT": str(port),
+                "UVICORN_LOG_LEVEL": "warning",
+            }
+            servers[key] = bench_server(
+                title, command, env, port, bodies, args.seconds, workdir / f"{key}.log"
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratios = {}
