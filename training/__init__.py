@@ -1,1 +1,2 @@
-"""Training job: IDX data, the reference CNN as an Estimator, evaluation and versioned export."""
+"""Training job: IDX data, the CNN Estimator and its baselines, evaluation, versioned export,
+comparison, fine-tuning, distributed training and batch prediction."""

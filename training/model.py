@@ -1,12 +1,50 @@
-"""The reference CNN (TensorFlow's layers tutorial / official r1 mnist) as a Keras Model."""
+"""The reference CNN (TensorFlow's layers tutorial / official r1 mnist) as a Keras Model.
+
+Two forms of one architecture, built from the same layer definitions: `CNN`, the subclassed
+model the custom model_fn calls, and `keras_cnn`, a compiled functional model for
+`tf.keras.estimator.model_to_estimator` (which clones models and needs a functional one).
+"""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from training.contract import IMAGE_HEIGHT, IMAGE_WIDTH, NUM_CLASSES
+from training.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES
 
 DATA_FORMATS = ("channels_last", "channels_first")
+# The layers with weights, by name: the scopes fine-tuning can pick (--fine-tune-scopes).
+WEIGHT_LAYERS = ("conv1", "conv2", "dense1", "logits")
+
+
+def _check_data_format(data_format: str) -> None:
+    if data_format not in DATA_FORMATS:
+        raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
+
+
+def cnn_layers(data_format: str = "channels_last", num_classes: int = NUM_CLASSES) -> dict:
+    """The CNN's layers in call order, keyed by attribute name (conv1, pool1, ..., logits)."""
+    _check_data_format(data_format)
+    layers = tf.keras.layers
+    return {
+        "conv1": layers.Conv2D(
+            32, 5, padding="same", activation="relu", data_format=data_format, name="conv1"
+        ),
+        "pool1": layers.MaxPooling2D(2, 2, padding="same", data_format=data_format),
+        "conv2": layers.Conv2D(
+            64, 5, padding="same", activation="relu", data_format=data_format, name="conv2"
+        ),
+        "pool2": layers.MaxPooling2D(2, 2, padding="same", data_format=data_format),
+        "flatten": layers.Flatten(),
+        "dense1": layers.Dense(1024, activation="relu", name="dense1"),
+        "dropout": layers.Dropout(0.4),
+        "logits": layers.Dense(num_classes, name="logits"),
+    }
+
+
+def _image_shape(data_format: str) -> tuple[int, int, int]:
+    if data_format == "channels_first":
+        return (1, IMAGE_HEIGHT, IMAGE_WIDTH)
+    return (IMAGE_HEIGHT, IMAGE_WIDTH, 1)
 
 
 class CNN(tf.keras.Model):
@@ -19,30 +57,45 @@ class CNN(tf.keras.Model):
 
     def __init__(self, data_format: str = "channels_last", num_classes: int = NUM_CLASSES):
         super().__init__(name="cnn")
-        if data_format not in DATA_FORMATS:
-            raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
+        layers = cnn_layers(data_format, num_classes)
         self.data_format = data_format
-        layers = tf.keras.layers
-        self.conv1 = layers.Conv2D(
-            32, 5, padding="same", activation="relu", data_format=data_format, name="conv1"
-        )
-        self.pool1 = layers.MaxPooling2D(2, 2, padding="same", data_format=data_format)
-        self.conv2 = layers.Conv2D(
-            64, 5, padding="same", activation="relu", data_format=data_format, name="conv2"
-        )
-        self.pool2 = layers.MaxPooling2D(2, 2, padding="same", data_format=data_format)
-        self.flatten = layers.Flatten()
-        self.dense1 = layers.Dense(1024, activation="relu", name="dense1")
-        self.dropout = layers.Dropout(0.4)
-        self.logits = layers.Dense(num_classes, name="logits")
+        self.conv1 = layers["conv1"]
+        self.pool1 = layers["pool1"]
+        self.conv2 = layers["conv2"]
+        self.pool2 = layers["pool2"]
+        self.flatten = layers["flatten"]
+        self.dense1 = layers["dense1"]
+        self.dropout = layers["dropout"]
+        self.logits = layers["logits"]
 
     def call(self, images, training=False):
         """images: float32 [batch, 28, 28] in [0, 1]. Returns logits [batch, num_classes]."""
-        if self.data_format == "channels_first":
-            x = tf.reshape(images, [-1, 1, IMAGE_HEIGHT, IMAGE_WIDTH])
-        else:
-            x = tf.reshape(images, [-1, IMAGE_HEIGHT, IMAGE_WIDTH, 1])
+        x = tf.reshape(images, [-1, *_image_shape(self.data_format)])
         x = self.pool1(self.conv1(x))
         x = self.pool2(self.conv2(x))
         x = self.dropout(self.dense1(self.flatten(x)), training=training)
         return self.logits(x)
+
+
+def keras_cnn(
+    data_format: str = "channels_last",
+    num_classes: int = NUM_CLASSES,
+    optimizer=None,
+) -> tf.keras.Model:
+    """The same CNN as a functional Keras model taking the contract's `image` input.
+
+    Compiled with sparse categorical cross-entropy on logits and `optimizer` (a legacy Keras
+    optimizer: model_to_estimator does not take the Keras 2.11+ ones), so it is ready for
+    `tf.keras.estimator.model_to_estimator`. Its output layer is named `logits`.
+    """
+    layers = cnn_layers(data_format, num_classes)
+    image = tf.keras.Input(shape=(IMAGE_HEIGHT, IMAGE_WIDTH), name=INPUT_KEY)
+    x = tf.keras.layers.Reshape(_image_shape(data_format))(image)
+    for layer in layers.values():
+        x = layer(x)
+    model = tf.keras.Model(image, x, name="cnn")
+    model.compile(
+        optimizer=optimizer or tf.keras.optimizers.legacy.Adam(),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model

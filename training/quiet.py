@@ -30,6 +30,12 @@ _LOG_NOISE = re.compile(
     r"|Using temporary folder|Using default config|Estimator's model_fn .* includes params"
     r"|The name tf\.\S+ is deprecated|Layer .* is casting an input tensor"
     r"|Checkpoint directory|Tensorflow Serving"
+    # Asynchronous (parameter server) training: another task may have moved the step.
+    r"|global step \(tf\.train\.get_global_step\) has not been increased"
+    # A TF_CONFIG evaluator polls faster than the chief saves checkpoints.
+    r"|No new checkpoint ready for evaluation"
+    # Every exported version gets its own predictor, traced once; TF counts that as retracing.
+    r"|SavedModelPredictor\._runner.* triggered tf\.function retracing"
 )
 
 
@@ -94,6 +100,9 @@ def quiet_tensorflow(verbose: bool = False) -> None:
     tf = import_tensorflow()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # Keras' graph-mode code (model_to_estimator) warns about its own deprecated internals.
+    warnings.filterwarnings("ignore", category=UserWarning, module="keras")
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
     logger = tf.get_logger()
     logger.setLevel(logging.INFO)
     logger.propagate = False

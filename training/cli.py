@@ -1,0 +1,100 @@
+"""Pieces the subcommands of `python -m training` share: argument types, data options, labels."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from training.errors import UsageError
+
+DEFAULT_MODEL_DIR = "runs/fashion_mnist"
+DEFAULT_EXPORT_DIR = "models/fashion_mnist"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """'256,128' -> [256, 128], each a positive integer."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return values
+
+
+def name_list(text: str) -> list[str]:
+    """'a,b' -> ['a', 'b']; 'none' or '' -> []."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty name in {text!r}")
+    return names
+
+
+# argparse names the type in "invalid <name> value: 'ten'".
+positive_int.__name__ = "positive integer"
+positive_float.__name__ = "positive number"
+non_negative_int.__name__ = "non-negative integer"
+int_list.__name__ = "integer list"
+name_list.__name__ = "name list"
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """--data-dir and --labels."""
+    from training.contract import LABEL_PRESETS
+    from training.data import DEFAULT_DATA_DIR
+
+    p.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help="MNIST-format directory with train-/t10k- images and labels IDX files, "
+        "gzipped or not (default: %(default)s, Debian's dataset-fashion-mnist)",
+    )
+    p.add_argument(
+        "--labels",
+        default="auto",
+        help=f"class names: a preset ({', '.join(LABEL_PRESETS)}), 10 comma-separated "
+        "names, or 'auto' (fashion when the data dir's path says fashion, else digits)",
+    )
+
+
+def labels(args) -> tuple[str, ...]:
+    """The class labels --labels names; UsageError when it is not a valid list."""
+    from training.contract import resolve_labels
+
+    try:
+        return resolve_labels(args.labels, args.data_dir)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def hook_names(names) -> tuple[str, ...]:
+    """The hook names, checked against the registry; UsageError listing the known ones."""
+    from training.hooks import check_hook_names
+
+    try:
+        return check_hook_names(names)
+    except ValueError as err:
+        raise UsageError(f"--hooks: {err}") from err

@@ -1,0 +1,11 @@
+"""The training job's user-facing errors (the command line prints them as one line)."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """A user's mistake: printed as one line, exit code 2."""
+
+
+class NumericsError(Exception):
+    """--check-numerics stopped training: a NaN or Inf in a named tensor (exit code 1)."""

@@ -1,0 +1,455 @@
+"""`python -m training train`: train one model kind, evaluate, export a new version.
+
+Runs alone, on one host's GPUs (`--num-gpus`), or as one task of a TF_CONFIG cluster
+(training/distributed.py): the same command on every host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from training import cli, runs
+from training.errors import NumericsError, UsageError
+
+# Measured here (README): 10 epochs of batch 100, Adam 1e-3 with cosine decay: 0.93 in ~3.5 min.
+DEFAULT_EPOCHS = 10
+DEFAULT_BATCH_SIZE = 100
+DEFAULT_LEARNING_RATE = 1e-3
+_FINE_TUNING_KEYS = ("warm_start_from", "warm_start_vars", "fine_tune_from", "fine_tune_scopes")
+# check_numerics' message: "<tensor name> : Tensor had NaN values".
+_NUMERICS_FAILURE = re.compile(r"(\S+) : Tensor had (NaN|Inf|Inf and NaN) values")
+
+
+def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> None:
+    """The options that shape a kind's model and its training (shared with `compare`)."""
+    from training.estimator import DEFAULT_HIDDEN_UNITS
+
+    p.add_argument(
+        "--batch-size",
+        type=cli.positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        help="examples per step (per replica with --num-gpus) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=cli.positive_float,
+        default=DEFAULT_LEARNING_RATE,
+        help="Adam's initial learning rate, cosine-decayed to 0 by the last step "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--constant-learning-rate",
+        action="store_true",
+        help="keep the learning rate constant instead of decaying it",
+    )
+    p.add_argument(
+        "--data-format",
+        choices=("channels_last", "channels_first"),
+        default="channels_last",
+        help="tensor layout inside the CNNs (cnn, keras): channels_last (CPU) or "
+        "channels_first (faster on GPU) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--hidden-units",
+        type=cli.int_list,
+        default=list(DEFAULT_HIDDEN_UNITS),
+        help="dnn: sizes of the hidden layers, comma-separated (default: "
+        f"{','.join(map(str, DEFAULT_HIDDEN_UNITS))})",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=seed,
+        help="seed for weights and shuffling (default: "
+        + ("random)" if seed is None else "%(default)s)"),
+    )
+
+
+def add_arguments(train: argparse.ArgumentParser) -> None:
+    """The `train` subcommand's options."""
+    from training.estimator import MODEL_KINDS
+    from training.hooks import DEFAULT_HOOKS, HOOKS
+
+    cli.add_data_arguments(train)
+    train.add_argument(
+        "--model",
+        choices=MODEL_KINDS,
+        default="cnn",
+        help="cnn: the custom CNN Estimator; linear / dnn: the pre-made LinearClassifier / "
+        "DNNClassifier over a numeric feature column; keras: the CNN as a Keras model through "
+        "model_to_estimator (default: %(default)s)",
+    )
+    train.add_argument(
+        "--model-dir",
+        default=cli.DEFAULT_MODEL_DIR,
+        help="checkpoints and TensorBoard events; an existing run resumes (default: %(default)s)",
+    )
+    train.add_argument(
+        "--export-dir",
+        default=cli.DEFAULT_EXPORT_DIR,
+        help="model repository folder that receives a new integer version (default: %(default)s)",
+    )
+    steps = train.add_mutually_exclusive_group()
+    steps.add_argument(
+        "--epochs",
+        type=cli.positive_float,
+        default=None,
+        help=f"passes over the training set (default: {DEFAULT_EPOCHS})",
+    )
+    steps.add_argument(
+        "--max-steps", type=cli.positive_int, help="train to this global step instead of --epochs"
+    )
+    add_model_arguments(train)
+    train.add_argument(
+        "--eval-every-secs",
+        type=cli.positive_int,
+        default=120,
+        help="evaluate on the test set at most this often while training (default: %(default)s)",
+    )
+    train.add_argument(
+        "--checkpoint-steps",
+        type=cli.positive_int,
+        default=1000,
+        help="save a checkpoint every N steps, the point a killed run resumes from "
+        "(default: %(default)s)",
+    )
+    train.add_argument(
+        "--no-export", action="store_true", help="train and evaluate only; export nothing"
+    )
+    train.add_argument(
+        "--hooks",
+        type=cli.name_list,
+        default=list(DEFAULT_HOOKS),
+        help=f"session hooks attached in training, evaluation and prediction, comma-separated "
+        f"({'; '.join(f'{name}: {entry.description}' for name, entry in HOOKS.items())}; "
+        f"'none' for none) (default: {','.join(DEFAULT_HOOKS)})",
+    )
+    train.add_argument(
+        "--check-numerics",
+        action="store_true",
+        help="check the logits and the loss for NaN/Inf at every step; the first one stops "
+        "training with the tensor's name (the last checkpoint stays good)",
+    )
+    tune = train.add_mutually_exclusive_group()
+    tune.add_argument(
+        "--warm-start-from",
+        metavar="CKPT_OR_DIR",
+        help="start a new run from a checkpoint's variables (tf.estimator.WarmStartSettings); "
+        "a directory means its latest checkpoint",
+    )
+    tune.add_argument(
+        "--fine-tune-from",
+        metavar="CKPT",
+        help="start a new run restoring only --fine-tune-scopes from a checkpoint (a "
+        "Scaffold init_fn); a directory means its latest checkpoint",
+    )
+    train.add_argument(
+        "--warm-start-vars",
+        metavar="REGEX",
+        default=".*",
+        help="with --warm-start-from: the trainable variables to warm-start, matched from the "
+        "start of their names, e.g. 'cnn/conv.*' (cnn) or 'keras/conv.*' (keras) (default: all)",
+    )
+    train.add_argument(
+        "--fine-tune-scopes",
+        type=cli.name_list,
+        default=None,
+        metavar="SCOPES",
+        help="with --fine-tune-from: comma-separated scopes to restore, e.g. conv1,conv2 "
+        "(the CNNs' layers: conv1, conv2, dense1, logits)",
+    )
+    train.add_argument(
+        "--max-worker-delay-secs",
+        type=cli.non_negative_int,
+        default=None,
+        metavar="SECS",
+        help="TF_CONFIG workers: the longest a worker waits before training (TensorFlow "
+        "staggers worker i by (i + 1) x 5 s so the chief's first steps settle)",
+    )
+    train.add_argument(
+        "--num-gpus",
+        type=cli.positive_int,
+        default=None,
+        help="train with MirroredStrategy over this many GPUs of this host (falls back to the "
+        "CPU, and says so, when there is none); not with TF_CONFIG",
+    )
+
+
+def model_params(args, kind: str, max_steps: int, pixel_stats: tuple[float, float]) -> dict:
+    """The params of one run: what make_estimator builds and params.json records."""
+    return {
+        "model": kind,
+        "data_format": args.data_format,
+        "hidden_units": list(args.hidden_units),
+        "learning_rate": args.learning_rate,
+        "decay_steps": None if args.constant_learning_rate else max_steps,
+        "batch_size": args.batch_size,
+        "max_steps": max_steps,
+        "seed": args.seed,
+        "pixel_mean": pixel_stats[0],
+        "pixel_std": pixel_stats[1],
+    }
+
+
+def pixel_stats(images) -> tuple[float, float]:
+    """Mean and standard deviation of the training pixels in [0, 1] (the baselines' normalizer)."""
+    import numpy as np
+
+    scaled = images.astype(np.float32) / np.float32(255.0)
+    return round(float(scaled.mean()), 6), round(float(scaled.std()), 6)
+
+
+def numerics_failure(err) -> str | None:
+    """'logits : Tensor had NaN values' from a check_numerics failure, else None."""
+    found = _NUMERICS_FAILURE.search(getattr(err, "message", str(err)))
+    return found.group(0) if found else None
+
+
+def _fine_tuning(args, estimator, start_step: int, model_dir: Path):
+    """Check the fine-tuning options against the checkpoint and the model; what they add.
+
+    Returns:
+        (warm start settings or None, params to add).
+    Raises:
+        UsageError: unreadable checkpoint, scopes or pattern matching nothing, mismatches.
+    """
+    from training import finetune
+    from training.estimator import trainable_variable_shapes
+
+    if args.fine_tune_scopes is not None and not args.fine_tune_from:
+        raise UsageError("--fine-tune-scopes needs --fine-tune-from")
+    if args.fine_tune_from and not args.fine_tune_scopes:
+        raise UsageError("--fine-tune-from needs --fine-tune-scopes, e.g. conv1,conv2")
+    if args.warm_start_vars != ".*" and not args.warm_start_from:
+        raise UsageError("--warm-start-vars needs --warm-start-from")
+    source = args.warm_start_from or args.fine_tune_from
+    if not source:
+        return None, {}
+    option = "--warm-start-from" if args.warm_start_from else "--fine-tune-from"
+    checkpoint = finetune.resolve_checkpoint(source, option)
+    shapes = trainable_variable_shapes(estimator)
+    if args.warm_start_from:
+        settings = finetune.warm_start_settings(checkpoint, args.warm_start_vars, shapes)
+        added = {"warm_start_from": checkpoint, "warm_start_vars": args.warm_start_vars}
+    else:
+        plan = finetune.plan_restore(
+            shapes, finetune.checkpoint_shapes(checkpoint), args.fine_tune_scopes
+        )
+        print(
+            f"Fine-tuning: {len(plan)} variables under {','.join(args.fine_tune_scopes)} "
+            f"restored from {checkpoint}; the rest start fresh",
+            flush=True,
+        )
+        settings = None
+        added = {"fine_tune_from": checkpoint, "fine_tune_scopes": args.fine_tune_scopes}
+    if start_step:
+        # The Estimator restores model_dir's checkpoint and skips warm starts and init_fn.
+        print(
+            f"note: {model_dir} already holds a checkpoint (step {start_step}): resuming from "
+            f"it; {option} applies to a new run only",
+            flush=True,
+        )
+        return None, {}
+    return settings, added
+
+
+def cmd_train(args) -> int:
+    """Train (resuming from --model-dir), evaluate, and export a new version."""
+    from training import data, distributed
+
+    labels = cli.labels(args)
+    task = distributed.read_tf_config()
+    if task is not None and args.num_gpus:
+        raise UsageError(
+            "--num-gpus is MirroredStrategy on one host; with TF_CONFIG every task trains on "
+            "its own devices: leave --num-gpus out"
+        )
+    hooks = cli.hook_names(args.hooks)
+    if task is not None and task.task_type == "ps":
+        return _run_parameter_server(args, task)
+
+    train_split, train_images, _ = data.load_split(args.data_dir, "train")
+    test_split, test_images, test_labels = data.load_split(args.data_dir, "test")
+    steps_per_epoch = math.ceil(train_split.count / args.batch_size)
+    max_steps = args.max_steps or math.ceil((args.epochs or DEFAULT_EPOCHS) * steps_per_epoch)
+    model_dir = Path(args.model_dir)
+    previous = runs.previous_params(model_dir) or {}
+    # A resumed run keeps its normalizer: those constants live in the graph, not the checkpoint.
+    stats = (previous["pixel_mean"], previous["pixel_std"]) if "pixel_mean" in previous else None
+    params = model_params(args, args.model, max_steps, stats or pixel_stats(train_images))
+    params.update(
+        data_dir=str(args.data_dir),
+        labels=list(labels),
+        hooks=list(hooks),
+        check_numerics=args.check_numerics,
+    )
+    runs.check_resumable(model_dir, params)
+    start_step = runs.latest_step(model_dir)
+    strategy = distributed.mirrored_strategy(args.num_gpus) if args.num_gpus else None
+    estimator = _estimator(model_dir, params, args)
+    warm_start, tuning = _fine_tuning(args, estimator, start_step, model_dir)
+    params.update(tuning)
+    if warm_start is not None or tuning or strategy is not None:
+        estimator = _estimator(model_dir, params, args, warm_start, strategy)
+    # Everything is checked: from here on the run writes.
+    if task is None or task.is_chief:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        # A resumed run still records where it was fine-tuned from (but does not restore it).
+        origin = {k: v for k, v in previous.items() if k in _FINE_TUNING_KEYS}
+        runs.write_params(model_dir, {**origin, **params} if start_step else params)
+    where = f"; {task.name} of a TF_CONFIG cluster" if task else ""
+    print(
+        f"Training on {train_split.count:,} images from {args.data_dir} "
+        f"({steps_per_epoch} steps/epoch), model {args.model}; model dir {model_dir}{where}"
+        + (f", resuming at step {start_step}" if start_step else ""),
+        flush=True,
+    )
+    started = time.perf_counter()
+    # Workers and evaluators always join: the cluster's step is the chief's business.
+    if start_step < max_steps or (task is not None and not task.is_chief):
+        _train_and_evaluate(estimator, args, train_split, test_split, max_steps, model_dir, task)
+    else:
+        print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
+        exported = runs.exported_version_of(Path(args.export_dir), model_dir, start_step)
+        if exported is not None and not args.no_export:
+            print(f"Step {start_step} is already exported as {exported}; not exporting it again.")
+            return 0
+    train_seconds = time.perf_counter() - started
+    if task is not None and not task.is_chief:
+        if task.task_type == "evaluator":
+            print(f"[{task.name}] done at step {runs.latest_step(model_dir)}.", flush=True)
+        else:
+            print(
+                f"[{task.name}] done: the cluster reached step {max_steps}; the chief writes "
+                "the last checkpoint and exports.",
+                flush=True,
+            )
+        return 0
+    if args.no_export:
+        return 0
+    return _export(args, model_dir, params, labels, test_images, test_labels, train_seconds)
+
+
+def _estimator(model_dir, params, args, warm_start=None, strategy=None):
+    from training.estimator import make_estimator
+
+    try:
+        return make_estimator(
+            str(model_dir),
+            params,
+            seed=args.seed,
+            save_checkpoints_steps=args.checkpoint_steps,
+            warm_start_from=warm_start,
+            train_distribute=strategy,
+            max_worker_delay_secs=args.max_worker_delay_secs,
+        )
+    except ValueError as err:
+        # RunConfig rejects a TF_CONFIG it cannot use.
+        raise UsageError(str(err)) from err
+
+
+def _train_and_evaluate(estimator, args, train_split, test_split, max_steps, model_dir, task):
+    import tensorflow as tf
+
+    from training import data
+    from training.hooks import ProgressHook
+    from training.runs import EVAL_BATCH_SIZE
+
+    seed = args.seed
+    if seed is not None and task is not None:
+        seed += task.shuffle_offset
+    label = "train" if task is None else task.name
+    try:
+        tf.estimator.train_and_evaluate(
+            estimator,
+            tf.estimator.TrainSpec(
+                lambda: data.train_input_fn(train_split, args.batch_size, seed),
+                max_steps=max_steps,
+                hooks=[ProgressHook(max_steps, args.batch_size, label=label)],
+            ),
+            tf.estimator.EvalSpec(
+                lambda: data.eval_input_fn(test_split, EVAL_BATCH_SIZE),
+                steps=None,
+                start_delay_secs=0,
+                throttle_secs=args.eval_every_secs,
+            ),
+        )
+    except tf.errors.InvalidArgumentError as err:
+        problem = numerics_failure(err)
+        if problem is None:
+            raise
+        raise NumericsError(
+            f"--check-numerics stopped training: {problem}; the last checkpoint "
+            f"(step {runs.latest_step(model_dir)}) in {model_dir} is kept"
+        ) from err
+    except tf.estimator.NanLossDuringTrainingError as err:
+        # The Estimator's own NanTensorHook looks at the loss only, after the update ran, and
+        # after a checkpoint of that very step may have been saved.
+        latest, finite = runs.latest_step(model_dir), runs.newest_finite_checkpoint(model_dir)
+        state = (
+            f"the last checkpoint (step {latest}) in {model_dir} is kept"
+            if finite and finite[1] == latest
+            else f"the latest checkpoint (step {latest}) in {model_dir} already holds NaN/Inf "
+            + (f"weights; the newest finite one is {finite[0]}" if finite else "weights")
+        )
+        raise NumericsError(
+            f"the loss became NaN and training stopped; {state}; --check-numerics names the "
+            "first tensor that goes bad and stops the step before its update"
+        ) from err
+
+
+def _run_parameter_server(args, task) -> int:
+    """A parameter server: serve the cluster's variables until stopped (it never returns)."""
+    import tensorflow as tf
+
+    from training.estimator import make_estimator
+
+    print(
+        f"[{task.name}] parameter server on {task.address}; it never exits on its own: stop it "
+        "once the chief has finished",
+        flush=True,
+    )
+    estimator = make_estimator(args.model_dir, {"model": args.model, "hooks": []})
+
+    def no_input():  # pragma: no cover - a parameter server never reads data
+        raise AssertionError("a parameter server reads no input")
+
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(no_input), tf.estimator.EvalSpec(no_input)
+    )
+    return 0
+
+
+def _export(args, model_dir, params, labels, test_images, test_labels, train_seconds) -> int:
+    from training import distributed
+    from training.estimator import make_estimator
+    from training.evaluation import format_report
+    from training.export import export_model
+    from training.saved_model import read_report
+
+    context = {
+        "data_dir": str(args.data_dir),
+        "split": "test",
+        "global_step": runs.latest_step(model_dir),
+        "train_seconds": round(train_seconds, 1),
+        "model_dir": str(model_dir),
+        "params": {k: v for k, v in params.items() if k != "labels"},
+    }
+    # A local Estimator: the export needs no cluster, and none of its devices in the graph.
+    with distributed.without_tf_config():
+        estimator = make_estimator(str(model_dir), {**params, "fine_tune_from": None})
+    version = export_model(
+        estimator,
+        args.export_dir,
+        labels,
+        runs.report_builder(test_images, test_labels, labels, context),
+    )
+    print(format_report(read_report(version)), flush=True)
+    print(f"Exported {version} after {train_seconds / 60:.1f} min of training.")
+    sys.stdout.flush()
+    return 0
