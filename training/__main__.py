@@ -130,7 +130,6 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     from training import data
     from training.estimator import make_estimator
-    from training.export import export_model
 
     model_dir = Path(args.model_dir)
     params = runs.load_params(model_dir)
@@ -147,11 +146,8 @@ def cmd_export(args) -> int:
         "model_dir": str(model_dir),
         "params": {k: v for k, v in params.items() if k != "labels"},
     }
-    version = export_model(
-        estimator,
-        args.export_dir,
-        labels,
-        runs.report_builder(test_images, test_labels, labels, context),
+    version = runs.export_evaluated(
+        estimator, args.export_dir, labels, test_images, test_labels, context
     )
     print(f"Exported step {step} of {model_dir} as {version}")
     return 0

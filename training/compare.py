@@ -96,7 +96,6 @@ def cmd_compare(args) -> int:
     """Train, export and evaluate each kind; print and save the table, best first."""
     from training import data
     from training.estimator import MODEL_KINDS, make_estimator
-    from training.export import export_model
     from training.hooks import ProgressHook
     from training.saved_model import read_report
     from training.train import model_params, pixel_stats
@@ -150,11 +149,8 @@ def cmd_compare(args) -> int:
             "model_dir": str(model_dir),
             "params": {k: v for k, v in params.items() if k != "labels"},
         }
-        version = export_model(
-            estimator,
-            work_dir / "models" / kind,
-            labels,
-            runs.report_builder(test_images, test_labels, labels, context),
+        version = runs.export_evaluated(
+            estimator, work_dir / "models" / kind, labels, test_images, test_labels, context
         )
         report = read_report(version)
         rows.append(

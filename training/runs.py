@@ -102,10 +102,16 @@ def exported_version_of(export_dir: Path, model_dir: Path, step: int) -> Path | 
     return None
 
 
-def report_builder(test_images, test_labels, labels, context):
-    """A build_report callback evaluating the staged SavedModel itself on the test split."""
+def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:
+    """Export a new version with its evaluation report on the test split and TF Serving
+    warmup requests made of real test images.
+
+    The report comes from the staged SavedModel itself, so it describes exactly what is
+    published.
+    """
     from training.contract import normalize_pixels
     from training.evaluation import build_report
+    from training.export import WARMUP_BATCH_SIZES, export_model
     from training.saved_model import SavedModelPredictor
 
     def build(version_path: Path) -> dict:
@@ -113,7 +119,13 @@ def report_builder(test_images, test_labels, labels, context):
         classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
         return build_report(test_labels, classes, labels, **context)
 
-    return build
+    return export_model(
+        estimator,
+        export_dir,
+        labels,
+        build,
+        warmup_images=normalize_pixels(test_images[: max(WARMUP_BATCH_SIZES)]),
+    )
 
 
 def directory_bytes(path: Path) -> int:

@@ -429,7 +429,6 @@ def _export(args, model_dir, params, labels, test_images, test_labels, train_sec
     from training import distributed
     from training.estimator import make_estimator
     from training.evaluation import format_report
-    from training.export import export_model
     from training.saved_model import read_report
 
     context = {
@@ -443,11 +442,8 @@ def _export(args, model_dir, params, labels, test_images, test_labels, train_sec
     # A local Estimator: the export needs no cluster, and none of its devices in the graph.
     with distributed.without_tf_config():
         estimator = make_estimator(str(model_dir), {**params, "fine_tune_from": None})
-    version = export_model(
-        estimator,
-        args.export_dir,
-        labels,
-        runs.report_builder(test_images, test_labels, labels, context),
+    version = runs.export_evaluated(
+        estimator, args.export_dir, labels, test_images, test_labels, context
     )
     print(format_report(read_report(version)), flush=True)
     print(f"Exported {version} after {train_seconds / 60:.1f} min of training.")

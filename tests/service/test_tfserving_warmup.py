@@ -98,3 +98,19 @@ def test_a_damaged_file_is_refused(trained_model, tmp_path):
     path.write_bytes(path.read_bytes()[:-7])
     with pytest.raises(ValueError, match=WARMUP_FILE):
         read_warmup_requests(damaged)
+
+
+def test_the_warmup_requests_carry_real_test_images(warmup_path, small_test_data):
+    """Zeros would warm the code paths but not look like traffic; the export sends test images."""
+    from training.contract import normalize_pixels
+
+    images, _ = small_test_data
+    batches = [
+        tf.make_ndarray(log.predict_log.request.inputs[INPUT_KEY])
+        for log in map(
+            prediction_log_pb2.PredictionLog.FromString,
+            tf.data.TFRecordDataset(str(warmup_path)).as_numpy_iterator(),
+        )
+    ]
+    largest = max(batches, key=len)
+    np.testing.assert_array_equal(largest, normalize_pixels(images[: len(largest)]))
