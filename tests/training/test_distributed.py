@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -287,11 +288,14 @@ def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     step = checkpoint_step(model_dir)
     assert CLUSTER_STEPS <= step <= CLUSTER_STEPS + 2
 
-    # The evaluator evaluated the chief's checkpoints up to the last one, then stopped.
+    # The evaluator evaluated the chief's checkpoints until one reached the target.
     evaluated = [int(line.split("step ")[1].split(":")[0])
                  for line in evaluator_log.splitlines() if "[eval] step " in line]  # fmt: skip
-    assert evaluated and evaluated[-1] == step, evaluator_log
-    assert f"[evaluator 0] done at step {step}" in evaluator_log
+    # It stops at the first checkpoint at or past the target; the chief may save one more
+    # (the steps workers ran meanwhile) after it, so that need not be the last one.
+    assert evaluated and CLUSTER_STEPS <= evaluated[-1] <= step, evaluator_log
+    done = re.search(r"\[evaluator 0\] done at step (\d+)", evaluator_log)
+    assert done and CLUSTER_STEPS <= int(done[1]) <= step, evaluator_log
 
     # Only the chief exported, once, from the final checkpoint.
     assert integer_dirs(export_dir) == ["1"]
