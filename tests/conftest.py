@@ -37,6 +37,23 @@ class TrainedModel(NamedTuple):
     max_steps: int  # the global step it was trained to (TRAIN_STEPS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def clean_environment(tmp_path_factory):
+    """Run every test as CI would, whatever the developer's shell holds.
+
+    The service's settings (PORT, BACKEND, MAX_IMAGES, ...) and TF_CONFIG are read by code
+    that runs inside the test process; the working directory is a scratch folder, so a test
+    whose refusal regresses cannot write into the repository's models/ or runs/.
+    """
+    from service.settings import Settings
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in {field.upper() for field in Settings.model_fields} | {"TF_CONFIG"}:
+            patch.delenv(name, raising=False)
+        patch.chdir(tmp_path_factory.mktemp("cwd"))
+        yield
+
+
 @pytest.fixture(scope="session")
 def real_data_dir() -> Path:
     """The real Fashion-MNIST directory; `make setup` installs it, so missing is a failure."""

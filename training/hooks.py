@@ -205,8 +205,11 @@ class ModelStatsHook(tf.estimator.SessionRunHook):
             self._summarize(int(step) + 1)
 
     def end(self, session):
-        if self._writer is not None and self.steps % self.every_n_steps:
-            self._summarize(int(session.run(self._global_step)))
+        if self._writer is not None:
+            if self.steps % self.every_n_steps:
+                self._summarize(int(session.run(self._global_step)))
+            # The Estimator's own summary hooks have flushed by now: this one must too.
+            self._writer.flush()
         if not self.steps:
             return
         times_ms = sorted(1000 * t for t in self.step_times)

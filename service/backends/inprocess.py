@@ -191,6 +191,9 @@ class InProcessBackend(Backend):
             return self._latest, self._models[self._latest]
         if version in self._models:
             return version, self._models[version]
+        if version in self._failed:
+            # Versions are immutable: one that failed to load is not retried per request.
+            raise NotReady(f"version {version} of {name} failed to load: {self._failed[version]}")
         if not (self.model_dir / str(version) / "saved_model.pb").is_file():
             raise NotFound(servable_not_found(name, version))
         try:
@@ -203,6 +206,8 @@ class InProcessBackend(Backend):
             if name == self.model_name and not (self.model_dir / str(version)).is_dir():
                 # TF Serving's GetModelStatus wording for a version it does not have.
                 raise NotFound(f"Could not find version {version} of model {name}")
+            if name == self.model_name and version in self._failed:
+                return [version_status(version, "END", "UNKNOWN", self._failed[version])]
             await self._model(name, version)
             return [version_status(version)]
         if name != self.model_name:

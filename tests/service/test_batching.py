@@ -74,21 +74,22 @@ def serving(trained_model, max_batch_size=4, timeout_ms=0.0, max_queue=8):
     gated = GatedBackend(InProcessBackend(settings.model_name, settings.model_base_path))
     batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
     app = create_app(settings, backend=batcher)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
+    # The server gets the bound socket itself: no window for another process to take the port.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    wait_until(lambda: server.started, "the server to start")
     try:
+        wait_until(lambda: server.started, "the server to start")
         yield f"http://127.0.0.1:{port}", gated, batcher
     finally:
+        # Before the clients' pool is joined (it is entered first), so no request stays held.
         gated.gate.set()
         server.should_exit = True
         thread.join(WAIT_SECONDS)
+        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +113,8 @@ def probabilities_of(response):
 def test_queued_requests_merge_into_one_call_and_split_back_in_order(trained_model, images):
     pixels, expected = images
     with (
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
         concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
     ):
         gated.gate.clear()
         first = pool.submit(post, url, pixels[0:1])
@@ -136,8 +137,8 @@ def test_queued_requests_merge_into_one_call_and_split_back_in_order(trained_mod
 def test_full_queue_answers_503_at_once(trained_model, images):
     pixels, _ = images
     with (
-        serving(trained_model, max_queue=2) as (url, gated, batcher),
         concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(trained_model, max_queue=2) as (url, gated, batcher),
     ):
         gated.gate.clear()
         running = pool.submit(post, url, pixels[0:1])
@@ -156,8 +157,8 @@ def test_full_queue_answers_503_at_once(trained_model, images):
 def test_a_failed_batch_fails_only_its_own_requests(trained_model, images):
     pixels, expected = images
     with (
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
         concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
     ):
         gated.fail_call = 2
         gated.gate.clear()
@@ -179,8 +180,8 @@ def test_a_failed_batch_fails_only_its_own_requests(trained_model, images):
 def test_a_batch_that_is_not_full_waits_for_the_timeout(trained_model, images):
     pixels, expected = images
     with (
-        serving(trained_model, max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
         concurrent.futures.ThreadPoolExecutor(2) as pool,
+        serving(trained_model, max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
     ):
         # With an idle model and a long timeout, two requests still merge: the batch fills.
         futures = [pool.submit(post, url, pixels[i : i + 1]) for i in (0, 1)]
@@ -201,8 +202,8 @@ def test_a_client_that_gives_up_is_dropped_from_the_queue(trained_model, images)
     pixels, expected = images
     body = httpx.Request("POST", "http://x" + PATH, json={"instances": pixels[1:2].tolist()})
     with (
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
         concurrent.futures.ThreadPoolExecutor(4) as pool,
+        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
     ):
         gated.gate.clear()
         first = pool.submit(post, url, pixels[0:1])

@@ -29,7 +29,6 @@ from training.distributed import ClusterTask, parse_tf_config
 from training.errors import UsageError
 from training.saved_model import SavedModelPredictor, read_report
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # The cluster test's run: long enough (about 10 s of CNN steps here) that the worker, started
 # once the chief trains, joins while there is still work to share.
 CLUSTER_STEPS = 300
@@ -186,10 +185,16 @@ def test_num_gpus_without_gpu_mirrors_on_the_cpu_and_says_so(
 # A real cluster: chief, worker, parameter server and evaluator as processes on loopback.
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nobody listens on (all held open until all are chosen)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class Task:
@@ -207,7 +212,7 @@ class Task:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "training", "train", *map(str, argv)],
-                cwd=REPO_ROOT,
+                cwd=log_dir,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -246,7 +251,8 @@ class Task:
 def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     tmp_path, small_data_dir, small_test_data
 ):
-    cluster = {job: [f"127.0.0.1:{free_port()}"] for job in ("chief", "worker", "ps")}
+    jobs = ("chief", "worker", "ps")
+    cluster = {job: [f"127.0.0.1:{port}"] for job, port in zip(jobs, free_ports(3), strict=True)}
     model_dir, export_dir = tmp_path / "run", tmp_path / "models" / "fashion_mnist"
     argv = [
         "--data-dir", small_data_dir, "--model-dir", model_dir, "--export-dir", export_dir,
@@ -280,9 +286,9 @@ def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     )
     assert f"[ps 0] parameter server on {cluster['ps'][0]}" in ps_log
     assert "chief 0 of a TF_CONFIG cluster" in chief_log
-    # The worker joined the running cluster and stopped with it. (How many of the steps it
-    # ran depends on how fast it started next to the chief, so that is not asserted.)
-    assert "[worker 0] 3,274,634 trainable parameters; starting at step" in worker_log
+    # The worker ran as a member of the cluster and stopped with it. (Whether it joined before
+    # the chief reached the target depends on how fast it started, so that is not asserted.)
+    assert "worker 0 of a TF_CONFIG cluster" in worker_log
     assert f"[worker 0] done: the cluster reached step {CLUSTER_STEPS}" in worker_log
     # Asynchronous steps: each task stops when it sees the shared step reach the target.
     step = checkpoint_step(model_dir)

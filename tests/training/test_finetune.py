@@ -200,12 +200,11 @@ BAD = {name: fn for name, fn in dict(globals()).items() if fn in (
 
 @pytest.mark.slow
 @pytest.mark.parametrize("build", BAD.values(), ids=BAD.keys())
-def test_bad_fine_tuning_exits_2_writing_nothing(
-    tmp_path, trained_model, comparison, capsys, build
-):
+def test_bad_fine_tuning_exits_2_writing_nothing(tmp_path, trained_model, request, capsys, build):
     source = trained_model.model_dir
     if build is other_architecture:
-        source = comparison.work_dir / "dnn"
+        # Only this case needs the (costly) run of every model kind.
+        source = request.getfixturevalue("comparison").work_dir / "dnn"
     extra, message = build(tmp_path, source)
     code, model_dir = new_run(tmp_path, trained_model.data_dir, *extra)
     _, err = capsys.readouterr()
