@@ -57,6 +57,7 @@ serve: setup
 	  echo "No version under $(MODEL_BASE_PATH)/$(MODEL_NAME): training one with the defaults first."; \
 	  $(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME); \
 	fi
+	@echo "Serving on http://$(HOST):$(PORT) (docs: /docs; try: curl http://$(HOST):$(PORT)/v1/models/$(MODEL_NAME))"
 	MODEL_NAME=$(MODEL_NAME) MODEL_BASE_PATH=$(MODEL_BASE_PATH) HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
 test: setup
