@@ -28,12 +28,18 @@ def json_response(content, status_code: int = 200) -> Response:
     return Response(codec.dumps(content), status_code=status_code, media_type=JSON)
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _version(text: str | None) -> int | None:
     if text is None:
         return None
     # ASCII only: str.isdigit() also accepts '²' (int() then raises) and '１' (int() reads 1).
     if not (text.isascii() and text.isdigit()):
         raise BadInput(f"Malformed request: version must be a non-negative integer, got {text!r}")
+    # TF Serving's versions are int64; longer strings would also overflow file names.
+    if len(text) > 19 or int(text) > INT64_MAX:
+        raise BadInput(f"Malformed request: version {text[:30]}... is out of range (int64)")
     return int(text)
 
 
@@ -59,11 +65,7 @@ async def read_body(request: Request) -> bytes:
 
 
 def _check_count(request: Request, count: int) -> None:
-    limit = request.app.state.settings.max_images
-    if count > limit:
-        raise PayloadTooLarge(
-            f"request has {count} images; the limit is {limit} per request (MAX_IMAGES)"
-        )
+    codec.check_image_count(count, request.app.state.settings.max_images)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -315,7 +317,10 @@ async def predict_friendly(
         images, files = await _uploaded_images(request, invert)
     else:
         # Any other type is read as JSON, as TF Serving does (`curl -d` says form-urlencoded).
-        images = codec.parse_pixel_instances(body, invert)
+        # In a thread: decoding base64 photos must not stall the event loop.
+        images = await asyncio.to_thread(
+            codec.parse_pixel_instances, body, invert, request.app.state.settings.max_images
+        )
     state = request.app.state
     prediction = await _predict(request, state.settings.model_name, images, None, SIGNATURE_NAME)
     labels = state.backend.labels(prediction.version)
@@ -359,10 +364,19 @@ async def _uploaded_images(request: Request, invert: str):
     if not uploads:
         raise BadInput("multipart body has no file; send one or more images as 'files'")
     _check_count(request, len(uploads))
-    images, names = [], []
-    for i, (_, upload) in enumerate(uploads):
-        name = upload.filename or f"files[{i}]"
-        data = await upload.read()
-        images.append(codec.image_file_pixels(data, f"files[{i}] ({name})", invert))
-        names.append(name)
-    return normalize_pixels(np.stack(images)), names
+    files = [
+        (upload.filename or f"files[{i}]", await upload.read())
+        for i, (_, upload) in enumerate(uploads)
+    ]
+
+    def decode() -> np.ndarray:
+        return np.stack(
+            [
+                codec.image_file_pixels(data, f"files[{i}] ({name})", invert)
+                for i, (name, data) in enumerate(files)
+            ]
+        )
+
+    # In a thread: decoding and resizing photos must not stall the event loop.
+    pixels = await asyncio.to_thread(decode)
+    return normalize_pixels(pixels), [name for name, _ in files]

@@ -50,6 +50,7 @@ class BatchingBackend(DelegatingBackend):
         self._queue: collections.deque[_Request] = collections.deque()
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
+        self._running: list[_Request] = []  # the batch in the model now
 
     async def start(self) -> None:
         # The event and the worker belong to the loop the server runs on.
@@ -62,6 +63,8 @@ class BatchingBackend(DelegatingBackend):
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
+        # The batch the worker was running when cancelled, then what still waits.
+        self._queue.extendleft(reversed(self._running))
         self._fail_queued(UpstreamError("the service is shutting down"))
         await self.inner.close()
 
@@ -155,13 +158,17 @@ class BatchingBackend(DelegatingBackend):
     async def _run_batch(self, batch: list[_Request]) -> None:
         name, version, signature_name = batch[0].key
         images = batch[0].images if len(batch) == 1 else np.concatenate([r.images for r in batch])
+        # Kept when the worker is cancelled mid-call, so close() can fail these waiters too.
+        self._running = batch
         try:
             prediction = await self.inner.predict(name, images, version, signature_name)
         except Exception as err:  # noqa: BLE001 - handed to this batch's waiters only
+            self._running = []
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
+        self._running = []
         start = 0
         for request in batch:
             end = start + len(request.images)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.errors import BadInput
+from service.errors import BadInput, PayloadTooLarge
 from training.contract import (
     IMAGE_HEIGHT,
     IMAGE_SHAPE,
@@ -153,6 +153,8 @@ def parse_tf_serving_request(body: bytes) -> tuple[str, np.ndarray, bool]:
     signature_name = request.get("signature_name", SIGNATURE_NAME)
     if not isinstance(signature_name, str):
         raise BadInput("'signature_name' must be a string")
+    # TF Serving reads an empty name as the default signature.
+    signature_name = signature_name or SIGNATURE_NAME
     has_instances, has_inputs = "instances" in request, "inputs" in request
     if has_instances == has_inputs:
         raise BadInput(
@@ -177,27 +179,41 @@ def _named_input(item: Any, where: str) -> Any:
     return item[INPUT_KEY]
 
 
-def parse_pixel_instances(body: bytes, invert: str) -> np.ndarray:
+def parse_pixel_instances(body: bytes, invert: str, max_images: int) -> np.ndarray:
     """The friendly /predict JSON body {"instances": [...]} to float32 images [n, 28, 28].
 
     Each instance is a 28x28 array of pixels (integers 0-255 or floats in [0, 1]) or
-    {"b64": "<base64 PNG or JPEG>"}.
+    {"b64": "<base64 PNG or JPEG>"}; each is read on its own, so one image's integers do not
+    change how another's floats are read.
+
+    Raises:
+        BadInput: not that shape; the message names the instance.
+        PayloadTooLarge: more than max_images instances (checked before decoding any).
     """
     request = loads(body)
     if not isinstance(request, dict) or "instances" not in request:
         raise BadInput('Request body must be a JSON object with "instances": [...]')
     instances = request["instances"]
-    if isinstance(instances, list) and any(isinstance(item, dict) for item in instances):
-        images = []
-        for i, item in enumerate(instances):
-            where = f"instances[{i}]"
-            if isinstance(item, dict):
-                images.append(decode_b64_image(item, where, invert))
-            else:
-                try:
-                    images.append(as_pixels(to_array([item], "instances"), "instances")[0])
-                except BadInput as err:
-                    # Checked as a batch of one: put the item's real index in the message.
-                    raise BadInput(err.message.replace("instances[0]", where, 1)) from err
-        return np.stack(images)
-    return as_pixels(to_array(instances, "instances"), "instances")
+    if not isinstance(instances, list) or not instances:
+        to_array(instances, "instances")  # raises the right message
+    check_image_count(len(instances), max_images)
+    images = []
+    for i, item in enumerate(instances):
+        where = f"instances[{i}]"
+        if isinstance(item, dict):
+            images.append(decode_b64_image(item, where, invert))
+            continue
+        try:
+            images.append(as_pixels(to_array([item], "instances"), "instances")[0])
+        except BadInput as err:
+            # Checked as a batch of one: put the item's real index in the message.
+            raise BadInput(err.message.replace("instances[0]", where, 1)) from err
+    return np.stack(images)
+
+
+def check_image_count(count: int, limit: int) -> None:
+    """PayloadTooLarge naming the limit when a request holds more than `limit` images."""
+    if count > limit:
+        raise PayloadTooLarge(
+            f"request has {count} images; the limit is {limit} per request (MAX_IMAGES)"
+        )

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         "info", description="Log level of the service and uvicorn."
     )
 
+    @field_validator("backend", "device", "log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value):
+        # DEVICE=GPU and LOG_LEVEL=INFO mean what they say.
+        return value.lower() if isinstance(value, str) else value
+
     @field_validator("model_name")
     @classmethod
     def _plain_name(cls, value: str) -> str:

@@ -107,6 +107,8 @@ class SavedModelPredictor:
         with tf.device(device):
             self._loaded = tf.saved_model.load(str(self.path))
         self.signatures = dict(self._loaded.signatures)
+        # Read now, while the version's folder is there (it may be deleted while serving).
+        self.signature_defs = signature_def_map(self.path)
         self._runners = {}
         if SIGNATURE_NAME not in self.signatures:
             raise KeyError(

@@ -111,8 +111,10 @@ class InProcessBackend(Backend):
             self._poller = asyncio.create_task(self._poll())
 
     async def refresh(self) -> None:
-        """Load the newest version on disk if it is newer than the one serving."""
+        """Follow the repository: load the newest version on disk if it is newer than the one
+        serving; drop versions whose folder is gone, falling back to the newest left."""
         versions = [v for v, _ in version_dirs(self.model_dir)]
+        self._unload_missing(set(versions))
         candidates = [v for v in versions if v not in self._failed]
         if not candidates:
             if self._latest is None:
@@ -133,6 +135,31 @@ class InProcessBackend(Backend):
             self._device,
             f" (was {previous})" if previous is not None else "",
         )
+
+    def _unload_missing(self, on_disk: set[int]) -> None:
+        gone = [v for v in self._models if v not in on_disk]
+        for version in gone:
+            del self._models[version]
+            self._labels.pop(version, None)
+        for version in [v for v in self._failed if v not in on_disk]:
+            del self._failed[version]
+        if not gone:
+            return
+        if self._latest in gone:
+            self._latest = max(self._models, default=None)
+        log.warning(
+            "Version(s) %s of %s left %s: unloaded; serving %s",
+            ", ".join(map(str, sorted(gone))),
+            self.model_name,
+            self.model_dir,
+            self._latest if self._latest is not None else "nothing until a version appears",
+        )
+        if self._latest is None:
+            self._reason = f"no loadable version under {self.model_dir}"
+        # Frozen objects are never collected: let the dropped models' objects go.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
     async def _poll(self) -> None:
         while True:
@@ -174,6 +201,7 @@ class InProcessBackend(Backend):
         # The first call of each signature traces it: pay that before reporting ready, with the
         # version's TF Serving warmup requests (one zero image when it has none).
         replayed = model.warm_up()
+        self.labels(version)  # cached now, while the folder is there
         log.info(
             "Warmed up %s version %s with %s",
             self.model_name,
@@ -226,12 +254,11 @@ class InProcessBackend(Backend):
     async def metadata(self, name: str, version: int | None) -> tuple[int, dict]:
         from google.protobuf.json_format import MessageToDict
 
-        from training.saved_model import signature_def_map
-
-        version, _ = await self._model(name, version)
-        proto = signature_def_map(self.model_dir / str(version))
+        version, model = await self._model(name, version)
         return version, MessageToDict(
-            proto, preserving_proto_field_name=True, including_default_value_fields=True
+            model.signature_defs,
+            preserving_proto_field_name=True,
+            including_default_value_fields=True,
         )
 
     async def predict(

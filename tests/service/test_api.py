@@ -331,6 +331,24 @@ def test_friendly_predict_b64_png(client, samples, reference):
     np.testing.assert_allclose(probabilities_of(mixed), reference[1][:2], atol=1e-5)
 
 
+def test_friendly_predict_reads_each_image_on_its_own(client, samples, reference):
+    """Integer pixels in one instance do not change how another's floats are read."""
+    floats = (samples[1] / 255.0).tolist()
+    alone = [ok_json(client.post("/predict", json={"instances": [x]})) for x in
+             (samples[0].tolist(), floats)]  # fmt: skip
+    together = ok_json(client.post("/predict", json={"instances": [samples[0].tolist(), floats]}))
+    expected = np.concatenate([probabilities_of(answer) for answer in alone])
+    np.testing.assert_allclose(probabilities_of(together), expected, atol=1e-5)
+    np.testing.assert_allclose(probabilities_of(together), reference[1][:2], atol=1e-5)
+
+
+def test_empty_signature_name_means_the_default(client, samples, reference):
+    body = {"signature_name": "", "instances": (samples[:1] / 255.0).tolist()}
+    answer = ok_json(client.post(f"{MODEL}:predict", json=body))
+    rows = np.array([row["probabilities"] for row in answer["predictions"]])
+    np.testing.assert_allclose(rows, reference[1][:1], atol=1e-5)
+
+
 def test_friendly_predict_png_uploads(client, samples, reference):
     files = [
         ("files", (f"image{i}.png", png_bytes(im), "image/png")) for i, im in enumerate(samples)
@@ -846,6 +864,39 @@ ERROR_CASES = [
         413,
         (str(MAX_IMAGES), "MAX_IMAGES"),
         body({"instances": [BLACK] * (MAX_IMAGES + 1)}),
+    ),
+    Case(
+        # The count is checked before any image is decoded: these b64 items are not images.
+        "friendly-too-many-b64-images",
+        "POST",
+        "/predict",
+        413,
+        (str(MAX_IMAGES), "MAX_IMAGES"),
+        body({"instances": [{"b64": "bm90IGFuIGltYWdl"}] * (MAX_IMAGES + 1)}),
+    ),
+    Case(
+        "version-out-of-int64-range",
+        "POST",
+        f"/v1/models/{MODEL_NAME}/versions/{'9' * 300}:predict",
+        400,
+        ("version", "out of range"),
+        body({"instances": [GRAY]}),
+    ),
+    Case(
+        "version-status-out-of-int64-range",
+        "GET",
+        f"/v1/models/{MODEL_NAME}/versions/{2**63}",
+        400,
+        ("version", "out of range"),
+        lambda: {},
+    ),
+    Case(
+        "huge-photo-upload",
+        "POST",
+        "/predict",
+        400,
+        ("files[0]", "megapixels"),
+        upload(("huge.png", png_bytes(np.zeros((5000, 5000), np.uint8)))),
     ),
     Case(
         "one-upload-too-many",

@@ -226,3 +226,31 @@ def test_a_client_that_gives_up_is_dropped_from_the_queue(trained_model, images)
         np.testing.assert_allclose(probabilities_of(stayer.result()), expected[2:3], atol=1e-5)
     # The model never saw the quitter's image: the stayer ran alone.
     assert gated.sizes == [1, 1]
+
+
+def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_hung(
+    trained_model,
+):
+    """close() while a batch is in the model: its waiters and the queued ones all get an error."""
+
+    class Stuck(DelegatingBackend):
+        async def predict(self, name, images, version=None, signature_name="serving_default"):
+            await asyncio.Event().wait()  # a model call that never ends by itself
+
+    async def scenario():
+        inner = InProcessBackend("fashion_mnist", str(trained_model.export_base.parent))
+        batcher = BatchingBackend(Stuck(inner), max_batch_size=1, timeout_ms=0, max_queue=8)
+        batcher._wakeup = asyncio.Event()  # start() without loading the real model
+        images = np.zeros((1, 28, 28), np.float32)
+        running = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
+        queued = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
+        while batcher.waiting != 1:  # the first is in the model, the second waits
+            await asyncio.sleep(0.001)
+        await batcher.close()
+        return await asyncio.wait_for(
+            asyncio.gather(running, queued, return_exceptions=True), WAIT_SECONDS
+        )
+
+    outcomes = asyncio.run(scenario())
+    assert [type(o) for o in outcomes] == [UpstreamError, UpstreamError], outcomes
+    assert all("shutting down" in o.message for o in outcomes)

@@ -24,6 +24,7 @@ from service_harness import (
 )
 
 from training import data
+from training.contract import FASHION_MNIST_LABELS
 
 pytestmark = pytest.mark.slow
 
@@ -239,3 +240,33 @@ def test_without_polling_a_new_version_is_served_only_when_named(launch, reposit
         assert served_version(client, ints[0]) == "1"
         assert client.get("/readyz").json()["version"] == "1"
         assert gauge(client).endswith(" 1.0")
+
+
+def test_a_deleted_version_is_unloaded_and_the_newest_left_serves(launch, repository, images):
+    ints, floats = images
+    server = launch(MODEL_BASE_PATH=str(repository.parent), MODEL_POLL_SECONDS="0.2")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        before = probabilities(client, f"{MODEL}:predict", floats)
+        add_version(repository, "1", "2")
+        wait_for(lambda: served_version(client, ints[0]) == "2", "version 2 to serve", server)
+
+        # Rolling back by deleting the bad version: TF Serving's latest policy does the same.
+        shutil.rmtree(repository / "2")
+        wait_for(lambda: "2" not in statuses(client), "version 2 to be unloaded", server)
+        assert set(statuses(client)) == {"1"}
+        assert served_version(client, ints[0]) == "1"
+        assert client.get("/readyz").json()["version"] == "1"
+        assert client.get(f"{MODEL}/metadata").json()["model_spec"]["version"] == "1"
+        assert client.get(f"{MODEL}/versions/2").status_code == 404
+        answer = client.post("/predict", json={"instances": [ints[0]]}).json()
+        assert answer["predictions"][0]["label"] in FASHION_MNIST_LABELS
+        np.testing.assert_allclose(
+            probabilities(client, f"{MODEL}:predict", floats), before, atol=1e-6
+        )
+
+        # Every version gone: not ready, and ready again when one comes back.
+        moved = repository.parent / "kept"
+        (repository / "1").rename(moved)
+        wait_for(lambda: client.get("/readyz").status_code == 503, "readyz 503", server)
+        moved.rename(repository / "1")
+        wait_for(lambda: client.get("/readyz").status_code == 200, "readyz 200 again", server)
