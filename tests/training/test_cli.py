@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
+from training_harness import call_main, checkpoint_step, integer_dirs
 
 import training.evaluation
 from training import data, hooks
-from training.__main__ import main
 from training.contract import (
     ASSETS_EXTRA,
     CLASSES_KEY,
@@ -43,24 +43,6 @@ def _matches_conftest(request):
         assert request.getfixturevalue("trained_model").max_steps == TRAIN_STEPS
     if "small_test_data" in request.fixturenames:
         assert len(request.getfixturevalue("small_test_data")[1]) == SMALL_TEST_COUNT
-
-
-def call_main(*argv) -> int:
-    """main() with str arguments; a KeyboardInterrupt escaping it fails the test, not the run."""
-    try:
-        return main([str(a) for a in argv])
-    except KeyboardInterrupt:
-        pytest.fail("KeyboardInterrupt escaped main() instead of exiting with 130")
-
-
-def checkpoint_step(model_dir: Path) -> int:
-    checkpoint = tf.train.latest_checkpoint(str(model_dir))
-    assert checkpoint is not None, f"no checkpoint in {model_dir}"
-    return int(tf.train.load_variable(checkpoint, "global_step"))
-
-
-def integer_dirs(base: Path) -> list[str]:
-    return sorted(p.name for p in base.iterdir() if p.name.isdigit()) if base.exists() else []
 
 
 def staging_dirs(base: Path) -> list[str]:
