@@ -156,10 +156,11 @@ def to_contract(spec, labels, mode, params, logits, probabilities):
         )
     loss, checks = spec.loss, []
     if params.get("check_numerics"):
-        checks = [
-            tf.debugging.check_numerics(logits, "logits"),
-            tf.debugging.check_numerics(spec.loss, "loss"),
-        ]
+        checked_logits = tf.debugging.check_numerics(logits, "logits")
+        # Logits first: a NaN there makes the loss NaN too, and the message should name the
+        # source, every time (two independent checks race).
+        with tf.control_dependencies([checked_logits]):
+            checks = [checked_logits, tf.debugging.check_numerics(spec.loss, "loss")]
         loss = checks[1]
     classes = tf.cast(classes, tf.int32)
     if mode == MODES.EVAL:
