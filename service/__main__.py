@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 from pydantic import ValidationError
@@ -19,6 +20,16 @@ def main() -> int:
             print(
                 f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
             )
+        return 2
+    try:
+        # Bound before anything slow, so a bad address is one line and exit code 2.
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as err:
+        print(
+            f"error: HOST, PORT: cannot listen on {settings.host}:{settings.port}: "
+            f"{err.strerror or err}",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,18 +51,30 @@ def main() -> int:
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
+    config = uvicorn.Config(
+        create_app(settings),
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,
         # Let in-flight requests finish on SIGTERM/Ctrl-C before the model is closed.
         timeout_graceful_shutdown=30,
     )
+    logging.getLogger("service").info("Listening on http://%s:%s", settings.host, settings.port)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves); uvicorn listens."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 if __name__ == "__main__":

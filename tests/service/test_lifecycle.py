@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -118,6 +119,7 @@ def test_device_gpu_without_a_gpu_exits_2_with_one_line(trained_model):
         ("MODEL_POLL_SECONDS", "-1"),
         ("MODEL_NAME", "../elsewhere"),
         ("LOG_LEVEL", "loud"),
+        ("HOST", "999.1.1.1"),
     ],
 )
 def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
@@ -127,6 +129,18 @@ def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and name in lines[0], lines[0]
+
+
+def test_a_port_in_use_exits_2_before_loading_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=str(port))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "PORT" in lines[0] and "in use" in lines[0]
 
 
 # --- an empty repository ------------------------------------------------------------------
