@@ -84,6 +84,8 @@ class InProcessBackend(Backend):
         self._device = "unknown"
         self._models: dict = {}  # version -> SavedModelPredictor
         self._failed: dict[int, str] = {}
+        # When each failed version's files last changed: a change earns it another try.
+        self._failed_stamps: dict[int, float] = {}
         self._latest: int | None = None
         self._loading: dict[int, asyncio.Future] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tf")
@@ -115,7 +117,7 @@ class InProcessBackend(Backend):
         serving; drop versions whose folder is gone, falling back to the newest left."""
         versions = [v for v, _ in version_dirs(self.model_dir)]
         self._unload_missing(set(versions))
-        candidates = [v for v in versions if v not in self._failed]
+        candidates = [v for v in versions if not self._still_failed(v)]
         if not candidates:
             if self._latest is None:
                 self._reason = f"no loadable version under {self.model_dir}"
@@ -143,6 +145,7 @@ class InProcessBackend(Backend):
             self._labels.pop(version, None)
         for version in [v for v in self._failed if v not in on_disk]:
             del self._failed[version]
+            self._failed_stamps.pop(version, None)
         if not gone:
             return
         if self._latest in gone:
@@ -160,6 +163,24 @@ class InProcessBackend(Backend):
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+
+    def _still_failed(self, version: int) -> bool:
+        """True when the version failed to load and its files have not changed since."""
+        if version not in self._failed:
+            return False
+        if self._files_changed_at(version) == self._failed_stamps.get(version):
+            return True
+        # Fixed, or finished copying, since it failed: it gets another try.
+        del self._failed[version]
+        return False
+
+    def _files_changed_at(self, version: int) -> float:
+        """The newest modification time among a version's folders and files."""
+        root = self.model_dir / str(version)
+        try:
+            return max(p.stat().st_mtime for p in (root, *root.rglob("*")))
+        except (FileNotFoundError, ValueError):
+            return 0.0
 
     async def _poll(self) -> None:
         while True:
@@ -183,6 +204,7 @@ class InProcessBackend(Backend):
             model = await asyncio.shield(pending)
         except Exception as err:
             self._failed[version] = f"{type(err).__name__}: {err}"
+            self._failed_stamps[version] = self._files_changed_at(version)
             log.error("Loading %s version %s failed: %s", self.model_name, version, err)
             raise
         finally:
@@ -219,8 +241,8 @@ class InProcessBackend(Backend):
             return self._latest, self._models[self._latest]
         if version in self._models:
             return version, self._models[version]
-        if version in self._failed:
-            # Versions are immutable: one that failed to load is not retried per request.
+        if self._still_failed(version):
+            # Not retried per request: only once its files change.
             raise NotReady(f"version {version} of {name} failed to load: {self._failed[version]}")
         if not (self.model_dir / str(version) / "saved_model.pb").is_file():
             raise NotFound(servable_not_found(name, version))

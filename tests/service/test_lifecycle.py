@@ -237,6 +237,12 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
         failures = [line for line in server.log().splitlines() if "version 3 failed" in line]
         assert len(failures) == 1, failures
 
+        # Once its files change (the copy finished, or it was fixed) it gets another try.
+        shutil.copytree(repository / "1", repository / "3", dirs_exist_ok=True)
+        fixed = probabilities(client, f"{MODEL}/versions/3:predict", floats)
+        np.testing.assert_allclose(fixed, before, atol=1e-6)
+        assert statuses(client)["3"]["state"] == "AVAILABLE"
+
 
 def test_without_polling_a_new_version_is_served_only_when_named(launch, repository, images):
     ints, floats = images
