@@ -98,3 +98,22 @@ def hook_names(names) -> tuple[str, ...]:
         return check_hook_names(names)
     except ValueError as err:
         raise UsageError(f"--hooks: {err}") from err
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, default_epochs: float) -> None:
+    """--epochs or --max-steps: how long to train (one of the two; epochs by default)."""
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--epochs",
+        type=positive_float,
+        default=None,
+        help=f"passes over the training set (default: {default_epochs:g})",
+    )
+    budget.add_argument(
+        "--max-steps", type=positive_int, help="train to this global step instead of --epochs"
+    )
+
+
+def budget_steps(args, default_epochs: float, steps_per_epoch: int) -> int:
+    """The global step that --max-steps or --epochs (or the default epochs) stops at."""
+    return args.max_steps or math.ceil((args.epochs or default_epochs) * steps_per_epoch)

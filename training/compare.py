@@ -44,16 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="new or empty folder for each kind's model dir, the exports and the table "
         "(default: %(default)s)",
     )
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--epochs",
-        type=cli.positive_float,
-        default=None,
-        help=f"each kind's passes over the training set (default: {DEFAULT_EPOCHS:g})",
-    )
-    budget.add_argument(
-        "--max-steps", type=cli.positive_int, help="each kind's training steps instead"
-    )
+    cli.add_budget_arguments(p, DEFAULT_EPOCHS)  # the same budget for every kind
     add_model_arguments(p, seed=0)  # one seed for every kind unless told otherwise
 
 
@@ -117,7 +108,7 @@ def cmd_compare(args) -> int:
     train_split, train_images, _ = data.load_split(args.data_dir, "train")
     _, test_images, test_labels = data.load_split(args.data_dir, "test")
     steps_per_epoch = math.ceil(train_split.count / args.batch_size)
-    max_steps = args.max_steps or math.ceil((args.epochs or DEFAULT_EPOCHS) * steps_per_epoch)
+    max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
     stats = pixel_stats(train_images)
     print(
         f"Comparing {', '.join(kinds)}: {max_steps} steps of {args.batch_size} each on "

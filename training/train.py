@@ -94,16 +94,7 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
         default=cli.DEFAULT_EXPORT_DIR,
         help="model repository folder that receives a new integer version (default: %(default)s)",
     )
-    steps = train.add_mutually_exclusive_group()
-    steps.add_argument(
-        "--epochs",
-        type=cli.positive_float,
-        default=None,
-        help=f"passes over the training set (default: {DEFAULT_EPOCHS})",
-    )
-    steps.add_argument(
-        "--max-steps", type=cli.positive_int, help="train to this global step instead of --epochs"
-    )
+    cli.add_budget_arguments(train, DEFAULT_EPOCHS)
     add_model_arguments(train)
     train.add_argument(
         "--eval-every-secs",
@@ -276,7 +267,7 @@ def cmd_train(args) -> int:
     train_split, train_images, _ = data.load_split(args.data_dir, "train")
     test_split, test_images, test_labels = data.load_split(args.data_dir, "test")
     steps_per_epoch = math.ceil(train_split.count / args.batch_size)
-    max_steps = args.max_steps or math.ceil((args.epochs or DEFAULT_EPOCHS) * steps_per_epoch)
+    max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
     model_dir = Path(args.model_dir)
     previous = runs.previous_params(model_dir) or {}
     # A resumed run keeps its normalizer: those constants live in the graph, not the checkpoint.
