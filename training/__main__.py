@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
-from training import cli, compare, predict, runs, train
-from training.cli import DEFAULT_EXPORT_DIR, DEFAULT_MODEL_DIR
-from training.data import DataError
-from training.errors import NumericsError, UsageError
-from training.runs import EVAL_BATCH_SIZE
+from artifact.quiet import quiet_tensorflow
 
-__all__ = ["DEFAULT_EXPORT_DIR", "DEFAULT_MODEL_DIR", "UsageError", "build_parser", "main"]
+# First, before anything imports TensorFlow: its import-time noise is filtered here, and the
+# parser's help (model kinds, hooks) comes from modules that import it.
+quiet_tensorflow(verbose=any(a in ("-v", "--verbose") for a in sys.argv[1:]))
+
+import argparse  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+from training import compare, evaluate, export, predict, train  # noqa: E402
+from training.data import DataError  # noqa: E402
+from training.errors import NumericsError, UsageError  # noqa: E402
+
+__all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="show TensorFlow's INFO log lines too"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
     train.add_arguments(
         sub.add_parser(
             "train",
@@ -37,29 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
             "with a --model-dir they all reach; the chief exports when training is done.",
         )
     )
-
-    evaluate = sub.add_parser(
-        "evaluate", help="evaluate a model dir's checkpoint or an exported version"
+    evaluate.add_arguments(
+        sub.add_parser("evaluate", help="evaluate a model dir's checkpoint or an exported version")
     )
-    evaluate.add_argument(
-        "path",
-        help="a --model-dir with checkpoints, an exported version (models/NAME/VERSION) "
-        "or a model folder (its newest version)",
+    export.add_arguments(
+        sub.add_parser("export", help="export a model dir's latest checkpoint as a new version")
     )
-    cli.add_data_arguments(evaluate)
-    evaluate.add_argument(
-        "--output",
-        default="evaluation.json",
-        help="where to write the report (default: %(default)s)",
-    )
-
-    export = sub.add_parser(
-        "export", help="export a model dir's latest checkpoint as a new version"
-    )
-    cli.add_data_arguments(export)
-    export.add_argument("--model-dir", default=DEFAULT_MODEL_DIR, help="default: %(default)s")
-    export.add_argument("--export-dir", default=DEFAULT_EXPORT_DIR, help="default: %(default)s")
-
     predict.add_arguments(
         sub.add_parser(
             "predict",
@@ -84,75 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_evaluate(args) -> int:
-    from training import data
-    from training.evaluation import build_report, format_report
-    from training.saved_model import version_dirs
-
-    path = Path(args.path)
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
-    if not path.exists():
-        raise UsageError(f"{path}: not found")
-    versions = version_dirs(path)
-    if (path / "saved_model.pb").is_file() or versions:
-        from training.contract import normalize_pixels
-        from training.saved_model import SavedModelPredictor, read_labels_file
-
-        version_path = path if (path / "saved_model.pb").is_file() else versions[-1][1]
-        predictor = SavedModelPredictor(version_path)
-        classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
-        labels = read_labels_file(version_path) or cli.labels(args)
-        source = {"saved_model": str(version_path)}
-    else:
-        import numpy as np
-
-        from training.estimator import make_estimator
-
-        params = runs.load_params(path)
-        estimator = make_estimator(str(path), params)
-        if runs.latest_step(path) == 0:
-            raise UsageError(f"{path}: holds no checkpoint")
-        predictions = estimator.predict(
-            lambda: data.predict_input_fn(test_images, EVAL_BATCH_SIZE), predict_keys=["classes"]
-        )
-        classes = np.fromiter((p["classes"] for p in predictions), np.int64, len(test_images))
-        labels = tuple(params.get("labels") or cli.labels(args))
-        source = {"model_dir": str(path), "global_step": runs.latest_step(path)}
-    report = build_report(
-        test_labels, classes, labels, data_dir=str(args.data_dir), split="test", **source
-    )
-    print(format_report(report))
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"Wrote {args.output}")
-    return 0
-
-
-def cmd_export(args) -> int:
-    from training import data
-    from training.estimator import make_estimator
-
-    model_dir = Path(args.model_dir)
-    params = runs.load_params(model_dir)
-    step = runs.latest_step(model_dir)
-    if step == 0:
-        raise UsageError(f"{model_dir}: holds no checkpoint to export")
-    labels = tuple(params.get("labels") or cli.labels(args))
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
-    estimator = make_estimator(str(model_dir), params)
-    context = {
-        "data_dir": str(args.data_dir),
-        "split": "test",
-        "global_step": step,
-        "model_dir": str(model_dir),
-        "params": {k: v for k, v in params.items() if k != "labels"},
-    }
-    version = runs.export_evaluated(
-        estimator, args.export_dir, labels, test_images, test_labels, context
-    )
-    print(f"Exported step {step} of {model_dir} as {version}")
-    return 0
-
-
 INTERRUPTED = {
     "train": "the last saved checkpoint is kept; run the same command to resume.",
     "evaluate": "no report written.",
@@ -162,22 +80,18 @@ INTERRUPTED = {
 }
 COMMANDS = {
     "train": train.cmd_train,
-    "evaluate": cmd_evaluate,
-    "export": cmd_export,
+    "evaluate": evaluate.cmd_evaluate,
+    "export": export.cmd_export,
     "predict": predict.cmd_predict,
     "compare": compare.cmd_compare,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.quiet import quiet_tensorflow
-
-    # Before the parser: its help lists the model kinds and hooks, which import TensorFlow.
     given = sys.argv[1:] if argv is None else argv
+    # Again for callers that pass argv (tests): -v there decides.
     quiet_tensorflow(verbose=any(a in ("-v", "--verbose") for a in given))
     args = build_parser().parse_args(argv)
-    import tensorflow as tf
-
     try:
         return COMMANDS[args.command](args)
     except (DataError, UsageError) as err:

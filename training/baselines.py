@@ -22,20 +22,14 @@ import tempfile
 
 import tensorflow as tf
 
-from training.contract import (
-    CLASSES_KEY,
-    IMAGE_SHAPE,
-    INPUT_KEY,
-    NUM_CLASSES,
-    PREDICT_OUTPUT_KEY,
-    PROBABILITIES_KEY,
-)
-from training.hooks import TRAIN_ACCURACY_TENSOR
+from artifact.contract import IMAGE_SHAPE, INPUT_KEY, NUM_CLASSES
+from training import heads
 from training.model import keras_cnn
 
 BASELINE_KINDS = ("linear", "dnn", "keras")
-# The Keras model's output layer (training.model.keras_cnn): its prediction key.
-KERAS_OUTPUT = "logits"
+# The logits' prediction key: the pre-made heads' own, and the Keras model's output layer
+# (training.model.keras_cnn names it so).
+LOGITS_KEY = "logits"
 MODES = tf.estimator.ModeKeys
 
 
@@ -121,7 +115,7 @@ def baseline_model_fn(kind: str, params: dict, config: tf.estimator.RunConfig):
                 spec = inner(features, labels, mode, config)
         else:
             spec = inner(features, labels, mode, config)
-        logits = spec.predictions["logits" if kind != "keras" else KERAS_OUTPUT]
+        logits = spec.predictions[LOGITS_KEY]
         if kind == "keras":
             probabilities = tf.nn.softmax(logits, name="softmax_tensor")
         else:
@@ -134,48 +128,33 @@ def baseline_model_fn(kind: str, params: dict, config: tf.estimator.RunConfig):
 def to_contract(spec, labels, mode, params, logits, probabilities):
     """Rebuild a baseline's EstimatorSpec with the contract's outputs and the CNN's extras.
 
-    PREDICT: `classes` int64 [n] and `probabilities` float32 [n, 10], exported as the
-    `classify` PredictOutput (and so `serving_default`), exactly as the CNN's model_fn does.
+    PREDICT: the contract's outputs and signature (heads.predict_spec), as the CNN's model_fn.
     EVAL: the CNN's metrics (accuracy, per-class precision and recall).
     TRAIN: batch accuracy and learning rate summaries, the `train_accuracy` tensor.
     check_numerics: the checks on logits and loss run with every step and fail it, naming the
     tensor; unlike the CNN's they cannot sit before the pre-made update, but a failed step is
     never checkpointed, so the last checkpoint stays good.
     """
-    from training.estimator import eval_metric_ops, learning_rate_at
-
     classes = tf.argmax(probabilities, axis=1)
     if mode == MODES.PREDICT:
-        predictions = {CLASSES_KEY: classes, PROBABILITIES_KEY: probabilities}
-        return tf.estimator.EstimatorSpec(
-            mode,
-            predictions=predictions,
-            export_outputs={PREDICT_OUTPUT_KEY: tf.estimator.export.PredictOutput(predictions)},
-            prediction_hooks=spec.prediction_hooks,
-            scaffold=spec.scaffold,
+        return heads.predict_spec(
+            classes, probabilities, prediction_hooks=spec.prediction_hooks, scaffold=spec.scaffold
         )
     loss, checks = spec.loss, []
     if params.get("check_numerics"):
-        checked_logits = tf.debugging.check_numerics(logits, "logits")
-        # Logits first: a NaN there makes the loss NaN too, and the message should name the
-        # source, every time (two independent checks race).
-        with tf.control_dependencies([checked_logits]):
-            checks = [checked_logits, tf.debugging.check_numerics(spec.loss, "loss")]
+        checks = list(heads.check_numerics(logits, spec.loss))
         loss = checks[1]
     classes = tf.cast(classes, tf.int32)
     if mode == MODES.EVAL:
         return tf.estimator.EstimatorSpec(
             mode,
             loss=loss,
-            eval_metric_ops=eval_metric_ops(labels, classes),
+            eval_metric_ops=heads.eval_metric_ops(labels, classes),
             evaluation_hooks=spec.evaluation_hooks,
             scaffold=spec.scaffold,
         )
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(labels, classes), tf.float32))
-    tf.identity(accuracy, name=TRAIN_ACCURACY_TENSOR)
-    tf.compat.v1.summary.scalar("accuracy", accuracy)  # beside the eval metric, as the CNN
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    tf.compat.v1.summary.scalar("learning_rate", learning_rate_at(params, global_step))
+    heads.training_summaries(labels, classes, heads.learning_rate_at(params, global_step))
     return tf.estimator.EstimatorSpec(
         mode,
         loss=loss,

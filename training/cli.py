@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from artifact.contract import LABEL_PRESETS, resolve_labels
+from training.data import DEFAULT_DATA_DIR
 from training.errors import UsageError
+from training.hooks import check_hook_names
 
 DEFAULT_MODEL_DIR = "runs/fashion_mnist"
 DEFAULT_EXPORT_DIR = "models/fashion_mnist"
@@ -63,9 +66,6 @@ name_list.__name__ = "name list"
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """--data-dir and --labels."""
-    from training.contract import LABEL_PRESETS
-    from training.data import DEFAULT_DATA_DIR
-
     p.add_argument(
         "--data-dir",
         default=DEFAULT_DATA_DIR,
@@ -82,8 +82,6 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 def labels(args) -> tuple[str, ...]:
     """The class labels --labels names; UsageError when it is not a valid list."""
-    from training.contract import resolve_labels
-
     try:
         return resolve_labels(args.labels, args.data_dir)
     except ValueError as err:
@@ -92,8 +90,6 @@ def labels(args) -> tuple[str, ...]:
 
 def hook_names(names) -> tuple[str, ...]:
     """The hook names, checked against the registry; UsageError listing the known ones."""
-    from training.hooks import check_hook_names
-
     try:
         return check_hook_names(names)
     except ValueError as err:

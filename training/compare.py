@@ -17,8 +17,16 @@ import math
 import time
 from pathlib import Path
 
-from training import cli, runs
+import numpy as np
+import tensorflow as tf
+
+from artifact.repository import read_report
+from training import cli, data, runs
 from training.errors import UsageError
+from training.estimator import MODEL_KINDS, make_estimator
+from training.hooks import ProgressHook
+from training.publish import export_evaluated
+from training.train import add_model_arguments, model_params, pixel_stats
 
 DEFAULT_EPOCHS = 1.0
 DEFAULT_WORK_DIR = "runs/compare"
@@ -28,9 +36,6 @@ RESULTS_FILE = "comparison.json"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `compare` subcommand's options."""
-    from training.estimator import MODEL_KINDS
-    from training.train import add_model_arguments
-
     cli.add_data_arguments(p)
     p.add_argument(
         "--models",
@@ -50,9 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def saved_model_parameter_count(version: Path) -> int:
     """Scalars in an exported version's float variables (the model; not the global step)."""
-    import numpy as np
-    import tensorflow as tf
-
     reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
     dtypes = reader.get_variable_to_dtype_map()
     return int(
@@ -85,12 +87,6 @@ def format_table(rows: list[dict], labels) -> str:
 
 def cmd_compare(args) -> int:
     """Train, export and evaluate each kind; print and save the table, best first."""
-    from training import data
-    from training.estimator import MODEL_KINDS, make_estimator
-    from training.hooks import ProgressHook
-    from training.saved_model import read_report
-    from training.train import model_params, pixel_stats
-
     kinds = list(dict.fromkeys(args.models))
     unknown = [k for k in kinds if k not in MODEL_KINDS]
     if unknown or not kinds:
@@ -132,15 +128,8 @@ def cmd_compare(args) -> int:
             hooks=[ProgressHook(max_steps, args.batch_size, label=kind)],
         )
         train_seconds = time.perf_counter() - started
-        context = {
-            "data_dir": str(args.data_dir),
-            "split": "test",
-            "global_step": runs.latest_step(model_dir),
-            "train_seconds": round(train_seconds, 1),
-            "model_dir": str(model_dir),
-            "params": {k: v for k, v in params.items() if k != "labels"},
-        }
-        version = runs.export_evaluated(
+        context = runs.report_context(args.data_dir, model_dir, params, train_seconds)
+        version = export_evaluated(
             estimator, work_dir / "models" / kind, labels, test_images, test_labels, context
         )
         report = read_report(version)

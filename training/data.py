@@ -3,7 +3,8 @@
 The IDX files are checked in Python (magic numbers, counts, 28x28, labels 0-9, truncation) and
 then read inside the TensorFlow graph, so the data set never becomes a graph constant: feeding
 `from_tensor_slices` a numpy array inside an Estimator input_fn embeds all 47 MB of pixels in
-graph.pbtxt and every checkpoint's .meta (TF-NOTES.md).
+graph.pbtxt and every checkpoint's .meta (614 MB of graph.pbtxt and 180 MB per checkpoint
+.meta after 600 steps, measured with TF 2.15), and spends most of a minute at start.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
-from training.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES, normalize_pixels
+from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES, normalize_pixels
 
 IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
@@ -150,11 +152,6 @@ def load_split(data_dir: str | os.PathLike, split: str) -> tuple[IdxSplit, np.nd
     return IdxSplit(str(images_path), str(labels_path), len(images)), images, labels
 
 
-def validate_split(data_dir: str | os.PathLike, split: str) -> IdxSplit:
-    """Like load_split, for when only the validated description is needed."""
-    return load_split(data_dir, split)[0]
-
-
 def _is_gzip(path: str) -> bool:
     # By content, as read_bytes() decides: a gzipped file need not be named .gz.
     with open(path, "rb") as f:
@@ -163,8 +160,6 @@ def _is_gzip(path: str) -> bool:
 
 def _decode_idx(path: str, header_bytes: int):
     """Graph ops that read one IDX file and return its payload as a flat uint8 tensor."""
-    import tensorflow as tf
-
     data = tf.io.read_file(path)
     if _is_gzip(path):
         data = tf.io.decode_compressed(data, compression_type="GZIP")
@@ -177,8 +172,6 @@ def dataset(split: IdxSplit):
     The pixels are read by graph ops from the files (not embedded as constants), sliced with
     `from_tensor_slices` and mapped through the shared `normalize_pixels`.
     """
-    import tensorflow as tf
-
     images = tf.reshape(
         _decode_idx(split.images_path, IMAGES_HEADER_BYTES),
         [split.count, IMAGE_HEIGHT, IMAGE_WIDTH],
@@ -193,8 +186,6 @@ def dataset(split: IdxSplit):
 
 def train_input_fn(split: IdxSplit, batch_size: int, seed: int | None = None):
     """Training input: cached, shuffled each epoch, batched, repeated forever, prefetched."""
-    import tensorflow as tf
-
     return (
         dataset(split)
         .cache()
@@ -207,15 +198,11 @@ def train_input_fn(split: IdxSplit, batch_size: int, seed: int | None = None):
 
 def eval_input_fn(split: IdxSplit, batch_size: int):
     """Evaluation input: one pass over the split in order."""
-    import tensorflow as tf
-
     return dataset(split).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def predict_input_fn(images: np.ndarray, batch_size: int):
     """Prediction input over uint8 or float images already in memory (batch prediction)."""
-    import tensorflow as tf
-
     if images.dtype == np.uint8:
         images = normalize_pixels(images)
     ds = tf.data.Dataset.from_tensor_slices({INPUT_KEY: images.astype(np.float32)})

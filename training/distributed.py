@@ -23,6 +23,8 @@ import json
 import os
 import sys
 
+import tensorflow as tf
+
 from training.errors import UsageError
 
 TF_CONFIG = "TF_CONFIG"
@@ -152,8 +154,6 @@ def mirrored_strategy(num_gpus: int, stream=None):
     The fallback is said on `stream` (stderr) as a warning line, as is using fewer GPUs than
     asked for. The input_fn's batch is each replica's: N GPUs train on N batches a step.
     """
-    import tensorflow as tf
-
     stream = stream or sys.stderr
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:

@@ -6,7 +6,7 @@ import datetime as dt
 
 import numpy as np
 
-from training.contract import NUM_CLASSES
+from artifact.contract import NUM_CLASSES
 
 
 def build_report(true_classes, predicted_classes, labels, **context) -> dict:

@@ -11,7 +11,7 @@
   restored from the checkpoint variable of the same name or, failing that, of the same name
   from the scope on, so either CNN can fine-tune from the other's checkpoint.
   (`init_from_checkpoint` with a scope mapping silently restores nothing for Keras layers'
-  variables, TF-NOTES.md; a Saver over the variable objects does not.)
+  variables in TF 2.15; a Saver over the variable objects does not.)
 
 Both act only when a run starts: a model dir that already holds a checkpoint resumes from it
 (the Scaffold's init_fn and the warm start are skipped by design).

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
-TRAIN_ACCURACY_TENSOR = "train_accuracy"
+from artifact.contract import INPUT_KEY
+from training.heads import TRAIN_ACCURACY_TENSOR
+
 # TensorBoard tags written by ModelStatsHook during training.
 EXAMPLES_PER_SEC_TAG = "examples_per_sec"
 STEP_TIME_TAG = "step_time_ms"
@@ -268,8 +270,6 @@ class HookEntry:
 
 
 def _model_stats(context: HookContext) -> ModelStatsHook:
-    from training.contract import INPUT_KEY
-
     image = context.features[INPUT_KEY] if isinstance(context.features, dict) else context.features
     return ModelStatsHook(
         context.mode, batch_size=tf.shape(image)[0], summary_dir=context.model_dir

@@ -1,15 +1,17 @@
-"""The reference CNN (TensorFlow's layers tutorial / official r1 mnist) as a Keras Model.
+"""The reference CNN (TensorFlow's layers tutorial / official r1 mnist) and its model_fn.
 
 Two forms of one architecture, built from the same layer definitions: `CNN`, the subclassed
-model the custom model_fn calls, and `keras_cnn`, a compiled functional model for
+model the custom `model_fn` calls, and `keras_cnn`, a compiled functional model for
 `tf.keras.estimator.model_to_estimator` (which clones models and needs a functional one).
+As in TensorFlow's official r1 mnist, the model and its model_fn live together.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from training.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES
+from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES
+from training import heads
 
 DATA_FORMATS = ("channels_last", "channels_first")
 # The layers with weights, by name: the scopes fine-tuning can pick (--fine-tune-scopes).
@@ -99,3 +101,49 @@ def keras_cnn(
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     return model
+
+
+def model_fn(features, labels, mode, params):
+    """Estimator model_fn for the reference CNN.
+
+    params:
+        data_format: 'channels_last' or 'channels_first'.
+        learning_rate: Adam's initial learning rate.
+        decay_steps: when set, the learning rate follows a cosine decay to 0 over this many
+            steps (a full run reaches a better optimum than a constant rate).
+        check_numerics: fail the step with the tensor's name when the logits or the loss hold
+            a NaN or Inf; the checks sit on the path to the update, so a bad step changes
+            nothing.
+    Hooks are not params: training/estimator.py attaches the registry's hooks to every kind's
+    spec, and `train` passes its progress display through the TrainSpec.
+    """
+    model = CNN(params.get("data_format", "channels_last"))
+    image = features[INPUT_KEY] if isinstance(features, dict) else features
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        logits = model(image, training=False)
+        return heads.predict_spec(
+            tf.argmax(logits, axis=1), tf.nn.softmax(logits, name="softmax_tensor")
+        )
+
+    training = mode == tf.estimator.ModeKeys.TRAIN
+    logits = model(image, training=training)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    checks = []
+    if params.get("check_numerics", False):
+        logits, loss = heads.check_numerics(logits, loss)
+        checks = [loss]
+    classes = tf.argmax(logits, axis=1, output_type=tf.int32)
+    if not training:
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, eval_metric_ops=heads.eval_metric_ops(labels, classes)
+        )
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    learning_rate = heads.learning_rate_at(params, global_step)
+    heads.training_summaries(labels, classes, learning_rate)
+    # The checks gate the whole update (gradients, weights, global step): a step whose
+    # logits or loss go bad fails before it changes anything.
+    with tf.control_dependencies(checks):
+        train_op = tf.compat.v1.train.AdamOptimizer(learning_rate).minimize(
+            loss, global_step=global_step
+        )
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)

@@ -3,14 +3,15 @@
 The input is an IDX images file (gzipped or not), a `.npy` array [n, 28, 28] (or one [28, 28]
 image; integers 0-255 or floats in [0, 1], the service's JSON convention), one image file, or
 a folder of image files (PNG, JPEG, ...; turned into 28x28 exactly as the service turns
-uploads, `training.images.image_to_pixels`).
+uploads, `artifact.images.image_to_pixels`).
 
-It runs the exported SavedModel (`training.saved_model.SavedModelPredictor`), not
+It runs the exported SavedModel (`artifact.saved_model.SavedModelPredictor`), not
 `estimator.predict` over the checkpoints: the SavedModel is what the service serves, with the
 same preprocessing, labels and JSON encoder, so an image gets the service's answer; it needs
 no model dir, params or code of the model kind that trained it (the checkpoints may be gone,
 the kind's code may have moved on); and it is the faster path. Each line is what the
-service's `/predict` answers for that image plus where it came from:
+service's `/predict` answers for that image (`artifact.contract.prediction_rows`, encoded by
+`artifact.contract.to_json`) plus where it came from:
 
     {"index": 0, "class_id": 9, "label": "Ankle boot", "probabilities": {"T-shirt/top": ..., ...}}
     {"file": "boot.png", "class_id": 9, ...}
@@ -32,8 +33,20 @@ from pathlib import Path
 
 import numpy as np
 
-from training import cli
+from artifact.contract import (
+    IMAGE_SHAPE,
+    PixelError,
+    normalize_pixels,
+    pixels_to_input,
+    prediction_rows,
+    to_json,
+)
+from artifact.images import INVERT_MODES, ImageError, image_to_pixels
+from artifact.repository import resolve_version_path, version_labels
+from artifact.saved_model import SavedModelPredictor
+from training import cli, data
 from training.errors import UsageError
+from training.progress import ProgressBar
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 DEFAULT_BATCH_SIZE = 256
@@ -41,8 +54,6 @@ DEFAULT_BATCH_SIZE = 256
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `predict` subcommand's options."""
-    from training.images import INVERT_MODES
-
     p.add_argument(
         "--model",
         default=cli.DEFAULT_EXPORT_DIR,
@@ -74,46 +85,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_version(path: Path) -> Path:
-    """An exported version directory, or a model folder's newest version.
-
-    Raises:
-        UsageError: neither.
-    """
-    from training.saved_model import version_dirs
-
-    if (path / "saved_model.pb").is_file():
-        return path
-    versions = version_dirs(path)
-    if not versions:
-        what = "not found" if not path.exists() else "holds no exported version"
-        raise UsageError(f"--model {path}: {what}")
-    return versions[-1][1]
-
-
 def _pixels_from_array(array: np.ndarray, path: Path) -> np.ndarray:
     """A .npy array to float32 [n, 28, 28] in [0, 1] by the service's JSON rules."""
-    from training.contract import IMAGE_SHAPE, normalize_pixels
-
     if array.shape == IMAGE_SHAPE:
         array = array[None]
     if array.ndim != 3 or array.shape[1:] != IMAGE_SHAPE or len(array) == 0:
         raise UsageError(f"{path}: expected an array [n, 28, 28] or [28, 28], got {array.shape}")
-    if array.dtype.kind in "iu":
-        if array.min() < 0 or array.max() > 255:
-            raise UsageError(f"{path}: integer pixels must be 0-255")
-        return normalize_pixels(array.astype(np.uint8))
-    if array.dtype.kind != "f":
-        raise UsageError(f"{path}: expected integer or float pixels, got dtype {array.dtype}")
-    images = array.astype(np.float32)
-    if not np.isfinite(images).all() or images.min() < 0.0 or images.max() > 1.0:
-        raise UsageError(f"{path}: float pixels must be finite and in [0, 1]")
-    return images
+    try:
+        return pixels_to_input(array)
+    except PixelError as err:
+        raise UsageError(f"{path}: image {err.index}: {err.problem}") from err
 
 
 def _image_file_pixels(path: Path, invert: str) -> np.ndarray:
-    from training.images import ImageError, image_to_pixels
-
     try:
         return image_to_pixels(path.read_bytes(), invert)
     except ImageError as err:
@@ -130,9 +114,6 @@ def read_inputs(path: Path, invert: str = "auto") -> tuple[np.ndarray, str, list
     Raises:
         UsageError / DataError: missing, unreadable, empty or malformed input.
     """
-    from training import data
-    from training.contract import normalize_pixels
-
     if path.is_dir():
         files = sorted(
             p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
@@ -162,34 +143,20 @@ def read_inputs(path: Path, invert: str = "auto") -> tuple[np.ndarray, str, list
     return images, "index", list(range(len(images)))
 
 
-def prediction_rows(key_name, keys, classes, probabilities, labels):
-    """The output lines' objects: the service's /predict item plus `index` or `file`."""
-    for key, class_id, row in zip(keys, classes, probabilities, strict=True):
-        yield {
-            key_name: key,
-            "class_id": int(class_id),
-            "label": labels[int(class_id)],
-            "probabilities": dict(zip(labels, row, strict=True)),
-        }
-
-
 def cmd_predict(args) -> int:
     """Classify every image of --input with an exported version; write --output."""
-    import orjson
-
-    from training.contract import DIGIT_LABELS
-    from training.progress import ProgressBar
-    from training.saved_model import SavedModelPredictor, read_labels_file
-
-    version = resolve_version(Path(args.model))
+    try:
+        version = resolve_version_path(Path(args.model))
+    except FileNotFoundError as err:
+        raise UsageError(f"--model {err}") from err
     output = Path(args.output)
     if not output.parent.is_dir():
         raise UsageError(f"--output {output}: folder {output.parent} does not exist")
     if output.is_dir():
         raise UsageError(f"--output {output}: is a folder")
     images, key_name, keys = read_inputs(Path(args.input), args.invert)
-    # The labels the service answers with for this version (base.Backend.labels).
-    labels = read_labels_file(version) or DIGIT_LABELS
+    # The labels the service answers with for this version.
+    labels = version_labels(version)
     predictor = SavedModelPredictor(version)
     print(f"Predicting {len(images):,} images from {args.input} with {version}", flush=True)
     fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
@@ -199,11 +166,9 @@ def cmd_predict(args) -> int:
             for start in range(0, len(images), args.batch_size):
                 stop = start + args.batch_size
                 classes, probabilities = predictor.predict(images[start:stop])
-                for row in prediction_rows(
-                    key_name, keys[start:stop], classes, probabilities, labels
-                ):
-                    # The service's encoder (service.codec.dumps): the same bytes per number.
-                    out.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                rows = prediction_rows(classes, probabilities, labels)
+                for key, row in zip(keys[start:stop], rows, strict=True):
+                    out.write(to_json({key_name: key, **row}) + b"\n")
                 progress.update(len(classes))
         os.replace(temp, output)
     except BaseException:

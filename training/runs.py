@@ -7,6 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import tensorflow as tf
+
+from artifact.repository import list_versions, read_report
 from training.errors import UsageError
 
 PARAMS_FILE = "params.json"
@@ -69,8 +73,6 @@ def check_resumable(model_dir: Path, params: dict) -> None:
 
 def latest_step(model_dir: Path) -> int:
     """The global step of the model dir's latest checkpoint; 0 when it has none."""
-    import tensorflow as tf
-
     checkpoint = tf.train.latest_checkpoint(str(model_dir))
     if checkpoint is None:
         return 0
@@ -79,9 +81,6 @@ def latest_step(model_dir: Path) -> int:
 
 def newest_finite_checkpoint(model_dir: Path) -> tuple[str, int] | None:
     """(prefix, step) of the newest checkpoint whose float variables are all finite."""
-    import numpy as np
-    import tensorflow as tf
-
     state = tf.train.get_checkpoint_state(str(model_dir))
     for prefix in reversed(state.all_model_checkpoint_paths if state else []):
         reader = tf.train.load_checkpoint(prefix)
@@ -93,39 +92,28 @@ def newest_finite_checkpoint(model_dir: Path) -> tuple[str, int] | None:
 
 def exported_version_of(export_dir: Path, model_dir: Path, step: int) -> Path | None:
     """The newest version exported from this model dir at this step, if any."""
-    from training.saved_model import read_report, version_dirs
-
-    for _, path in reversed(version_dirs(export_dir)):
+    for _, path in reversed(list_versions(export_dir)):
         report = read_report(path) or {}
         if report.get("model_dir") == str(model_dir) and report.get("global_step") == step:
             return path
     return None
 
 
-def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:
-    """Export a new version with its evaluation report on the test split and TF Serving
-    warmup requests made of real test images.
-
-    The report comes from the staged SavedModel itself, so it describes exactly what is
-    published.
-    """
-    from training.contract import normalize_pixels
-    from training.evaluation import build_report
-    from training.export import WARMUP_BATCH_SIZES, export_model
-    from training.saved_model import SavedModelPredictor
-
-    def build(version_path: Path) -> dict:
-        predictor = SavedModelPredictor(version_path)
-        classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
-        return build_report(test_labels, classes, labels, **context)
-
-    return export_model(
-        estimator,
-        export_dir,
-        labels,
-        build,
-        warmup_images=normalize_pixels(test_images[: max(WARMUP_BATCH_SIZES)]),
-    )
+def report_context(
+    data_dir, model_dir: Path, params: dict, train_seconds: float | None = None
+) -> dict:
+    """What an export's evaluation report records besides its metrics: the data, the run,
+    its step and params (the labels are in labels.txt), and how long training took."""
+    context = {
+        "data_dir": str(data_dir),
+        "split": "test",
+        "global_step": latest_step(model_dir),
+        "model_dir": str(model_dir),
+        "params": {k: v for k, v in params.items() if k != "labels"},
+    }
+    if train_seconds is not None:
+        context["train_seconds"] = round(train_seconds, 1)
+    return context
 
 
 def directory_bytes(path: Path) -> int:

@@ -13,8 +13,23 @@ import sys
 import time
 from pathlib import Path
 
-from training import cli, runs
+import tensorflow as tf
+
+from artifact.contract import normalize_pixels
+from artifact.repository import read_report
+from training import cli, data, distributed, finetune, runs
 from training.errors import NumericsError, UsageError
+from training.estimator import (
+    DEFAULT_HIDDEN_UNITS,
+    MODEL_KINDS,
+    make_estimator,
+    trainable_variable_shapes,
+)
+from training.evaluation import format_report
+from training.hooks import DEFAULT_HOOKS, HOOKS, ProgressHook
+from training.model import DATA_FORMATS
+from training.publish import export_evaluated
+from training.runs import EVAL_BATCH_SIZE
 
 # Measured here (README): 10 epochs of batch 100, Adam 1e-3 with cosine decay: 0.93 in ~3.5 min.
 DEFAULT_EPOCHS = 10
@@ -27,8 +42,6 @@ _NUMERICS_FAILURE = re.compile(r"(\S+) : Tensor had (NaN|Inf|Inf and NaN) values
 
 def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> None:
     """The options that shape a kind's model and its training (shared with `compare`)."""
-    from training.estimator import DEFAULT_HIDDEN_UNITS
-
     p.add_argument(
         "--batch-size",
         type=cli.positive_int,
@@ -49,7 +62,7 @@ def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> 
     )
     p.add_argument(
         "--data-format",
-        choices=("channels_last", "channels_first"),
+        choices=DATA_FORMATS,
         default="channels_last",
         help="tensor layout inside the CNNs (cnn, keras): channels_last (CPU) or "
         "channels_first (faster on GPU) (default: %(default)s)",
@@ -72,9 +85,6 @@ def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> 
 
 def add_arguments(train: argparse.ArgumentParser) -> None:
     """The `train` subcommand's options."""
-    from training.estimator import MODEL_KINDS
-    from training.hooks import DEFAULT_HOOKS, HOOKS
-
     cli.add_data_arguments(train)
     train.add_argument(
         "--model",
@@ -189,9 +199,7 @@ def model_params(args, kind: str, max_steps: int, pixel_stats: tuple[float, floa
 
 def pixel_stats(images) -> tuple[float, float]:
     """Mean and standard deviation of the training pixels in [0, 1] (the baselines' normalizer)."""
-    import numpy as np
-
-    scaled = images.astype(np.float32) / np.float32(255.0)
+    scaled = normalize_pixels(images)
     return round(float(scaled.mean()), 6), round(float(scaled.std()), 6)
 
 
@@ -209,9 +217,6 @@ def _fine_tuning(args, estimator, start_step: int, model_dir: Path):
     Raises:
         UsageError: unreadable checkpoint, scopes or pattern matching nothing, mismatches.
     """
-    from training import finetune
-    from training.estimator import trainable_variable_shapes
-
     if args.fine_tune_scopes is not None and not args.fine_tune_from:
         raise UsageError("--fine-tune-scopes needs --fine-tune-from")
     if args.fine_tune_from and not args.fine_tune_scopes:
@@ -251,8 +256,6 @@ def _fine_tuning(args, estimator, start_step: int, model_dir: Path):
 
 def cmd_train(args) -> int:
     """Train (resuming from --model-dir), evaluate, and export a new version."""
-    from training import data, distributed
-
     labels = cli.labels(args)
     task = distributed.read_tf_config()
     if task is not None and args.num_gpus:
@@ -327,8 +330,6 @@ def cmd_train(args) -> int:
 
 
 def _estimator(model_dir, params, args, warm_start=None, strategy=None):
-    from training.estimator import make_estimator
-
     try:
         return make_estimator(
             str(model_dir),
@@ -345,12 +346,6 @@ def _estimator(model_dir, params, args, warm_start=None, strategy=None):
 
 
 def _train_and_evaluate(estimator, args, train_split, test_split, max_steps, model_dir, task):
-    import tensorflow as tf
-
-    from training import data
-    from training.hooks import ProgressHook
-    from training.runs import EVAL_BATCH_SIZE
-
     seed = args.seed
     if seed is not None and task is not None:
         seed += task.shuffle_offset
@@ -396,10 +391,6 @@ def _train_and_evaluate(estimator, args, train_split, test_split, max_steps, mod
 
 def _run_parameter_server(args, task) -> int:
     """A parameter server: serve the cluster's variables until stopped (it never returns)."""
-    import tensorflow as tf
-
-    from training.estimator import make_estimator
-
     print(
         f"[{task.name}] parameter server on {task.address}; it never exits on its own: stop it "
         "once the chief has finished",
@@ -417,23 +408,11 @@ def _run_parameter_server(args, task) -> int:
 
 
 def _export(args, model_dir, params, labels, test_images, test_labels, train_seconds) -> int:
-    from training import distributed
-    from training.estimator import make_estimator
-    from training.evaluation import format_report
-    from training.saved_model import read_report
-
-    context = {
-        "data_dir": str(args.data_dir),
-        "split": "test",
-        "global_step": runs.latest_step(model_dir),
-        "train_seconds": round(train_seconds, 1),
-        "model_dir": str(model_dir),
-        "params": {k: v for k, v in params.items() if k != "labels"},
-    }
+    context = runs.report_context(args.data_dir, model_dir, params, train_seconds)
     # A local Estimator: the export needs no cluster, and none of its devices in the graph.
     with distributed.without_tf_config():
         estimator = make_estimator(str(model_dir), {**params, "fine_tune_from": None})
-    version = runs.export_evaluated(
+    version = export_evaluated(
         estimator, args.export_dir, labels, test_images, test_labels, context
     )
     print(format_report(read_report(version)), flush=True)

@@ -1,31 +1,34 @@
-"""Image files (PNG, JPEG, ...) to 28x28 grayscale pixels the way Fashion-MNIST was made.
+"""Image files to 28x28 grayscale pixels the way Fashion-MNIST was made.
 
 Fashion-MNIST's images are light objects on a dark background, trimmed, their longest side
 scaled to 28 pixels and centred. A photo of a dark object on a light background is inverted
 first (`invert="auto"` decides from the border), so a product shot on white works.
+
+Only a few well-trodden formats are decoded (`IMAGE_FORMATS`): Pillow would otherwise try
+every plugin it has on bytes from the network, TIFF and EPS (which starts Ghostscript where
+it is installed) among them. The size is checked from the header, before any pixel is
+decoded, against `MAX_PIXELS`.
 """
 
 from __future__ import annotations
 
 import io
-import re
-import warnings
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from training.contract import IMAGE_HEIGHT, IMAGE_WIDTH
+from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH
 
-# Bounds the pixels a small compressed file may expand to (a decompression bomb): 24 MP is
-# a large phone photo; the result is 28x28 anyway. Pillow only warns between 1x and 2x the
-# limit; here any image over it is refused (Image.open raises from the header alone).
-Image.MAX_IMAGE_PIXELS = 24_000_000
-warnings.simplefilter("error", Image.DecompressionBombWarning)
+# Pillow's names of the formats decoded; a file in any other is refused unopened.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+# A large phone photo; the result is 28x28 anyway. Bounds what a small compressed file (a
+# decompression bomb) may expand to.
+MAX_PIXELS = 24_000_000
 INVERT_MODES = ("auto", "yes", "no")
 
 
 class ImageError(ValueError):
-    """The bytes are not an image Pillow can read, or it is too large to decode."""
+    """The bytes are not an image in an accepted format, or it is too large to decode."""
 
 
 def _border_is_light(pixels: np.ndarray) -> bool:
@@ -33,19 +36,41 @@ def _border_is_light(pixels: np.ndarray) -> bool:
     return float(border.mean()) > 127.5
 
 
+def open_image(data: bytes) -> Image.Image:
+    """Open an image file's header (no pixel decoded yet), checking its format and size.
+
+    Raises:
+        ImageError: not an image in IMAGE_FORMATS, or more than MAX_PIXELS pixels.
+    """
+    try:
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except Image.DecompressionBombError as err:
+        raise ImageError(f"image is too large; {MAX_PIXELS / 1e6:g} megapixels at most") from err
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ImageError(
+            f"not an image file in an accepted format ({', '.join(IMAGE_FORMATS)})"
+        ) from err
+    if image.width * image.height > MAX_PIXELS:
+        raise ImageError(
+            f"image is too large: {image.width * image.height / 1e6:.1f} megapixels "
+            f"({image.width}x{image.height}), {MAX_PIXELS / 1e6:g} at most"
+        )
+    return image
+
+
 def image_to_pixels(data: bytes, invert: str = "auto") -> np.ndarray:
     """Decode an image file's bytes into uint8 [28, 28] grayscale, light object on dark.
 
     Args:
-        data: the file's bytes (PNG, JPEG, or another format Pillow reads).
+        data: the file's bytes (one of IMAGE_FORMATS).
         invert: 'auto' inverts when the border is mostly light; 'yes' or 'no' force it.
     Raises:
-        ImageError: not a readable image, or over Image.MAX_IMAGE_PIXELS.
+        ImageError: not a readable image in an accepted format, or over MAX_PIXELS.
     """
     if invert not in INVERT_MODES:
         raise ValueError(f"invert must be one of {INVERT_MODES}, got {invert!r}")
+    image = open_image(data)
     try:
-        image = Image.open(io.BytesIO(data))
         image = ImageOps.exif_transpose(image)
         if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
             # Transparent areas become white paper, like the page a drawing is on.
@@ -53,14 +78,8 @@ def image_to_pixels(data: bytes, invert: str = "auto") -> np.ndarray:
             background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             image = Image.alpha_composite(background, rgba)
         gray = image.convert("L")
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        size = re.search(r"\((\d+) pixels\)", str(err))
-        raise ImageError(
-            f"image is too large: {int(size[1]) / 1e6:.1f} megapixels, "
-            f"{Image.MAX_IMAGE_PIXELS / 1e6:g} at most"
-        ) from err
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise ImageError("not an image file Pillow can read (PNG or JPEG expected)") from err
+    except (OSError, SyntaxError, ValueError) as err:
+        raise ImageError(f"the image file is damaged: {err}") from err
 
     pixels = np.asarray(gray, dtype=np.uint8)
     if invert == "yes" or (invert == "auto" and _border_is_light(pixels)):

@@ -1,8 +1,14 @@
-"""Quiet TensorFlow's start-up and deprecation noise in user-facing commands, keep real errors.
+"""Quiet TensorFlow's start-up and deprecation noise in user-facing commands, keep real problems.
 
-TensorFlow prints CUDA/TensorRT registration lines from C++ when it is imported, and the
-Estimator API logs deprecation warnings on every call. Those lines are dropped by pattern;
-anything else TensorFlow writes (a real error) still reaches stderr.
+Each entry point (`python -m training`, `python -m service`, the benchmark) calls
+`quiet_tensorflow()` before anything else imports TensorFlow:
+
+- TensorFlow's C++ side prints CUDA/TensorRT registration lines while it is imported on a
+  machine without them; those exact lines are dropped, anything else it prints goes through.
+- tf.estimator and tf.compat.v1 log a deprecation notice on the first call of every
+  deprecated symbol; those are switched off where TensorFlow makes them.
+- Log records at WARNING and above always reach stderr. Below that, only the lines a person
+  running a command wants (training accuracy, evaluation results) are kept, unless verbose.
 """
 
 from __future__ import annotations
@@ -24,20 +30,6 @@ _IMPORT_NOISE = re.compile(
     r"|Could not find cuda drivers on your machine"
     r"|cuda_driver\.cc.*failed call to cuInit"
 )
-# Python-side warnings logged by tf.estimator / tf.compat.v1 at every call.
-_LOG_NOISE = re.compile(
-    r"is deprecated|deprecat|Instructions for updating|Use .* instead\.$"
-    r"|Using temporary folder|Using default config|Estimator's model_fn .* includes params"
-    r"|The name tf\.\S+ is deprecated|Layer .* is casting an input tensor"
-    r"|Checkpoint directory|Tensorflow Serving"
-    # Asynchronous (parameter server) training: another task may have moved the step.
-    r"|global step \(tf\.train\.get_global_step\) has not been increased"
-    # A TF_CONFIG evaluator polls faster than the chief saves checkpoints.
-    r"|No new checkpoint ready for evaluation"
-    # Every exported version gets its own predictor, traced once; TF counts that as retracing.
-    r"|SavedModelPredictor\._runner.* triggered tf\.function retracing"
-)
-
 
 # INFO lines a person wants to see: LoggingTensorHook's train accuracy and evaluation results.
 _EVAL_RESULT = re.compile(
@@ -47,27 +39,28 @@ _EVAL_RESULT = re.compile(
 _INFO_KEEP = re.compile(r"train_accuracy|Saving dict for global step")
 
 
-class _DropNoise(logging.Filter):
+class InfoFilter(logging.Filter):
+    """Passes every WARNING and ERROR; INFO and DEBUG only when verbose or worth a person's eye.
+
+    Evaluation results are shortened to step, accuracy and loss (the full dict has 20
+    per-class metrics; the export's report carries them all).
+    """
+
     def __init__(self, verbose: bool):
         super().__init__()
         self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or self.verbose:
+            return True
         message = record.getMessage()
-        if _LOG_NOISE.search(message):
-            return False
         evaluated = _EVAL_RESULT.search(message)
-        if evaluated and not self.verbose:
-            # The full dict has 20 per-class metrics; the export's report carries them all.
+        if evaluated:
             record.msg, record.args = (
                 "[eval] step %s: accuracy %.4f, loss %.4f",
-                (
-                    evaluated["step"],
-                    float(evaluated["accuracy"]),
-                    float(evaluated["loss"]),
-                ),
+                (evaluated["step"], float(evaluated["accuracy"]), float(evaluated["loss"])),
             )
-        return record.levelno >= logging.WARNING or self.verbose or bool(_INFO_KEEP.search(message))
+        return bool(_INFO_KEEP.search(message))
 
 
 def import_tensorflow():
@@ -92,12 +85,17 @@ def import_tensorflow():
 
 
 def quiet_tensorflow(verbose: bool = False) -> None:
-    """Silence deprecation noise from TensorFlow's loggers; keep warnings, errors and progress.
+    """Import TensorFlow quietly and keep its log to warnings, errors and progress.
 
     Args:
         verbose: keep TensorFlow's INFO lines too (checkpoint saves, step rates).
     """
     tf = import_tensorflow()
+    # TensorFlow's own switch for its "From ...: X is deprecated" notices (a module flag that
+    # its deprecation.silence() context manager also sets).
+    from tensorflow.python.util import deprecation
+
+    deprecation._PRINT_DEPRECATION_WARNINGS = verbose
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     # Keras' graph-mode code (model_to_estimator) warns about its own deprecated internals.
@@ -108,7 +106,7 @@ def quiet_tensorflow(verbose: bool = False) -> None:
     logger.propagate = False
     for handler in logger.handlers:
         handler.filters.clear()
-        handler.addFilter(_DropNoise(verbose))
+        handler.addFilter(InfoFilter(verbose))
         handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     tf.autograph.set_verbosity(0)
     # SavedModel loading logs "Fingerprint not found" at INFO through absl.
