@@ -8,10 +8,10 @@ import sys
 
 from pydantic import ValidationError
 
+from service.settings import Settings
+
 
 def main() -> int:
-    from service.settings import Settings
-
     try:
         settings = Settings()
     except ValidationError as err:
@@ -34,13 +34,20 @@ def main() -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from training.quiet import quiet_tensorflow
+    # TensorFlow is imported here, quietly, before any module that needs it.
+    from artifact.quiet import quiet_tensorflow
 
     quiet_tensorflow()
+    return serve(settings, sock)
+
+
+def serve(settings: Settings, sock: socket.socket) -> int:
+    """Build the backend and the app, and run uvicorn on the bound socket until stopped."""
     import uvicorn
 
     from service.app import create_app
-    from service.backends.inprocess import DeviceError, configure_tensorflow
+    from service.backends.device import DeviceError, configure_tensorflow
+    from service.backends.factory import make_backend
 
     if settings.backend == "tensorflow":
         try:
@@ -52,7 +59,7 @@ def main() -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, make_backend(settings)),
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,

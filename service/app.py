@@ -1,96 +1,40 @@
-"""The app factory: settings in, a FastAPI app with its backend, metrics and error handling out."""
+"""The app factory: settings and a backend in, a FastAPI app with its data plane, protocol
+adapters, metrics and error handling out."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import codec
-from service.api import router
-from service.backends import Backend
-from service.errors import ServiceError
-from service.fastlane import PredictFastLane
+from service.backends.base import Backend
+from service.dataplane import DataPlane
+from service.errors import ServiceError, error_response
+from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
+from service.protocols.operations import Operations
+from service.protocols.people import PeopleAPI
+from service.protocols.tfserving_rest import TFServingREST
 from service.settings import Settings
 
-log = logging.getLogger("service")
 
-
-def make_backend(settings: Settings) -> Backend:
-    """The backend the settings ask for.
-
-    BACKEND=tfserving forwards every call to TF Serving, which batches on its side
-    (--enable_batching), so no batcher sits in front of it here: one would serialize the calls.
-    """
-    if settings.backend == "tfserving":
-        from service.backends.tfserving import TFServingBackend
-
-        return TFServingBackend(
-            settings.model_name,
-            settings.model_base_path,
-            settings.tfserving_grpc_address,
-            settings.tfserving_deadline_seconds,
-        )
-    from service.backends.inprocess import InProcessBackend
-
-    backend = InProcessBackend(
-        settings.model_name,
-        settings.model_base_path,
-        device=settings.device,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
-        poll_seconds=settings.model_poll_seconds,
-    )
-    if settings.batch_max_size > 1:
-        from service.batching import BatchingBackend
-
-        backend = BatchingBackend(
-            backend, settings.batch_max_size, settings.batch_timeout_ms, settings.batch_max_queue
-        )
-    return backend
-
-
-def _error(status: int, message: str) -> Response:
-    return Response(
-        codec.dumps({"error": message}), status_code=status, media_type="application/json"
-    )
-
-
-def error_response(request: Request, err: Exception) -> Response:
-    """Any exception as TF Serving's {"error": "..."} body with the right status."""
-    if isinstance(err, ServiceError):
-        # A client's mistake is routine: INFO, never ERROR.
-        level = logging.INFO if err.status < 500 else logging.WARNING
-        log.log(level, "%s %s -> %s: %s", request.method, request.url.path, err.status, err.message)
-        return _error(err.status, err.message)
-    if isinstance(err, RequestValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        return _error(400, problems)
-    if isinstance(err, StarletteHTTPException):
-        return _error(err.status_code, str(err.detail))
-    log.error("%s %s failed", request.method, request.url.path, exc_info=err)
-    return _error(500, f"internal error: {type(err).__name__}")
-
-
-def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
+def create_app(settings: Settings, backend: Backend) -> FastAPI:
     """Build the service.
 
     Args:
         settings: the validated settings.
-        backend: a ready-made backend (tests); by default the one settings.backend names.
+        backend: the model runtime (service.backends.factory.make_backend(settings) builds the
+            one the settings name; tests pass fakes).
     """
+    metrics = Metrics()
+    dataplane = DataPlane(backend, metrics, settings.max_images)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await app.state.backend.start()
+        await dataplane.start()
         # TF and the model leave ~280k long-lived objects (a full collection: ~160 ms here);
         # freezing them keeps collections under load, and their latency spikes, short.
         gc.collect()
@@ -98,7 +42,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await app.state.backend.close()
+            await dataplane.close()
 
     app = FastAPI(
         title="Estimator serving",
@@ -107,10 +51,10 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.backend = backend or make_backend(settings)
-    app.state.metrics = Metrics()
-    app.include_router(router)
+    tf_serving = TFServingREST(dataplane, settings.max_body_bytes)
+    people = PeopleAPI(dataplane, settings.max_body_bytes)
+    for adapter in (Operations(dataplane), tf_serving, people):
+        app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
         return error_response(request, err)
@@ -119,15 +63,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(error_class, handle_error)
 
-    predict_routes = {route.path: route for route in router.routes}
-    app.add_middleware(
-        PredictFastLane,
-        routes={
-            False: predict_routes["/v1/models/{name}:predict"],
-            True: predict_routes["/v1/models/{name}/versions/{version}:predict"],
-        },
-        error_response=error_response,
-    )
+    app.add_middleware(FastLane, routes=tf_serving.fast_routes(), error_response=error_response)
     # Added last, so outermost: it counts the fast lane's requests too.
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
     return app

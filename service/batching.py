@@ -18,9 +18,10 @@ import logging
 
 import numpy as np
 
-from service.backends.base import Backend, DelegatingBackend, Prediction
+from artifact.contract import SIGNATURE_NAME
+from service.backends.base import Backend, DelegatingBackend
 from service.errors import Overloaded, UpstreamError
-from training.contract import SIGNATURE_NAME
+from service.types import Prediction
 
 log = logging.getLogger("service.batching")
 

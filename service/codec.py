@@ -1,8 +1,11 @@
-"""Request bodies to numpy and numpy to response bodies, fast (orjson, no per-element pydantic).
+"""JSON request bodies to numpy, fast (orjson, no per-element pydantic).
 
 Two input conventions:
 - TF Serving's `:predict` passes the tensor to the model as it is: float32 [n, 28, 28].
-- The friendly `/predict` takes pixels: integers 0-255, or floats already in [0, 1].
+- The friendly `/predict` takes pixels: integers 0-255, or floats already in [0, 1]
+  (artifact.contract.pixels_to_input, the rule batch prediction applies too).
+
+Every error names where in the body the problem is, what was expected and what came.
 """
 
 from __future__ import annotations
@@ -14,16 +17,19 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.errors import BadInput, PayloadTooLarge
-from training.contract import (
+from artifact.contract import (
     IMAGE_HEIGHT,
     IMAGE_SHAPE,
     IMAGE_WIDTH,
     INPUT_KEY,
     SIGNATURE_NAME,
+    PixelError,
+    finite_float32,
     normalize_pixels,
+    pixels_to_input,
 )
-from training.images import ImageError, image_to_pixels
+from artifact.images import ImageError, image_to_pixels
+from service.errors import BadInput
 
 SHAPE_TEXT = f"{IMAGE_HEIGHT}x{IMAGE_WIDTH}"
 
@@ -38,11 +44,6 @@ def loads(body: bytes) -> Any:
         raise BadInput(f"JSON Parse error: {err}") from err
 
 
-def dumps(content: Any) -> bytes:
-    """Serialize a response body; numpy arrays and scalars go straight through orjson."""
-    return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
 def _shape_of(value: Any) -> str:
     """A short description of what a client sent where one 28x28 image was expected."""
     if isinstance(value, (bool, str, dict)) or value is None:
@@ -53,12 +54,15 @@ def _shape_of(value: Any) -> str:
         arr = np.array(value, dtype=object)
     except ValueError:
         return "a ragged nested list"
+    # Lists of unequal lengths stop numpy early: lists are left inside the array.
+    if any(isinstance(item, list) for item in arr.flat):
+        return "a ragged nested list"
     return f"shape {tuple(arr.shape)}"
 
 
-def _diagnose(images: list, where: str) -> str:
+def _diagnose(images: list, where: str, start: int) -> str:
     """Find the first instance that is not a 28x28 array of numbers and say what it is."""
-    for i, image in enumerate(images):
+    for i, image in enumerate(images, start):
         at = f"{where}[{i}]"
         if not isinstance(image, list):
             return f"{at}: expected a {SHAPE_TEXT} array of numbers, got {_shape_of(image)}"
@@ -76,9 +80,13 @@ def _diagnose(images: list, where: str) -> str:
     return f"{where}: expected a list of {SHAPE_TEXT} arrays of numbers"
 
 
-def to_array(value: Any, where: str) -> np.ndarray:
+def to_array(value: Any, where: str, start: int = 0) -> np.ndarray:
     """A JSON list of 28x28 number arrays as a numpy array [n, 28, 28] (int64 or float64).
 
+    Args:
+        value: the parsed JSON.
+        where: the field's name in the body, for messages ("instances").
+        start: the index of value's first image in that field (a slice of it is checked).
     Raises:
         BadInput: not a non-empty list of 28x28 arrays of numbers; the message names the
             first offending instance and what it is.
@@ -92,53 +100,16 @@ def to_array(value: Any, where: str) -> np.ndarray:
     except (ValueError, TypeError, OverflowError):
         arr = None
     if arr is None or arr.dtype.kind not in "iuf" or arr.shape[1:] != IMAGE_SHAPE or arr.ndim != 3:
-        raise BadInput(_diagnose(value, where))
+        raise BadInput(_diagnose(value, where, start))
     return arr
 
 
 def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
     """float32 as TF Serving would feed it; BadInput on values that are not finite in float32."""
-    with np.errstate(over="ignore"):  # values past float32's range become inf, refused below
-        images = arr.astype(np.float32)
-    if not np.isfinite(images).all():
-        i = int(np.argmax(~np.isfinite(images).reshape(len(images), -1).all(axis=1)))
-        raise BadInput(f"{where}[{i}]: values must be finite numbers (NaN/Inf or too large)")
-    return images
-
-
-def as_pixels(arr: np.ndarray, where: str) -> np.ndarray:
-    """Pixels to model input: integers 0-255 are scaled; floats must already be in [0, 1]."""
-    if arr.dtype.kind in "iu":
-        if arr.min() < 0 or arr.max() > 255:
-            i = int(np.argmax(((arr < 0) | (arr > 255)).reshape(len(arr), -1).any(axis=1)))
-            raise BadInput(f"{where}[{i}]: integer pixels must be 0-255")
-        return normalize_pixels(arr.astype(np.uint8))
-    images = as_model_input(arr, where)
-    if images.min() < 0.0 or images.max() > 1.0:
-        i = int(np.argmax(((images < 0) | (images > 1)).reshape(len(images), -1).any(axis=1)))
-        raise BadInput(
-            f"{where}[{i}]: float pixels must be in [0, 1]; send 0-255 values as integers"
-        )
-    return images
-
-
-def decode_b64_image(value: Any, where: str, invert: str) -> np.ndarray:
-    """{"b64": "<base64 PNG/JPEG>"} (TF Serving's binary convention) to float32 [28, 28]."""
-    if not isinstance(value.get("b64"), str) or len(value) != 1:
-        raise BadInput(f'{where}: expected a {SHAPE_TEXT} array or {{"b64": "<base64 image>"}}')
     try:
-        data = base64.b64decode(value["b64"], validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
-    return normalize_pixels(image_file_pixels(data, where, invert))
-
-
-def image_file_pixels(data: bytes, where: str, invert: str) -> np.ndarray:
-    """An image file's bytes to uint8 [28, 28]; BadInput when it is not an image."""
-    try:
-        return image_to_pixels(data, invert)
-    except ImageError as err:
-        raise BadInput(f"{where}: {err}") from err
+        return finite_float32(arr)
+    except PixelError as err:
+        raise BadInput(f"{where}[{err.index}]: {err.problem}") from err
 
 
 def parse_tf_serving_request(body: bytes) -> tuple[str, np.ndarray, bool]:
@@ -179,24 +150,30 @@ def _named_input(item: Any, where: str) -> Any:
     return item[INPUT_KEY]
 
 
-def parse_pixel_instances(body: bytes, invert: str, max_images: int) -> np.ndarray:
-    """The friendly /predict JSON body {"instances": [...]} to float32 images [n, 28, 28].
+def pixel_instances(request: Any) -> list:
+    """The `instances` list of a friendly /predict body (parsed JSON), before decoding.
+
+    Raises:
+        BadInput: not an object with a non-empty `instances` list.
+    """
+    if not isinstance(request, dict) or "instances" not in request:
+        raise BadInput('Request body must be a JSON object with "instances": [...]')
+    instances = request["instances"]
+    if not isinstance(instances, list) or not instances:
+        to_array(instances, "instances")  # raises the right message
+    return instances
+
+
+def decode_pixel_instances(instances: list, invert: str) -> np.ndarray:
+    """The friendly /predict's instances to float32 images [n, 28, 28] in [0, 1].
 
     Each instance is a 28x28 array of pixels (integers 0-255 or floats in [0, 1]) or
     {"b64": "<base64 PNG or JPEG>"}; each is read on its own, so one image's integers do not
     change how another's floats are read.
 
     Raises:
-        BadInput: not that shape; the message names the instance.
-        PayloadTooLarge: more than max_images instances (checked before decoding any).
+        BadInput: an instance is neither; the message names it.
     """
-    request = loads(body)
-    if not isinstance(request, dict) or "instances" not in request:
-        raise BadInput('Request body must be a JSON object with "instances": [...]')
-    instances = request["instances"]
-    if not isinstance(instances, list) or not instances:
-        to_array(instances, "instances")  # raises the right message
-    check_image_count(len(instances), max_images)
     images = []
     for i, item in enumerate(instances):
         where = f"instances[{i}]"
@@ -204,16 +181,26 @@ def parse_pixel_instances(body: bytes, invert: str, max_images: int) -> np.ndarr
             images.append(decode_b64_image(item, where, invert))
             continue
         try:
-            images.append(as_pixels(to_array([item], "instances"), "instances")[0])
-        except BadInput as err:
-            # Checked as a batch of one: put the item's real index in the message.
-            raise BadInput(err.message.replace("instances[0]", where, 1)) from err
+            images.append(pixels_to_input(to_array([item], "instances", start=i))[0])
+        except PixelError as err:
+            raise BadInput(f"{where}: {err.problem}") from err
     return np.stack(images)
 
 
-def check_image_count(count: int, limit: int) -> None:
-    """PayloadTooLarge naming the limit when a request holds more than `limit` images."""
-    if count > limit:
-        raise PayloadTooLarge(
-            f"request has {count} images; the limit is {limit} per request (MAX_IMAGES)"
-        )
+def decode_b64_image(value: dict, where: str, invert: str) -> np.ndarray:
+    """{"b64": "<base64 PNG/JPEG>"} (TF Serving's binary convention) to float32 [28, 28]."""
+    if not isinstance(value.get("b64"), str) or len(value) != 1:
+        raise BadInput(f'{where}: expected a {SHAPE_TEXT} array or {{"b64": "<base64 image>"}}')
+    try:
+        data = base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
+    return normalize_pixels(image_file_pixels(data, where, invert))
+
+
+def image_file_pixels(data: bytes, where: str, invert: str) -> np.ndarray:
+    """An image file's bytes to uint8 [28, 28]; BadInput when it is not an image."""
+    try:
+        return image_to_pixels(data, invert)
+    except ImageError as err:
+        raise BadInput(f"{where}: {err}") from err

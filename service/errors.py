@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
+import orjson
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+log = logging.getLogger("service")
+
 
 class ServiceError(Exception):
     """Base error; `status` is the HTTP status the client gets."""
@@ -98,3 +108,33 @@ class NotImplementedUpstream(ServiceError):
     """TF Serving does not implement the call (UNIMPLEMENTED)."""
 
     status = 501
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _error_body(status: int, message: str) -> Response:
+    return Response(
+        orjson.dumps({"error": message}), status_code=status, media_type="application/json"
+    )
+
+
+def error_response(request: Request, err: Exception) -> Response:
+    """Any exception as TF Serving's {"error": "..."} body with the right status.
+
+    A client's mistake is routine: logged at INFO, never ERROR; a bug is logged with its
+    traceback and answered 500 without details.
+    """
+    if isinstance(err, ServiceError):
+        level = logging.INFO if err.status < 500 else logging.WARNING
+        log.log(level, "%s %s -> %s: %s", request.method, request.url.path, err.status, err.message)
+        return _error_body(err.status, err.message)
+    if isinstance(err, RequestValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        return _error_body(400, problems)
+    if isinstance(err, StarletteHTTPException):
+        return _error_body(err.status_code, str(err.detail))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+    return _error_body(500, f"internal error: {type(err).__name__}")

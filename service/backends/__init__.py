@@ -1,5 +1,5 @@
 """Model backends behind one small async interface."""
 
-from service.backends.base import Backend, Prediction
+from service.backends.base import Backend, DelegatingBackend
 
-__all__ = ["Backend", "Prediction"]
+__all__ = ["Backend", "DelegatingBackend"]

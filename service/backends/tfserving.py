@@ -17,11 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
-from service.backends.base import Backend, Prediction, version_status
+from artifact.contract import INPUT_KEY, SIGNATURE_NAME
+from artifact.repository import assets_stamp, version_labels
+from service.backends.base import Backend
 from service.errors import (
     BadInput,
     ClientClosedRequest,
@@ -37,7 +48,7 @@ from service.errors import (
     UpstreamInternal,
     UpstreamTimeout,
 )
-from training.contract import INPUT_KEY, SIGNATURE_NAME
+from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
 
 log = logging.getLogger("service.backends.tfserving")
 
@@ -55,7 +66,6 @@ CHANNEL_OPTIONS = (
 )
 STATUS_POLL_SECONDS = 1.0
 METADATA_FIELD = "signature_def"
-AVAILABLE = "AVAILABLE"
 
 
 # gRPC status -> error, the mapping TF Serving's HTTP server applies to its own statuses
@@ -80,11 +90,18 @@ GRPC_ERRORS: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
-def _enum_name(message, field: str) -> str:
-    """The name of an enum field's value, as TF Serving's REST API renders it ("AVAILABLE")."""
-    enum = message.DESCRIPTOR.fields_by_name[field].enum_type
-    value = enum.values_by_number.get(getattr(message, field))
-    return value.name if value is not None else str(getattr(message, field))
+def _error_code_name(status) -> str:
+    """The name of a StatusProto's error code ("OK", "UNKNOWN", ...)."""
+    enum = status.DESCRIPTOR.fields_by_name["error_code"].enum_type
+    value = enum.values_by_number.get(status.error_code)
+    return value.name if value is not None else str(status.error_code)
+
+
+def _state(number: int) -> VersionState:
+    try:
+        return VersionState(number)
+    except ValueError:
+        return VersionState.UNKNOWN
 
 
 class TFServingBackend(Backend):
@@ -105,7 +122,8 @@ class TFServingBackend(Backend):
         deadline_seconds: float,
         status_poll_seconds: float = STATUS_POLL_SECONDS,
     ):
-        super().__init__(model_name, model_base_path)
+        super().__init__(model_name)
+        self.model_dir = Path(model_base_path) / model_name
         self.address = address
         self.deadline_seconds = deadline_seconds
         self._status_poll_seconds = status_poll_seconds
@@ -113,13 +131,14 @@ class TFServingBackend(Backend):
         self._predict_stub = None
         self._model_stub = None
         self._poller: asyncio.Task | None = None
-        self._ready = False
+        self._serving: int | None = None
         self._reason = f"not connected to TensorFlow Serving at {address} yet"
+        # version -> (assets.extra's stamp when read, labels): re-read when the files change.
+        self._labels: dict[int, tuple[float, tuple[str, ...]]] = {}
 
     # --- state --------------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return self._ready
+    def serving_version(self) -> int | None:
+        return self._serving
 
     def not_ready_reason(self) -> str:
         return self._reason
@@ -127,20 +146,27 @@ class TFServingBackend(Backend):
     def device(self) -> str:
         return f"tfserving:{self.address}"
 
-    def _set_ready(self, ready: bool, reason: str = "") -> None:
-        if ready != self._ready:
-            if ready:
+    def labels(self, version: int) -> tuple[str, ...]:
+        """From the shared model repository on disk: TF Serving does not serve assets.extra."""
+        path = self.model_dir / str(version)
+        stamp = assets_stamp(path)
+        cached = self._labels.get(version)
+        if cached is None or cached[0] != stamp:
+            cached = self._labels[version] = (stamp, version_labels(path))
+        return cached[1]
+
+    def _set_serving(self, version: int | None, reason: str = "") -> None:
+        if (version is None) != (self._serving is None):
+            if version is not None:
                 log.info("TensorFlow Serving at %s serves %s", self.address, self.model_name)
             else:
                 log.warning("Not ready: %s", reason)
-        self._ready = ready
-        if not ready:
+        self._serving = version
+        if version is None:
             self._reason = reason
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
         # The channel belongs to the loop the server runs on, so it is made here.
         self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self._predict_stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
@@ -153,25 +179,27 @@ class TFServingBackend(Backend):
             self._poller.cancel()
         if self._channel is not None:
             await self._channel.close()
-        self._ready = False
+        self._serving = None
         self._reason = "the service is shutting down"
 
     async def check_status(self) -> bool:
-        """Ask TF Serving whether the model has an AVAILABLE version; update readiness."""
+        """Ask TF Serving which versions of the model are AVAILABLE; update readiness."""
         try:
             statuses = await self.model_status(self.model_name, None)
         except ServiceError as err:
             reason = err.message
             if not reason.startswith("TensorFlow Serving"):
                 reason = f"TensorFlow Serving at {self.address}: {reason}"
-            self._set_ready(False, reason)
+            self._set_serving(None, reason)
             return False
-        if any(status["state"] == AVAILABLE for status in statuses):
-            self._set_ready(True)
+        available = [s.version for s in statuses if s.state == VersionState.AVAILABLE]
+        if available:
+            # TF Serving answers unversioned requests with its newest AVAILABLE version.
+            self._set_serving(max(available))
             return True
-        states = ", ".join(f"version {s['version']}: {s['state']}" for s in statuses)
-        self._set_ready(
-            False,
+        states = ", ".join(f"version {s.version}: {s.state.name}" for s in statuses)
+        self._set_serving(
+            None,
             f"TensorFlow Serving at {self.address} has no AVAILABLE version of "
             f"{self.model_name} ({states})",
         )
@@ -192,7 +220,7 @@ class TFServingBackend(Backend):
         details = err.details() or code.name
         if code == grpc.StatusCode.UNAVAILABLE:
             message = f"TensorFlow Serving at {self.address} is unavailable: {details}"
-            self._set_ready(False, message)
+            self._set_serving(None, message)
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             message = (
                 f"TensorFlow Serving at {self.address} did not answer {call} within "
@@ -210,32 +238,26 @@ class TFServingBackend(Backend):
         except grpc.aio.AioRpcError as err:
             raise self._error(err, call) from err
 
-    async def model_status(self, name: str, version: int | None) -> list[dict]:
-        from tensorflow_serving.apis import get_model_status_pb2
-
+    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = name
         if version is not None:
             request.model_spec.version.value = version
         response = await self._call(self._model_stub.GetModelStatus, request, "GetModelStatus")
         statuses = [
-            version_status(
+            VersionStatus(
                 entry.version,
-                _enum_name(entry, "state"),
-                _enum_name(entry.status, "error_code"),
+                _state(entry.state),
+                _error_code_name(entry.status),
                 entry.status.error_message,
             )
             for entry in response.model_version_status
         ]
-        # As the in-process backend lists them: the versions answering first, newest first
-        # (/readyz reports the first one).
-        statuses.sort(key=lambda s: (s["state"] == AVAILABLE, int(s["version"])), reverse=True)
+        # As the in-process backend lists them: the versions answering first, newest first.
+        statuses.sort(key=lambda s: (s.state == VersionState.AVAILABLE, s.version), reverse=True)
         return statuses
 
-    async def metadata(self, name: str, version: int | None) -> tuple[int, dict]:
-        from google.protobuf.json_format import MessageToDict
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
+    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         request.model_spec.name = name
         if version is not None:
@@ -251,9 +273,7 @@ class TFServingBackend(Backend):
                 f"TensorFlow Serving at {self.address} sent metadata without a SignatureDefMap "
                 f"under {METADATA_FIELD!r}"
             )
-        return response.model_spec.version.value, MessageToDict(
-            signature_defs, preserving_proto_field_name=True, including_default_value_fields=True
-        )
+        return ModelMetadata(name, response.model_spec.version.value, signature_defs)
 
     async def predict(
         self,
@@ -262,9 +282,6 @@ class TFServingBackend(Backend):
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
     ) -> Prediction:
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
         request = predict_pb2.PredictRequest()
         request.model_spec.name = name
         request.model_spec.signature_name = signature_name

@@ -1,0 +1,37 @@
+"""The backend the settings ask for, with the batcher in front where it belongs."""
+
+from __future__ import annotations
+
+from service.backends.base import Backend
+from service.backends.inprocess import InProcessBackend
+from service.backends.tfserving import TFServingBackend
+from service.batching import BatchingBackend
+from service.settings import Settings
+
+
+def make_backend(settings: Settings) -> Backend:
+    """In-process TensorFlow behind the dynamic batcher, or TF Serving over gRPC.
+
+    BACKEND=tfserving forwards every call to TF Serving, which batches on its side
+    (--enable_batching), so no batcher sits in front of it here: one would serialize the calls.
+    """
+    if settings.backend == "tfserving":
+        return TFServingBackend(
+            settings.model_name,
+            settings.model_base_path,
+            settings.tfserving_grpc_address,
+            settings.tfserving_deadline_seconds,
+        )
+    backend = InProcessBackend(
+        settings.model_name,
+        settings.model_base_path,
+        device=settings.device,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        poll_seconds=settings.model_poll_seconds,
+    )
+    if settings.batch_max_size > 1:
+        backend = BatchingBackend(
+            backend, settings.batch_max_size, settings.batch_timeout_ms, settings.batch_max_queue
+        )
+    return backend

@@ -1,0 +1,164 @@
+"""TensorFlow Serving's REST API (g3doc/api_rest.md): model status, metadata and predict.
+
+A client written for TF Serving works unchanged against this service: the same URLs, the
+row (`instances`) and columnar (`inputs`) formats, and TF Serving's `{"error": "..."}` bodies.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from google.protobuf.json_format import MessageToDict
+from starlette.requests import Request
+from starlette.responses import Response
+
+from artifact.contract import SIGNATURE_NAME
+from service import codec
+from service.dataplane import DataPlane
+from service.protocols.http import (
+    JSON,
+    json_response,
+    read_body,
+    unless_disconnected,
+    version_in_url,
+)
+from service.types import ModelMetadata, VersionStatus
+
+PREDICT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "signature_name": {"type": "string", "default": SIGNATURE_NAME},
+                        "instances": {
+                            "type": "array",
+                            "description": "Row format: 28x28 float arrays, or {'image': array}",
+                        },
+                        "inputs": {
+                            "description": "Columnar format: [n, 28, 28] or {'image': [n, 28, 28]}"
+                        },
+                    },
+                },
+                "example": {"instances": [[[0.0] * 28] * 28]},
+            }
+        },
+    }
+}
+
+
+def render_status(statuses: list[VersionStatus]) -> dict:
+    """GetModelStatus as TF Serving's REST API renders it."""
+    return {
+        "model_version_status": [
+            {
+                "version": str(s.version),
+                "state": s.state.name,
+                "status": {"error_code": s.error_code, "error_message": s.error_message},
+            }
+            for s in statuses
+        ]
+    }
+
+
+def render_metadata(metadata: ModelMetadata, device: str) -> dict:
+    """GetModelMetadata as TF Serving's REST API renders it, plus where the model runs."""
+    signature_def = MessageToDict(
+        metadata.signature_defs,
+        preserving_proto_field_name=True,
+        including_default_value_fields=True,
+    )
+    return {
+        "model_spec": {
+            "name": metadata.name,
+            "signature_name": "",
+            "version": str(metadata.version),
+        },
+        "metadata": {"signature_def": signature_def},
+        # Not in TF Serving's answer (clients ignore the extra key): where the model runs.
+        "device": device,
+    }
+
+
+class TFServingREST:
+    """The /v1 routes over a data plane.
+
+    Args:
+        dataplane: what serves the model.
+        max_body_bytes: largest request body read (MAX_BODY_BYTES).
+    """
+
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int):
+        self.dataplane = dataplane
+        self.max_body_bytes = max_body_bytes
+        self.router = APIRouter(tags=["tf-serving"])
+        r = self.router
+        r.add_api_route(
+            "/v1/models/{name}", self.model_status, summary="Model status (all versions)"
+        )
+        r.add_api_route(
+            "/v1/models/{name}/versions/{version}", self.version_status, summary="Version status"
+        )
+        r.add_api_route(
+            "/v1/models/{name}/metadata", self.model_metadata, summary="Signatures (newest)"
+        )
+        r.add_api_route(
+            "/v1/models/{name}/versions/{version}/metadata",
+            self.version_metadata,
+            summary="Signatures",
+        )
+        for path, endpoint, summary in (
+            ("/v1/models/{name}:predict", self.predict_latest, "Predict with the newest version"),
+            (
+                "/v1/models/{name}/versions/{version}:predict",
+                self.predict_version,
+                "Predict with one version",
+            ),
+        ):
+            r.add_api_route(
+                path, endpoint, methods=["POST"], summary=summary, openapi_extra=PREDICT_DOC
+            )
+        self.predict_routes = [route for route in r.routes if route.path.endswith(":predict")]
+
+    def fast_routes(self):
+        """(route, handler) pairs the fast lane may answer past FastAPI's routing."""
+        return [(route, self.predict) for route in self.predict_routes]
+
+    async def model_status(self, name: str):
+        return json_response(render_status(await self.dataplane.model_status(name, None)))
+
+    async def version_status(self, name: str, version: str):
+        statuses = await self.dataplane.model_status(name, version_in_url(version))
+        return json_response(render_status(statuses))
+
+    async def model_metadata(self, name: str):
+        metadata = await self.dataplane.metadata(name, None)
+        return json_response(render_metadata(metadata, self.dataplane.device()))
+
+    async def version_metadata(self, name: str, version: str):
+        metadata = await self.dataplane.metadata(name, version_in_url(version))
+        return json_response(render_metadata(metadata, self.dataplane.device()))
+
+    async def predict_latest(self, request: Request, name: str):
+        return await self.predict(request, name)
+
+    async def predict_version(self, request: Request, name: str, version: str):
+        return await self.predict(request, name, version)
+
+    async def predict(self, request: Request, name: str, version: str | None = None) -> Response:
+        """TF Serving's REST predict; the fast lane calls it directly."""
+        parsed_version = version_in_url(version)
+        body = await read_body(request, self.max_body_bytes)
+        signature_name, images, columnar = codec.parse_tf_serving_request(body)
+        result = await unless_disconnected(
+            request, self.dataplane.predict(name, images, parsed_version, signature_name)
+        )
+        outputs = result.outputs
+        if columnar:
+            return json_response({"outputs": outputs})
+        keys = list(outputs)
+        columns = zip(*(outputs[k] for k in keys), strict=True)
+        return json_response(
+            {"predictions": [dict(zip(keys, row, strict=True)) for row in columns]}
+        )

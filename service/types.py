@@ -1,0 +1,62 @@
+"""Typed values the backends return and the data plane hands to the protocol adapters.
+
+Nothing here is shaped for one protocol: the TF Serving REST adapter, the friendly /predict,
+the Open Inference Protocol and gRPC each render these their own way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import numpy as np
+
+
+class VersionState(enum.IntEnum):
+    """A version's state, TF Serving's ModelVersionStatus.State (names and numbers)."""
+
+    UNKNOWN = 0
+    START = 10
+    LOADING = 20
+    AVAILABLE = 30
+    UNLOADING = 40
+    END = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionStatus:
+    """One version's state and, when it failed, TF Serving's error code and message."""
+
+    version: int
+    state: VersionState
+    error_code: str = "OK"
+    error_message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """One model call's result: which version answered and every output of the signature."""
+
+    version: int
+    outputs: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMetadata:
+    """A version's signatures: a SignatureDefMap proto (what TF Serving's metadata returns)."""
+
+    name: str
+    version: int
+    signature_defs: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Readiness:
+    """Whether the service answers predictions for its model, and if not, why."""
+
+    ready: bool
+    reason: str
+    model: str
+    version: int | None
+    device: str
