@@ -2,24 +2,31 @@
 
 `small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files and
 `trained_model` trains a tiny model on it once per session through the real command line.
+
+The fast tier (`pytest -m "not slow"`) must not import TensorFlow: this file imports it only
+inside the fixtures that the slow tests use, and `fast_tier_stays_light` fails the run when a
+fast test imported it anyway.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from service.settings import Settings
 
 # Before anything imports TensorFlow: keep its C++ INFO/WARNING lines out of the test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from pathlib import Path  # noqa: E402
-from typing import NamedTuple  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from training import data  # noqa: E402
-
-REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", data.DEFAULT_DATA_DIR))
+# training.data.DEFAULT_DATA_DIR, not imported here: training.data imports TensorFlow.
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR))
 SMALL_TRAIN_COUNT = 600
 SMALL_TEST_COUNT = 300
 # The trained_model fixture's run: tiny, but enough for a non-trivial evaluation report.
@@ -45,13 +52,38 @@ def clean_environment(tmp_path_factory):
     that runs inside the test process; the working directory is a scratch folder, so a test
     whose refusal regresses cannot write into the repository's models/ or runs/.
     """
-    from service.settings import Settings
-
     with pytest.MonkeyPatch.context() as patch:
         for name in {field.upper() for field in Settings.model_fields} | {"TF_CONFIG"}:
             patch.delenv(name, raising=False)
         patch.chdir(tmp_path_factory.mktemp("cwd"))
         yield
+
+
+# A module whose every test is slow says so once, at the top level.
+_SLOW_MODULE = re.compile(r"^pytestmark = pytest\.mark\.slow$", re.MULTILINE)
+
+
+def _fast_tier(config) -> bool:
+    return config.option.markexpr.replace(" ", "") == "notslow"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In the fast tier, a module marked slow as a whole is not even imported: collecting
+    it would import TensorFlow (seconds) only to deselect every test in it."""
+    if _fast_tier(config) and collection_path.suffix == ".py" and collection_path.is_file():
+        return bool(_SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")))
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_tier_stays_light(request):
+    """Fail the fast tier when one of its tests imported TensorFlow (it takes seconds and is
+    what the fast tier exists to avoid)."""
+    yield
+    if _fast_tier(request.config):
+        assert "tensorflow" not in sys.modules, (
+            "a fast test imported TensorFlow; mark it slow or keep TensorFlow out of its path"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +100,8 @@ def real_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
     """An MNIST-format dir with the first 600 train and 300 test images of Fashion-MNIST."""
+    from training import data
+
     directory = tmp_path_factory.mktemp("fashion-mnist-small")
     for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
         _, images, labels = data.load_split(real_data_dir, split)
@@ -78,6 +112,8 @@ def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
 @pytest.fixture(scope="session")
 def small_test_data(small_data_dir) -> tuple[np.ndarray, np.ndarray]:
     """The small test split as uint8 images [300, 28, 28] and uint8 labels [300]."""
+    from training import data
+
     _, images, labels = data.load_split(small_data_dir, "test")
     return images, labels
 

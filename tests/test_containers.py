@@ -157,12 +157,13 @@ def test_tf_serving_config_files_parse():
 def test_dockerfile_stages_user_and_healthcheck():
     text = (REPO_ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)", text, re.MULTILINE)
-    assert {name for _, name in stages} >= {"builder", "api", "trainer"}
+    assert {name for _, name in stages} >= {"api-deps", "trainer-deps", "api", "trainer"}
     assert stages[-1][1] == "api", "the default target (last stage) should be the API"
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.MULTILINE).group(1)
     assert re.match(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", base), base
     # Dependencies are installed before the code is copied (their own cached layer).
-    assert text.index("requirements.lock") < text.index("COPY training")
+    assert text.index("requirements-training.lock") < text.index("COPY training")
+    assert text.index("requirements-service.lock") < text.index("COPY service")
     assert re.search(r"^USER app$", text, re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*", text, re.MULTILINE) and "/readyz" in text
     assert "dataset-fashion-mnist" in text

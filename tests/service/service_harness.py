@@ -5,7 +5,6 @@ Plain helpers (no fixtures) shared by tests/service/conftest.py and the test mod
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import socket
@@ -15,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -157,15 +155,6 @@ def add_version(model_dir: Path, source: str, target: str) -> Path:
     shutil.copytree(model_dir / source, staging)
     os.rename(staging, model_dir / target)
     return model_dir / target
-
-
-def png_bytes(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
-    """uint8 pixels (grayscale [h, w] or RGB [h, w, 3]) encoded as an image file."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, fmt)
-    return buffer.getvalue()
 
 
 def wait_for(condition, what: str, server: Server, timeout: float = 60.0):

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pytest
+from helpers import error_message, ok_json, png_bytes
 from prometheus_client.parser import text_string_to_metric_families
-from service_harness import MAX_BODY_BYTES, MAX_IMAGES, MODEL_NAME, png_bytes
+from service_harness import MAX_BODY_BYTES, MAX_IMAGES, MODEL_NAME
 
+from artifact.contract import FASHION_MNIST_LABELS
 from training import data
-from training.contract import FASHION_MNIST_LABELS
 
 pytestmark = pytest.mark.slow
 
@@ -31,22 +32,6 @@ SHORT = [[0.5] * 28] * 27  # one row missing
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def error_message(response: httpx.Response, status: int) -> str:
-    """Assert a TF Serving style error body {"error": "..."} with this status; the message."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    body = response.json()
-    assert set(body) == {"error"}, body
-    assert isinstance(body["error"], str) and body["error"], body
-    return body["error"]
-
-
-def ok_json(response: httpx.Response) -> dict:
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    return response.json()
 
 
 def probabilities_of(body: dict) -> np.ndarray:

@@ -1,8 +1,10 @@
 """The dynamic batcher with real concurrent HTTP requests against a real uvicorn server.
 
-The server runs in a thread of the test process with the real in-process backend behind a
-gate: each model call waits until the test opens the gate, so the test decides what queues
-while the model is busy, and the gate records the size of every batch the model ran.
+The server runs in a thread of the test process with a fake backend behind a gate
+(tests/service/fakes.py): each model call waits until the test opens the gate, so the test
+decides what queues while the model is busy, and the gate records the size of every batch the
+model ran. The toy model's answers depend on each image, so a batch split back out of order
+would show.
 """
 
 from __future__ import annotations
@@ -18,17 +20,15 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+from fakes import FakeBackend, GatedFakeBackend, toy_model
 
+from artifact.contract import PROBABILITIES_KEY
 from service.app import create_app
 from service.backends.base import DelegatingBackend
-from service.backends.inprocess import InProcessBackend
 from service.batching import BatchingBackend
 from service.errors import UpstreamError
 from service.settings import Settings
-from training.contract import normalize_pixels
-from training.saved_model import SavedModelPredictor
 
-pytestmark = pytest.mark.slow
 PATH = "/v1/models/fashion_mnist:predict"
 WAIT_SECONDS = 30.0
 
@@ -42,36 +42,10 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.005)
 
 
-class GatedBackend(DelegatingBackend):
-    """Holds every model call until the gate opens; records batch sizes; can fail a call."""
-
-    def __init__(self, inner):
-        super().__init__(inner)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.calls_started = 0
-        self.sizes: list[int] = []
-        self.fail_call: int | None = None  # 1-based number of the call to fail
-
-    async def predict(self, name, images, version=None, signature_name="serving_default"):
-        self.calls_started += 1
-        call = self.calls_started
-        await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
-        self.sizes.append(len(images))
-        if call == self.fail_call:
-            raise UpstreamError("injected failure of this batch")
-        return await self.inner.predict(name, images, version, signature_name)
-
-
 @contextlib.contextmanager
-def serving(trained_model, max_batch_size=4, timeout_ms=0.0, max_queue=8):
-    settings = Settings(
-        model_name="fashion_mnist",
-        model_base_path=str(trained_model.export_base.parent),
-        model_poll_seconds=0,
-        log_level="warning",
-    )
-    gated = GatedBackend(InProcessBackend(settings.model_name, settings.model_base_path))
+def serving(max_batch_size=4, timeout_ms=0.0, max_queue=8):
+    settings = Settings(model_name="fashion_mnist", log_level="warning")
+    gated = GatedFakeBackend()
     batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
     app = create_app(settings, backend=batcher)
     # The server gets the bound socket itself: no window for another process to take the port.
@@ -93,11 +67,10 @@ def serving(trained_model, max_batch_size=4, timeout_ms=0.0, max_queue=8):
 
 
 @pytest.fixture(scope="module")
-def images(trained_model, small_test_data):
-    """Eight real test images and what the SavedModel itself says about each."""
-    pixels = normalize_pixels(small_test_data[0][:8])
-    _, probabilities = SavedModelPredictor(trained_model.version_path).predict(pixels)
-    return pixels, probabilities
+def images():
+    """Eight images and what the toy model of version 1 says about each."""
+    pixels = np.random.default_rng(0).random((8, 28, 28)).astype(np.float32)
+    return pixels, toy_model(1, pixels)[PROBABILITIES_KEY]
 
 
 def post(url, pixels):
@@ -110,11 +83,11 @@ def probabilities_of(response):
     return np.array([p["probabilities"] for p in response.json()["predictions"]])
 
 
-def test_queued_requests_merge_into_one_call_and_split_back_in_order(trained_model, images):
+def test_queued_requests_merge_into_one_call_and_split_back_in_order(images):
     pixels, expected = images
     with (
         concurrent.futures.ThreadPoolExecutor(8) as pool,
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        serving(max_batch_size=4) as (url, gated, batcher),
     ):
         gated.gate.clear()
         first = pool.submit(post, url, pixels[0:1])
@@ -134,11 +107,11 @@ def test_queued_requests_merge_into_one_call_and_split_back_in_order(trained_mod
     assert gated.sizes == [1, 4, 1]
 
 
-def test_full_queue_answers_503_at_once(trained_model, images):
+def test_full_queue_answers_503_at_once(images):
     pixels, _ = images
     with (
         concurrent.futures.ThreadPoolExecutor(8) as pool,
-        serving(trained_model, max_queue=2) as (url, gated, batcher),
+        serving(max_queue=2) as (url, gated, batcher),
     ):
         gated.gate.clear()
         running = pool.submit(post, url, pixels[0:1])
@@ -154,11 +127,11 @@ def test_full_queue_answers_503_at_once(trained_model, images):
         assert post(url, pixels[3:4]).status_code == 200
 
 
-def test_a_failed_batch_fails_only_its_own_requests(trained_model, images):
+def test_a_failed_batch_fails_only_its_own_requests(images):
     pixels, expected = images
     with (
         concurrent.futures.ThreadPoolExecutor(8) as pool,
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        serving(max_batch_size=4) as (url, gated, batcher),
     ):
         gated.fail_call = 2
         gated.gate.clear()
@@ -177,11 +150,11 @@ def test_a_failed_batch_fails_only_its_own_requests(trained_model, images):
     assert gated.sizes == [1, 2, 1]
 
 
-def test_a_batch_that_is_not_full_waits_for_the_timeout(trained_model, images):
+def test_a_batch_that_is_not_full_waits_for_the_timeout(images):
     pixels, expected = images
     with (
         concurrent.futures.ThreadPoolExecutor(2) as pool,
-        serving(trained_model, max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
+        serving(max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
     ):
         # With an idle model and a long timeout, two requests still merge: the batch fills.
         futures = [pool.submit(post, url, pixels[i : i + 1]) for i in (0, 1)]
@@ -190,7 +163,7 @@ def test_a_batch_that_is_not_full_waits_for_the_timeout(trained_model, images):
                 probabilities_of(future.result()), expected[i : i + 1], atol=1e-5
             )
     assert gated.sizes == [2]
-    with serving(trained_model, max_batch_size=4, timeout_ms=50) as (url, gated, _):
+    with serving(max_batch_size=4, timeout_ms=50) as (url, gated, _):
         # Alone and short of a full batch, a request runs once the timeout passes.
         np.testing.assert_allclose(
             probabilities_of(post(url, pixels[0:1])), expected[0:1], atol=1e-5
@@ -198,12 +171,12 @@ def test_a_batch_that_is_not_full_waits_for_the_timeout(trained_model, images):
     assert gated.sizes == [1]
 
 
-def test_a_client_that_gives_up_is_dropped_from_the_queue(trained_model, images):
+def test_a_client_that_gives_up_is_dropped_from_the_queue(images):
     pixels, expected = images
     body = httpx.Request("POST", "http://x" + PATH, json={"instances": pixels[1:2].tolist()})
     with (
         concurrent.futures.ThreadPoolExecutor(4) as pool,
-        serving(trained_model, max_batch_size=4) as (url, gated, batcher),
+        serving(max_batch_size=4) as (url, gated, batcher),
     ):
         gated.gate.clear()
         first = pool.submit(post, url, pixels[0:1])
@@ -228,9 +201,7 @@ def test_a_client_that_gives_up_is_dropped_from_the_queue(trained_model, images)
     assert gated.sizes == [1, 1]
 
 
-def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_hung(
-    trained_model,
-):
+def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_hung():
     """close() while a batch is in the model: its waiters and the queued ones all get an error."""
 
     class Stuck(DelegatingBackend):
@@ -238,9 +209,8 @@ def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_
             await asyncio.Event().wait()  # a model call that never ends by itself
 
     async def scenario():
-        inner = InProcessBackend("fashion_mnist", str(trained_model.export_base.parent))
-        batcher = BatchingBackend(Stuck(inner), max_batch_size=1, timeout_ms=0, max_queue=8)
-        batcher._wakeup = asyncio.Event()  # start() without loading the real model
+        batcher = BatchingBackend(Stuck(FakeBackend()), max_batch_size=1, timeout_ms=0, max_queue=8)
+        await batcher.start()
         images = np.zeros((1, 28, 28), np.float32)
         running = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
         queued = asyncio.ensure_future(batcher.predict("fashion_mnist", images))

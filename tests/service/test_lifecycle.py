@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from service_harness import (
     wait_for,
 )
 
+from artifact.contract import FASHION_MNIST_LABELS
 from training import data
-from training.contract import FASHION_MNIST_LABELS
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +37,11 @@ def statuses(client: httpx.Client) -> dict[str, dict]:
     assert response.status_code == 200, response.text
     entries = response.json()["model_version_status"]
     return {entry["version"]: entry for entry in entries}
+
+
+def state_of(client: httpx.Client, version: str) -> str | None:
+    """A version's state in the model status (LOADING is listed too, as TF Serving does)."""
+    return statuses(client).get(version, {}).get("state")
 
 
 def served_version(client: httpx.Client, image: list) -> str:
@@ -108,39 +112,43 @@ def test_device_gpu_without_a_gpu_exits_2_with_one_line(trained_model):
     assert "Uvicorn running" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(
-    "name, value",
-    [
-        ("PORT", "notanumber"),
-        ("PORT", "70000"),
-        ("DEVICE", "tpu"),
-        ("MAX_IMAGES", "0"),
-        ("MAX_BODY_BYTES", "10"),
-        ("MODEL_POLL_SECONDS", "-1"),
-        ("MODEL_NAME", "../elsewhere"),
-        ("LOG_LEVEL", "loud"),
-        ("HOST", "999.1.1.1"),
-    ],
-)
-def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
-    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{name: value})
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and name in lines[0], lines[0]
+# --- a broken newest version at start ------------------------------------------------------
 
 
-def test_a_port_in_use_exits_2_before_loading_anything(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=str(port))
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "PORT" in lines[0] and "in use" in lines[0]
+def write_broken_version(model_dir: Path, version: str) -> None:
+    staging = model_dir / f".staging-{version}"
+    staging.mkdir()
+    (staging / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    staging.rename(model_dir / version)
+
+
+def test_a_broken_newest_version_at_start_does_not_stop_the_newest_good_one(
+    launch, repository, images
+):
+    """Without polling, the service used to answer 503 "the model is loading" forever."""
+    ints, _ = images
+    write_broken_version(repository, "2")
+    server = launch(MODEL_BASE_PATH=str(repository.parent), MODEL_POLL_SECONDS="0")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/readyz").json()["version"] == "1"
+        assert served_version(client, ints[0]) == "1"
+        assert statuses(client)["2"]["state"] == "END"
+
+
+def test_when_every_version_is_broken_readiness_names_the_failure(launch, repository):
+    shutil.rmtree(repository / "1")
+    write_broken_version(repository, "1")
+    server = launch(
+        wait_for="/healthz", MODEL_BASE_PATH=str(repository.parent), MODEL_POLL_SECONDS="0"
+    )
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        response = wait_for(
+            lambda: (r := client.get("/readyz")).status_code == 503 and "failed" in r.text and r,
+            "readyz to name the failure",
+            server,
+        )
+        message = response.json()["error"]
+        assert message.startswith(f"not ready: no version of {MODEL_NAME} loads; version 1 failed")
 
 
 # --- an empty repository ------------------------------------------------------------------
@@ -191,7 +199,7 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
         before = probabilities(client, f"{MODEL}/versions/1:predict", floats)
 
         add_version(repository, "1", "2")
-        wait_for(lambda: "2" in statuses(client), "version 2 in the model status", server)
+        wait_for(lambda: state_of(client, "2") == "AVAILABLE", "version 2 AVAILABLE", server)
         assert client.get("/readyz").json()["version"] == "2"
         assert served_version(client, ints[0]) == "2"
         assert 'model="fashion_mnist"' in gauge(client) and gauge(client).endswith(" 2.0")
@@ -212,8 +220,8 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
         staging.mkdir()
         (staging / "saved_model.pb").write_bytes(b"this is not a SavedModel")
         staging.rename(repository / "3")
-        status = wait_for(lambda: statuses(client).get("3"), "version 3 in the status", server)
-        assert status["state"] == "END"
+        wait_for(lambda: state_of(client, "3") == "END", "version 3 in state END", server)
+        status = statuses(client)["3"]
         assert status["status"]["error_code"] != "OK"
         assert status["status"]["error_message"]
 
@@ -232,7 +240,7 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
         # The poller goes on (a good version 4 past the broken one is picked up) but does not
         # retry, and re-log, the failed version 3.
         add_version(repository, "1", "4")
-        wait_for(lambda: "4" in statuses(client), "version 4 in the model status", server)
+        wait_for(lambda: state_of(client, "4") == "AVAILABLE", "version 4 AVAILABLE", server)
         assert served_version(client, ints[0]) == "4"
         failures = [line for line in server.log().splitlines() if "version 3 failed" in line]
         assert len(failures) == 1, failures

@@ -17,15 +17,8 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from service_harness import (
-    MODEL_NAME,
-    Server,
-    add_version,
-    copy_repository,
-    free_port,
-    png_bytes,
-    wait_for,
-)
+from helpers import error_message, png_bytes
+from service_harness import MODEL_NAME, Server, add_version, copy_repository, free_port, wait_for
 from tfserving_standin import TFServingStandIn
 
 from service.backends.tfserving import MAX_MESSAGE_BYTES, TFServingBackend
@@ -119,14 +112,6 @@ def pixels(trained_model) -> np.ndarray:
     """4 real Fashion-MNIST test images, uint8 [4, 28, 28]."""
     _, images, _ = data.load_split(trained_model.data_dir, "test")
     return images[:4]
-
-
-def error_of(response: httpx.Response, status: int) -> str:
-    """Assert a TF Serving style error body with this status; its message."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
-    return body["error"]
 
 
 # --- the same JSON from both backends -----------------------------------------------------
@@ -238,9 +223,9 @@ def test_client_errors_answer_as_the_in_process_backend(name, remote, local):
     expected = local.request(method, path, **kwargs)
     got = remote.request(method, path, **kwargs)
     assert expected.status_code in (400, 404), expected.text
-    message = error_of(got, expected.status_code)
+    message = error_message(got, expected.status_code)
     if same_message:
-        assert message == error_of(expected, expected.status_code)
+        assert message == error_message(expected, expected.status_code)
 
 
 # --- gRPC errors, deadlines and outages ---------------------------------------------------
@@ -251,7 +236,7 @@ def test_grpc_status_maps_to_http_as_tf_serving_does(code, remote, standin):
     calls = standin.predict_calls
     standin.fail_next(code, f"injected {code.name}")
     response = remote.post(PREDICT, json={"instances": [[[0.0] * 28] * 28]})
-    message = error_of(response, TF_SERVING_HTTP_STATUS[code])
+    message = error_message(response, TF_SERVING_HTTP_STATUS[code])
     assert f"injected {code.name}" in message
     # Only the one call failed.
     assert remote.post(PREDICT, json={"instances": [[[0.0] * 28] * 28]}).status_code == 200
@@ -280,11 +265,11 @@ def test_outage_gives_503_and_heals_without_a_restart(servers, remote, local, st
     try:
         standin.stop()
         wait_for(lambda: remote.get("/readyz").status_code == 503, "/readyz to say 503", server)
-        readyz = error_of(remote.get("/readyz"), 503)
+        readyz = error_message(remote.get("/readyz"), 503)
         assert f"TensorFlow Serving at {standin.address}" in readyz
-        message = error_of(remote.post(PREDICT, json=body), 503)
+        message = error_message(remote.post(PREDICT, json=body), 503)
         assert f"TensorFlow Serving at {standin.address} is unavailable" in message
-        error_of(remote.post("/predict", json={"instances": pixels[:1].tolist()}), 503)
+        error_message(remote.post("/predict", json={"instances": pixels[:1].tolist()}), 503)
     finally:
         standin.start()
     wait_for(lambda: remote.get("/readyz").status_code == 200, "/readyz to heal", server)
@@ -346,7 +331,7 @@ def test_wrong_input_shape_and_unknown_version_are_client_errors(standin, reposi
 
 def test_not_ready_while_tf_serving_is_unreachable_or_has_no_version(tmp_path):
     async def state(backend):
-        return backend.ready, backend.not_ready_reason()
+        return backend.serving_version() is not None, backend.not_ready_reason()
 
     address = f"127.0.0.1:{free_port()}"
     ready, reason = run_with_backend(address, tmp_path, state)
@@ -388,13 +373,10 @@ def test_versions_newest_available_first_and_readiness_follows_the_states(traine
     finally:
         two.stop()
     assert (latest, pinned) == (2, 1)
-    assert [(s["version"], s["state"]) for s in statuses] == [
-        ("2", "AVAILABLE"),
-        ("1", "AVAILABLE"),
-    ]
-    assert statuses[0]["status"] == {"error_code": "OK", "error_message": ""}
-    # The version answering comes first (/readyz reports it), as the in-process backend has it.
-    assert [(s["version"], s["state"]) for s in loading] == [("1", "AVAILABLE"), ("2", "LOADING")]
+    assert [(s.version, s.state.name) for s in statuses] == [(2, "AVAILABLE"), (1, "AVAILABLE")]
+    assert (statuses[0].error_code, statuses[0].error_message) == ("OK", "")
+    # The versions answering come first, newest first, as the in-process backend lists them.
+    assert [(s.version, s.state.name) for s in loading] == [(1, "AVAILABLE"), (2, "LOADING")]
     assert still_ready and not ready
     assert reason == (
         f"TensorFlow Serving at {two.address} has no AVAILABLE version of {MODEL_NAME} "

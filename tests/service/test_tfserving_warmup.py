@@ -13,7 +13,7 @@ from service_harness import MODEL_NAME
 from tensorflow_serving.apis import prediction_log_pb2, prediction_service_pb2_grpc
 from tfserving_standin import TFServingStandIn
 
-from training.contract import (
+from artifact.contract import (
     ASSETS_EXTRA,
     IMAGE_SHAPE,
     INPUT_KEY,
@@ -21,7 +21,8 @@ from training.contract import (
     SIGNATURE_NAME,
     WARMUP_FILE,
 )
-from training.saved_model import SavedModelPredictor, read_warmup_requests
+from artifact.saved_model import SavedModelPredictor
+from artifact.warmup import read_warmup_requests
 
 pytestmark = pytest.mark.slow
 
@@ -83,13 +84,13 @@ def test_the_stand_in_answers_every_warmup_request(trained_model, standin):
 
 def test_the_in_process_model_replays_the_file(trained_model, tmp_path):
     requests = read_warmup_requests(trained_model.version_path)
-    assert SavedModelPredictor(trained_model.version_path).warm_up() == len(requests)
+    assert SavedModelPredictor(trained_model.version_path).warm_up(requests) == len(requests)
 
     # Without the file: one zero image, nothing replayed.
     bare = shutil.copytree(trained_model.version_path, tmp_path / "1")
     (bare / ASSETS_EXTRA / WARMUP_FILE).unlink()
     assert read_warmup_requests(bare) == []
-    assert SavedModelPredictor(bare).warm_up() == 0
+    assert SavedModelPredictor(bare).warm_up(read_warmup_requests(bare)) == 0
 
 
 def test_a_damaged_file_is_refused(trained_model, tmp_path):
@@ -102,7 +103,7 @@ def test_a_damaged_file_is_refused(trained_model, tmp_path):
 
 def test_the_warmup_requests_carry_real_test_images(warmup_path, small_test_data):
     """Zeros would warm the code paths but not look like traffic; the export sends test images."""
-    from training.contract import normalize_pixels
+    from artifact.contract import normalize_pixels
 
     images, _ = small_test_data
     batches = [

@@ -3,7 +3,7 @@
 TF Serving's binary (`tensorflow_model_server`, the tensorflow/serving image) cannot be
 installed on this machine, so the tests run this instead: a real gRPC server on a loopback
 port speaking TF Serving's real protos (`tensorflow-serving-api`'s PredictionService and
-ModelService) over the real exported SavedModel, loaded with training.saved_model. It answers
+ModelService) over the real exported SavedModel, loaded with artifact.saved_model. It answers
 Predict, GetModelMetadata and GetModelStatus as TF Serving 2.15 does, errors included: its
 status codes and, where the tests read them, its messages (model_servers/get_model_status_impl.cc,
 servables/tensorflow/predict_util.cc and get_model_metadata_impl.cc). Like TF Serving it replays
@@ -34,7 +34,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from training.saved_model import SavedModelPredictor, signature_def_map, version_dirs
+from artifact.repository import list_versions as version_dirs
+from artifact.saved_model import SavedModelPredictor, signature_def_map
+from artifact.warmup import read_warmup_requests
 
 DEFAULT_SIGNATURE = "serving_default"
 # TF Serving builds its gRPC server with no message size limit.
@@ -184,7 +186,8 @@ class TFServingStandIn:
         self.models: dict[int, SavedModelPredictor] = {}
         for version, path in version_dirs(Path(model_base_path) / model_name):
             model = SavedModelPredictor(path)
-            model.warm_up()  # TF Serving replays the warmup file when it loads a version
+            # TF Serving replays the warmup file when it loads a version.
+            model.warm_up(read_warmup_requests(path))
             self.models[version] = model
         self.port = port
         self.predict_calls = 0

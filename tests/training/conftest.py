@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
 
 
 class Comparison(NamedTuple):
@@ -24,6 +23,10 @@ def comparison(tmp_path_factory, small_data_dir) -> Comparison:
 
     Treat it as read-only: the baseline, compare and TensorBoard tests share it.
     """
+    # Here, not at the top: conftest files load in the fast tier too, and this imports
+    # TensorFlow.
+    from training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
+
     work_dir = tmp_path_factory.mktemp("compare") / "work"
     out = io.StringIO()
     with redirect_stdout(out):

@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import assert_one_error_line
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
-from training_harness import COMPARE_STEPS, LABELS, assert_one_error_line, call_main, serve
+from training_harness import COMPARE_STEPS, LABELS, call_main, serve
 
-from training import baselines
-from training.contract import (
+from artifact.contract import (
     ASSETS_EXTRA,
     CLASSES_KEY,
     INPUT_KEY,
@@ -28,8 +28,13 @@ from training.contract import (
     WARMUP_FILE,
     normalize_pixels,
 )
+from artifact.repository import read_report
+from artifact.saved_model import SavedModelPredictor
+from training import baselines
 from training.estimator import DEFAULT_PARAMS, MODEL_KINDS, make_estimator
-from training.saved_model import SavedModelPredictor, read_report
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 MODES = tf.estimator.ModeKeys
 # Keras' graph-mode code under model_to_estimator warns about its own internals.
@@ -49,7 +54,6 @@ def version_of(comparison, kind):
     return comparison.work_dir / "models" / kind / "1"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_every_kind_exports_the_same_contract(comparison, kind):
     version = version_of(comparison, kind)
@@ -81,7 +85,6 @@ def test_every_kind_exports_the_same_contract(comparison, kind):
     assert report["params"]["model"] == kind
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_the_service_serves_every_kind_unchanged(comparison, kind, small_test_data):
     images, labels = small_test_data
@@ -194,7 +197,6 @@ def test_unknown_model_kind(tmp_path, small_data_dir, capsys):
     assert not model_dir.exists()
 
 
-@pytest.mark.slow
 def test_resuming_with_another_kind_is_refused(tmp_path, comparison, capsys):
     import shutil
 
@@ -210,7 +212,6 @@ def test_resuming_with_another_kind_is_refused(tmp_path, comparison, capsys):
     assert (model_dir / "params.json").read_text() == before
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["linear", "keras"])
 def test_evaluate_and_export_a_baseline_model_dir(tmp_path, comparison, kind, capsys):
     """evaluate and export rebuild the kind from the model dir's params.json."""

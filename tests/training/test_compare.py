@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from training_harness import (
-    COMPARE_BATCH_SIZE,
-    COMPARE_STEPS,
-    LABELS,
-    assert_one_error_line,
-    call_main,
-)
+from helpers import assert_one_error_line
+from training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, LABELS, call_main
 
+from artifact.repository import read_report
 from training.compare import RESULTS_FILE, TABLE_FILE, format_table
 from training.estimator import MODEL_KINDS
 from training.runs import directory_bytes
-from training.saved_model import read_report
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 PARAMETERS = {
     "cnn": 3_274_634,
@@ -26,7 +24,6 @@ PARAMETERS = {
 }
 
 
-@pytest.mark.slow
 def test_compare_trains_every_kind_on_one_budget_and_ranks_them(comparison):
     results = json.loads((comparison.work_dir / RESULTS_FILE).read_text())
     assert results["budget_steps"] == COMPARE_STEPS

@@ -14,20 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_harness import (
-    assert_one_error_line,
-    call_main,
-    checkpoint_step,
-    integer_dirs,
-    serve,
-    service_predict_pixels,
-)
+from helpers import assert_one_error_line
+from training_harness import call_main, checkpoint_step, integer_dirs, serve, service_predict_pixels
 
+from artifact.contract import normalize_pixels
+from artifact.repository import read_report
+from artifact.saved_model import SavedModelPredictor
 from training import distributed
-from training.contract import normalize_pixels
 from training.distributed import ClusterTask, parse_tf_config
 from training.errors import UsageError
-from training.saved_model import SavedModelPredictor, read_report
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 # The cluster test's run: long enough (about 10 s of CNN steps here) that the worker, started
 # once the chief trains, joins while there is still work to share.
@@ -148,7 +146,6 @@ def test_num_gpus_with_tf_config_is_refused(tmp_path, small_data_dir, capsys, mo
 # MirroredStrategy: this machine has no GPU, so --num-gpus falls back to the CPU and says so.
 
 
-@pytest.mark.slow
 def test_num_gpus_without_gpu_mirrors_on_the_cpu_and_says_so(
     tmp_path, small_data_dir, small_test_data, capsys, monkeypatch
 ):
@@ -247,7 +244,6 @@ class Task:
                 self.process.wait()
 
 
-@pytest.mark.slow
 def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     tmp_path, small_data_dir, small_test_data
 ):

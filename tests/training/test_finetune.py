@@ -13,10 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_harness import assert_one_error_line, call_main, checkpoint_step
+from helpers import assert_one_error_line
+from training_harness import call_main, checkpoint_step
 
 from training.errors import UsageError
 from training.finetune import plan_restore, resolve_checkpoint, scope_key
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 CNN_LAYERS = ("conv1", "conv2", "dense1", "logits")
 
@@ -59,7 +63,6 @@ def assert_restored(
 # The real thing, through the command line.
 
 
-@pytest.mark.slow
 def test_fine_tune_scopes_restore_only_those_layers(tmp_path, trained_model, capsys):
     source = trained_model.model_dir
     code, model_dir = new_run(tmp_path, trained_model.data_dir, "--fine-tune-from", source,
@@ -77,7 +80,6 @@ def test_fine_tune_scopes_restore_only_those_layers(tmp_path, trained_model, cap
     assert params["fine_tune_from"] == tf.train.latest_checkpoint(str(trained_model.model_dir))
 
 
-@pytest.mark.slow
 def test_warm_start_restores_the_matching_variables(tmp_path, trained_model, capsys):
     source = trained_model.model_dir
     code, model_dir = new_run(tmp_path, trained_model.data_dir, "--warm-start-from", source,
@@ -90,7 +92,6 @@ def test_warm_start_restores_the_matching_variables(tmp_path, trained_model, cap
     )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_keras_cnn_fine_tunes_from_the_custom_cnn_checkpoint(tmp_path, trained_model, capsys):
     """Scopes match by layer: the Keras CNN's keras/conv1/... takes the CNN's cnn/conv1/..."""
     code, model_dir = new_run(tmp_path, trained_model.data_dir, "--fine-tune-from",
@@ -104,7 +105,6 @@ def test_keras_cnn_fine_tunes_from_the_custom_cnn_checkpoint(tmp_path, trained_m
     )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_resuming_a_fine_tuned_run_does_not_restore_again(tmp_path, trained_model, capsys):
     code, model_dir = new_run(tmp_path, trained_model.data_dir, "--fine-tune-from",
                               trained_model.model_dir, "--fine-tune-scopes", "conv1")  # fmt: skip
@@ -191,15 +191,22 @@ def other_architecture(tmp, source):
     )
 
 
-BAD = {name: fn for name, fn in dict(globals()).items() if fn in (
-    unreadable_missing, unreadable_empty_dir, unreadable_garbage, unreadable_truncated_data,
-    scopes_matching_nothing, partial_scope_name, warm_start_regex_matching_nothing,
-    warm_start_bad_regex, scopes_without_source, source_without_scopes, other_architecture,
-)}  # fmt: skip
+BAD = [
+    pytest.param(unreadable_missing, id="unreadable_missing"),
+    pytest.param(unreadable_empty_dir, id="unreadable_empty_dir"),
+    pytest.param(unreadable_garbage, id="unreadable_garbage"),
+    pytest.param(unreadable_truncated_data, id="unreadable_truncated_data"),
+    pytest.param(scopes_matching_nothing, id="scopes_matching_nothing"),
+    pytest.param(partial_scope_name, id="partial_scope_name"),
+    pytest.param(warm_start_regex_matching_nothing, id="warm_start_regex_matching_nothing"),
+    pytest.param(warm_start_bad_regex, id="warm_start_bad_regex"),
+    pytest.param(scopes_without_source, id="scopes_without_source"),
+    pytest.param(source_without_scopes, id="source_without_scopes"),
+    pytest.param(other_architecture, id="other_architecture"),
+]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("build", BAD.values(), ids=BAD.keys())
+@pytest.mark.parametrize("build", BAD)
 def test_bad_fine_tuning_exits_2_writing_nothing(tmp_path, trained_model, request, capsys, build):
     source = trained_model.model_dir
     if build is other_architecture:

@@ -10,12 +10,16 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_harness import assert_one_error_line, call_main
+from helpers import assert_one_error_line
+from training_harness import call_main
 
+from artifact.contract import INPUT_KEY
 from training import hooks
-from training.contract import INPUT_KEY
 from training.estimator import make_estimator
 from training.hooks import HOOKS, HookContext, ModelStatsHook, build_hooks, check_hook_names
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 MODES = tf.estimator.ModeKeys
 CNN_PARAMETERS = 3_274_634
@@ -51,7 +55,6 @@ def numpy_input(n: int, batch_size: int, labels=True):
     return input_fn
 
 
-@pytest.mark.slow
 def test_model_stats_reports_in_training_evaluation_and_prediction(tmp_path, capsys):
     estimator = make_estimator(str(tmp_path / "run"), seed=0, hooks=["model_stats"])
     estimator.train(numpy_input(24, 8), max_steps=3)

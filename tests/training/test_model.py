@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training.contract import (
+from artifact.contract import (
     CLASSES_KEY,
     INPUT_KEY,
     NUM_CLASSES,
@@ -17,9 +17,13 @@ from training.contract import (
     PROBABILITIES_KEY,
     SIGNATURE_NAME,
 )
-from training.estimator import eval_metric_ops, make_estimator, model_fn
+from training.estimator import make_estimator
+from training.heads import eval_metric_ops
 from training.hooks import TRAIN_ACCURACY_TENSOR
-from training.model import CNN, DATA_FORMATS
+from training.model import CNN, DATA_FORMATS, model_fn
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 BATCH_SIZE = 8
 MODES = tf.estimator.ModeKeys
@@ -56,14 +60,12 @@ def initialized_session():
 
 
 def test_model_fn_train_mode():
-    hook = tf.estimator.StopAtStepHook(last_step=1)
     with tf.Graph().as_default() as graph:
-        spec, _ = build(MODES.TRAIN, training_hooks=(hook,))
+        spec, _ = build(MODES.TRAIN)
         assert spec.mode == MODES.TRAIN
         assert spec.train_op is not None
         assert spec.loss.shape == () and spec.loss.dtype == tf.float32
         assert spec.predictions == {} and spec.eval_metric_ops == {}
-        assert hook in spec.training_hooks
         accuracy = graph.get_tensor_by_name(TRAIN_ACCURACY_TENSOR + ":0")  # LoggingTensorHook's
         global_step = tf.compat.v1.train.get_global_step()
         assert global_step is not None
@@ -216,7 +218,6 @@ def test_cnn_rejects_invalid_data_format(data_format):
         CNN(data_format)
 
 
-@pytest.mark.slow
 def test_estimator_train_evaluate_predict(tmp_path):
     """Like mnist_test.test_mnist: a couple of steps through the real Estimator."""
     estimator = make_estimator(str(tmp_path / "model"), seed=0, save_checkpoints_steps=100)

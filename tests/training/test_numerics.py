@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_harness import assert_one_error_line, call_main, checkpoint_step
+from helpers import assert_one_error_line
+from training_harness import call_main, checkpoint_step
 
+from artifact.contract import INPUT_KEY
 from training import data
-from training.contract import INPUT_KEY
 from training.estimator import model_fn
 from training.model import CNN
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 # The first poisoned step: steps 1-5 train normally, step 6 meets a NaN.
 FIRST_NAN_STEP = 5
@@ -51,7 +55,6 @@ def poison_cnn_logits(monkeypatch):
     monkeypatch.setattr(CNN, "call", call)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, check, message",
     [

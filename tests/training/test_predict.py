@@ -9,20 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, png_bytes
 from PIL import Image
-from training_harness import (
-    LABELS,
-    assert_one_error_line,
-    call_main,
-    png_bytes,
-    serve,
-    service_predict_pixels,
-    write_idx_images,
-)
+from training_harness import LABELS, call_main, serve, service_predict_pixels, write_idx_images
 
-from training import predict
-from training.contract import normalize_pixels
-from training.saved_model import SavedModelPredictor
+from artifact.contract import normalize_pixels
+from artifact.repository import resolve_version_path
+from artifact.saved_model import SavedModelPredictor
+
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
 
 # One model call on each side: TF's CPU kernels may round differently for other batch sizes,
 # so the comparison with the service sends the same images in one request (<= its batch).
@@ -61,7 +57,7 @@ def image_folder(tmp_path, small_test_data) -> Path:
     folder.mkdir()
     for i in range(4):
         (folder / f"item{i}.png").write_bytes(png_bytes(images[i]))
-    (folder / "rgb.png").write_bytes(png_bytes(images[4], "RGB"))
+    (folder / "rgb.png").write_bytes(png_bytes(images[4], mode="RGB"))
     # A product shot: dark item on white, 4x larger; the service inverts and scales it.
     big = Image.fromarray(255 - images[5]).resize((112, 112), Image.NEAREST)
     big.convert("RGB").save(folder / "shot.jpg", quality=95)
@@ -69,7 +65,6 @@ def image_folder(tmp_path, small_test_data) -> Path:
     return folder
 
 
-@pytest.mark.slow
 def test_idx_predictions_equal_the_service_answers(
     tmp_path, trained_model, small_test_data, service_answers, capsys
 ):
@@ -92,7 +87,6 @@ def test_idx_predictions_equal_the_service_answers(
     assert "done" in err.splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_gzipped_idx_and_npy_arrays_give_the_same_lines(
     tmp_path, trained_model, small_test_data, service_answers
 ):
@@ -112,7 +106,6 @@ def test_gzipped_idx_and_npy_arrays_give_the_same_lines(
         assert without_key(read_lines(output), "index") == service_answers, name
 
 
-@pytest.mark.slow
 def test_one_npy_image_and_the_model_folder_means_its_newest_version(
     tmp_path, trained_model, small_test_data
 ):
@@ -121,7 +114,7 @@ def test_one_npy_image_and_the_model_folder_means_its_newest_version(
     shutil.copytree(trained_model.export_base, repository)
     # A newer version 2 (the same model) is what a model folder resolves to.
     shutil.copytree(repository / "1", repository / "2")
-    assert predict.resolve_version(repository) == repository / "2"
+    assert resolve_version_path(repository) == repository / "2"
     np.save(tmp_path / "one.npy", images[0])  # [28, 28]: one image
     output = tmp_path / "one.jsonl"
     assert run_predict(repository, tmp_path / "one.npy", output) == 0
@@ -132,7 +125,6 @@ def test_one_npy_image_and_the_model_folder_means_its_newest_version(
     assert read_lines(output) == [{"index": 0, **answer}]
 
 
-@pytest.mark.slow
 def test_image_folder_predictions_equal_the_service_answers_for_uploads(
     tmp_path, trained_model, image_folder
 ):
@@ -157,7 +149,6 @@ def test_image_folder_predictions_equal_the_service_answers_for_uploads(
     )
 
 
-@pytest.mark.slow
 def test_predictions_match_the_saved_model_across_batches(tmp_path, trained_model, small_test_data):
     images, _ = small_test_data
     np.save(tmp_path / "all.npy", images)
@@ -204,7 +195,7 @@ def bad_npy_shape(tmp, images):
 
 def bad_npy_range(tmp, images):
     np.save(tmp / "range.npy", images[:3].astype(np.float32))  # 0-255 floats
-    return tmp / "range.npy", "float pixels must be finite and in [0, 1]"
+    return tmp / "range.npy", "image 0: float pixels must be in [0, 1]"
 
 
 def bad_npy_pickle(tmp, images):
@@ -217,13 +208,18 @@ def bad_not_idx(tmp, images):
     return tmp / "data.bin", "wrong magic number"
 
 
-BAD_INPUTS = {
-    name[len("bad_") :]: fn for name, fn in dict(globals()).items() if name.startswith("bad_")
-}
+BAD_INPUTS = [
+    pytest.param(bad_empty_folder, id="empty_folder"),
+    pytest.param(bad_corrupt_image, id="corrupt_image"),
+    pytest.param(bad_missing_input, id="missing_input"),
+    pytest.param(bad_npy_shape, id="npy_shape"),
+    pytest.param(bad_npy_range, id="npy_range"),
+    pytest.param(bad_npy_pickle, id="npy_pickle"),
+    pytest.param(bad_not_idx, id="not_idx"),
+]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("build", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+@pytest.mark.parametrize("build", BAD_INPUTS)
 def test_bad_input_exits_2_and_leaves_the_output_alone(
     tmp_path, trained_model, small_test_data, capsys, build
 ):
@@ -261,7 +257,6 @@ def test_bad_model_or_output_exits_2(tmp_path, small_test_data, capsys, problem)
     assert not output.exists()
 
 
-@pytest.mark.slow
 def test_failure_midway_leaves_no_file(tmp_path, trained_model, small_test_data, monkeypatch):
     images, _ = small_test_data
     np.save(tmp_path / "all.npy", images)

@@ -12,6 +12,9 @@ from PIL import Image
 from training.estimator import MODEL_KINDS, SUMMARY_IMAGES
 from training.hooks import EXAMPLES_PER_SEC_TAG, STEP_TIME_TAG
 
+# TensorFlow and real training: the whole module belongs to the slow tier.
+pytestmark = pytest.mark.slow
+
 TRAIN_TAGS = {"loss", "accuracy", "learning_rate", EXAMPLES_PER_SEC_TAG, STEP_TIME_TAG}
 
 
@@ -42,7 +45,6 @@ def assert_training_summaries(model_dir: Path, last_step: int) -> None:
         assert 0 <= value.simple_value <= 1
 
 
-@pytest.mark.slow
 def test_train_writes_training_and_evaluation_summaries(trained_model):
     assert_training_summaries(trained_model.model_dir, trained_model.max_steps)
     evaluated = summaries(trained_model.model_dir / "eval")
@@ -51,7 +53,6 @@ def test_train_writes_training_and_evaluation_summaries(trained_model):
     assert step == trained_model.max_steps and 0 < value.simple_value <= 1
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_every_kind_writes_the_same_training_summaries(comparison, kind):
     from training_harness import COMPARE_STEPS

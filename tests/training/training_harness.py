@@ -8,7 +8,6 @@ TestClient, so a test sees exactly what a client would get for a version.
 from __future__ import annotations
 
 import contextlib
-import io
 import struct
 import warnings
 from collections.abc import Iterator
@@ -17,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
 
+from artifact.contract import FASHION_MNIST_LABELS
 from training.__main__ import main
-from training.contract import FASHION_MNIST_LABELS
 
 
 def call_main(*argv) -> int:
@@ -40,12 +38,13 @@ def serve(model_folder: Path) -> Iterator:
         from fastapi.testclient import TestClient
 
     from service.app import create_app
+    from service.backends.factory import make_backend
     from service.settings import Settings
 
     settings = Settings(
         model_base_path=str(model_folder.parent), model_name=model_folder.name, model_poll_seconds=0
     )
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, make_backend(settings))) as client:
         yield client
 
 
@@ -66,27 +65,11 @@ def integer_dirs(base: Path) -> list[str]:
     return sorted(p.name for p in base.iterdir() if p.name.isdigit()) if base.exists() else []
 
 
-def png_bytes(pixels: np.ndarray, mode: str = "L") -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).convert(mode).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def write_idx_images(path: Path, images: np.ndarray) -> Path:
     """A plain (not gzipped) IDX images file."""
     n, rows, cols = images.shape
     path.write_bytes(struct.pack(">IIII", 2051, n, rows, cols) + images.tobytes())
     return path
-
-
-def assert_one_error_line(err: str, *fragments: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    assert "Traceback" not in err
-    return lines[0]
 
 
 LABELS = FASHION_MNIST_LABELS

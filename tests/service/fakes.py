@@ -1,0 +1,188 @@
+"""Fakes for the fast tier: a backend and a registry loader with no TensorFlow behind them.
+
+`FakeBackend` answers like the in-process backend would, with a deterministic toy model per
+version (a fixed random linear layer and a softmax), so tests can check that answers are
+routed, split and rendered right without training anything. `GatedFakeBackend` holds every
+model call until a test opens the gate, which makes batching tests deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from google.protobuf import struct_pb2
+
+from artifact.contract import (
+    CLASSES_KEY,
+    FASHION_MNIST_LABELS,
+    NUM_CLASSES,
+    PREDICT_OUTPUT_KEY,
+    PROBABILITIES_KEY,
+    SIGNATURE_NAME,
+)
+from service.app import create_app
+from service.backends.base import Backend
+from service.errors import BadInput, NotFound, NotReady, UpstreamError
+from service.registry import servable_not_found
+from service.settings import Settings
+from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
+
+with warnings.catch_warnings():
+    # Starlette deprecates its httpx-based TestClient in favour of a package not installed.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from starlette.testclient import TestClient
+
+MODEL_NAME = "fashion_mnist"
+
+
+def toy_model(version: int, images: np.ndarray) -> dict[str, np.ndarray]:
+    """A version's deterministic outputs: softmax of a fixed random linear map of the pixels."""
+    weights = np.random.default_rng(version).normal(size=(28 * 28, NUM_CLASSES))
+    # Centred, so that different images get different classes.
+    logits = (images.reshape(len(images), -1).astype(np.float64) - 0.5) @ weights
+    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
+    return {
+        CLASSES_KEY: probabilities.argmax(axis=1).astype(np.int64),
+        PROBABILITIES_KEY: probabilities,
+    }
+
+
+def signature_defs(version: int) -> struct_pb2.Struct:
+    """A stand-in for a SignatureDefMap proto (any message renders through MessageToDict)."""
+    signatures = struct_pb2.Struct()
+    signatures.update({SIGNATURE_NAME: {"version": version}, PREDICT_OUTPUT_KEY: {}})
+    return signatures
+
+
+class FakeBackend(Backend):
+    """Serves toy models of the given versions; the newest answers unversioned requests.
+
+    Attributes:
+        calls: (version asked for, number of images) of every predict call.
+    """
+
+    def __init__(self, versions=(1,), model_name: str = MODEL_NAME, device: str = "/CPU:0"):
+        super().__init__(model_name)
+        self.versions = sorted(versions)
+        self._device = device
+        self.started = self.closed = False
+        self.reason = "the model is loading"
+        self.calls: list[tuple[int | None, int]] = []
+
+    def serving_version(self) -> int | None:
+        return self.versions[-1] if self.versions and self.started else None
+
+    def not_ready_reason(self) -> str:
+        return self.reason
+
+    def device(self) -> str:
+        return self._device
+
+    def labels(self, version: int) -> tuple[str, ...]:
+        return FASHION_MNIST_LABELS
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def _version(self, name: str, version: int | None) -> int:
+        if name != self.model_name:
+            raise NotFound(servable_not_found(name, version))
+        if version is None:
+            serving = self.serving_version()
+            if serving is None:
+                raise NotReady(f"model {name} is not ready: {self.reason}")
+            return serving
+        if version not in self.versions:
+            raise NotFound(servable_not_found(name, version))
+        return version
+
+    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
+        if name != self.model_name:
+            raise NotFound(f"Could not find any versions of model {name}")
+        versions = [self._version(name, version)] if version is not None else self.versions
+        return [VersionStatus(v, VersionState.AVAILABLE) for v in sorted(versions, reverse=True)]
+
+    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
+        version = self._version(name, version)
+        return ModelMetadata(name, version, signature_defs(version))
+
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
+        self.calls.append((version, len(images)))
+        version = self._version(name, version)
+        if signature_name not in (SIGNATURE_NAME, PREDICT_OUTPUT_KEY):
+            raise BadInput(f'Serving signature name: "{signature_name}" not found')
+        return Prediction(version, toy_model(version, images))
+
+
+class GatedFakeBackend(FakeBackend):
+    """Holds every model call until `gate` (a threading.Event, so a test's own thread can open
+    it while the server runs on another) is set; records batch sizes; can fail one call."""
+
+    def __init__(self, versions=(1,)):
+        super().__init__(versions)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls_started = 0
+        self.sizes: list[int] = []
+        self.fail_call: int | None = None  # 1-based number of the call to fail
+
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
+        self.calls_started += 1
+        call = self.calls_started
+        await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
+        self.sizes.append(len(images))
+        if call == self.fail_call:
+            raise UpstreamError("injected failure of this batch")
+        return await super().predict(name, images, version, signature_name)
+
+
+class FakeLoader:
+    """The registry's Loader over folders whose saved_model.pb says "good" or anything else.
+
+    A load waits for `release` when one is given (to hold versions in LOADING); every load
+    and unload is recorded in order.
+    """
+
+    def __init__(self):
+        self.loads: list[int] = []
+        self.unloads: list[int] = []
+        self.release: asyncio.Event | None = None
+
+    async def load(self, version: int, path: Path):
+        self.loads.append(version)
+        if self.release is not None:
+            await self.release.wait()
+        content = (path / "saved_model.pb").read_text()
+        if content != "good":
+            raise ValueError(f"not a SavedModel: {content!r}")
+        return f"model-{version}"
+
+    async def unload(self, servable) -> None:
+        self.unloads.append(int(servable.split("-")[1]))
+
+
+def write_version(model_dir: Path, version: int | str, content: str = "good") -> Path:
+    """A version folder as the registry lists it (a saved_model.pb holding `content`)."""
+    path = Path(model_dir) / str(version)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "saved_model.pb").write_text(content)
+    return path
+
+
+@contextlib.contextmanager
+def app_client(backend: Backend, **settings) -> Iterator[TestClient]:
+    """Starlette's TestClient on the real app over a fake backend (lifespan included)."""
+    defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
+    app = create_app(Settings(**{**defaults, **settings}), backend)
+    with TestClient(app) as client:
+        yield client
