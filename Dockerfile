@@ -2,37 +2,43 @@
 # Images of this project, from one Dockerfile:
 #   api      the prediction service (the default target)      docker build --target api .
 #   trainer  the training job, with Debian's Fashion-MNIST     docker build --target trainer .
+# Each image carries the shared `artifact` package and its own side only: the API image has
+# no training code, the trainer no web framework (requirements-service.lock and
+# requirements-training.lock).
 # A GPU build adds CUDA's pip wheels: --build-arg TENSORFLOW_EXTRAS=and-cuda
 # (docker-compose.gpu.yml does that).
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-# --- builder: a virtualenv with the pinned dependencies, then the project ------------------
-FROM ${PYTHON_IMAGE} AS builder
+# --- api-deps / trainer-deps: a virtualenv with each image's pinned packages --------------
+# Rebuilt only when a lock file (or the extras) change, not on every code change. TensorFlow
+# (with CUDA's wheels when asked) goes in first, in the stage both share.
+FROM ${PYTHON_IMAGE} AS venv
 ARG TENSORFLOW_EXTRAS=""
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/venv/bin:$PATH
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-# Dependencies in their own layer: rebuilt only when the lock file (or the extras) change,
-# not on every code change.
 COPY requirements.lock ./
 RUN pip install --requirement requirements.lock \
  && if [ -n "$TENSORFLOW_EXTRAS" ]; then \
       pip install "tensorflow[${TENSORFLOW_EXTRAS}]==$(sed -n 's/^tensorflow==//p' requirements.lock)"; \
     fi
-COPY pyproject.toml ./
-COPY training ./training
-COPY service ./service
-RUN pip install --no-deps .
 
-# --- runtime: the virtualenv on a clean base, a non-root user -----------------------------
+FROM venv AS api-deps
+COPY requirements-service.lock ./
+RUN pip install --requirement requirements-service.lock
+
+FROM venv AS trainer-deps
+COPY requirements-training.lock ./
+RUN pip install --requirement requirements-training.lock
+
+# --- runtime: a clean base with a non-root user; the code runs from /app -------------------
 FROM ${PYTHON_IMAGE} AS runtime
 # Match your host user's id (docker-compose passes APP_UID) so the trainer can write to the
 # bind-mounted ./models.
 ARG APP_UID=1000
 ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     TF_CPP_MIN_LOG_LEVEL=2 \
@@ -42,7 +48,6 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nologin app \
  && mkdir -p /models /app/runs \
  && chown app:app /models /app/runs
-COPY --from=builder /opt/venv /opt/venv
 WORKDIR /app
 
 # --- trainer: `python -m training train` on Fashion-MNIST into /models ----------------------
@@ -50,6 +55,9 @@ FROM runtime AS trainer
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends dataset-fashion-mnist \
  && rm -rf /var/lib/apt/lists/*
+COPY --from=trainer-deps /opt/venv /opt/venv
+COPY artifact /app/artifact
+COPY training /app/training
 USER app
 # /app/runs keeps checkpoints (a volume in docker-compose.yml), so a killed run resumes.
 ENTRYPOINT ["python", "-m", "training"]
@@ -58,6 +66,9 @@ CMD ["train", "--data-dir", "/usr/share/datasets/fashion-mnist", \
 
 # --- api: the FastAPI service on 0.0.0.0:8000 (the last stage: the default target) ---------
 FROM runtime AS api
+COPY --from=api-deps /opt/venv /opt/venv
+COPY artifact /app/artifact
+COPY service /app/service
 ENV HOST=0.0.0.0 \
     PORT=8000
 USER app

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def find_or_train_model(workdir: Path) -> Path:
     """The newest exported version under models/fashion_mnist, or a quickly trained one."""
-    from training.saved_model import version_dirs
+    from artifact.repository import list_versions as version_dirs
 
     versions = version_dirs(ROOT / "models" / "fashion_mnist")
     if versions:
@@ -72,7 +72,7 @@ def find_or_train_model(workdir: Path) -> Path:
 
 def request_bodies(workdir: Path) -> dict[int, Path]:
     """Real test images as TF Serving row-format JSON, one file per batch size."""
-    from training.contract import normalize_pixels
+    from artifact.contract import normalize_pixels
     from training.data import DEFAULT_DATA_DIR, load_split
 
     _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
@@ -87,8 +87,8 @@ def request_bodies(workdir: Path) -> dict[int, Path]:
 
 def measure_ceiling(version_path: Path) -> dict:
     """The SavedModel in this process: images/s per batch size and batch-1 latency."""
-    from service.backends.inprocess import configure_tensorflow
-    from training.saved_model import SavedModelPredictor
+    from artifact.saved_model import SavedModelPredictor
+    from service.backends.device import configure_tensorflow
 
     configure_tensorflow("auto", 0, 1)
     model = SavedModelPredictor(version_path)
@@ -269,7 +269,7 @@ def main() -> int:
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
         return 2
-    from training.quiet import quiet_tensorflow
+    from artifact.quiet import quiet_tensorflow
 
     quiet_tensorflow()
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
