@@ -39,12 +39,16 @@ def list_versions(model_dir: str | Path) -> list[tuple[int, Path]]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         return []
-    found = []
-    for path in model_dir.iterdir():
+    found: dict[int, Path] = {}
+    for path in sorted(model_dir.iterdir()):
         version = parse_version(path.name)
-        if version is not None and (path / SAVED_MODEL_FILE).is_file():
-            found.append((version, path))
-    return sorted(found)
+        if version is None or not (path / SAVED_MODEL_FILE).is_file():
+            continue
+        # "7" and "007" name the same version (TF Serving reads leading zeros too): the
+        # plain spelling wins, and the choice does not depend on the listing's order.
+        if version not in found or path.name == str(version):
+            found[version] = path
+    return sorted(found.items())
 
 
 def foreign_entries(model_dir: str | Path) -> list[str]:

@@ -8,6 +8,8 @@ import sys
 
 from pydantic import ValidationError
 
+from artifact.model_config import ConfigError
+from service.config_watcher import initial_entries
 from service.settings import Settings
 
 
@@ -20,6 +22,11 @@ def main() -> int:
             print(
                 f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
             )
+        return 2
+    try:
+        models = initial_entries(settings)
+    except ConfigError as err:
+        print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
         return 2
     try:
         # Bound before anything slow, so a bad address is one line and exit code 2.
@@ -38,10 +45,10 @@ def main() -> int:
     from artifact.quiet import quiet_tensorflow
 
     quiet_tensorflow()
-    return serve(settings, sock)
+    return serve(settings, models, sock)
 
 
-def serve(settings: Settings, sock: socket.socket) -> int:
+def serve(settings: Settings, models, sock: socket.socket) -> int:
     """Build the backend and the app, and run uvicorn on the bound socket until stopped."""
     import uvicorn
 
@@ -58,16 +65,28 @@ def serve(settings: Settings, sock: socket.socket) -> int:
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    app = create_app(settings, make_backend(settings, models))
     config = uvicorn.Config(
-        create_app(settings, make_backend(settings)),
+        app,
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,
         # Let in-flight requests finish on SIGTERM/Ctrl-C before the model is closed.
         timeout_graceful_shutdown=30,
     )
+    server = uvicorn.Server(config)
+
+    def stop_at_start(problem: str) -> None:
+        app.state.startup_error = problem
+        server.should_exit = True
+
+    app.state.on_startup_error = stop_at_start
     logging.getLogger("service").info("Listening on http://%s:%s", settings.host, settings.port)
-    uvicorn.Server(config).run(sockets=[sock])
+    server.run(sockets=[sock])
+    if app.state.startup_error is not None:
+        # The config could not be realized (a label to a version that does not load).
+        print(f"error: MODEL_CONFIG_FILE: {app.state.startup_error}", file=sys.stderr)
+        return 2
     return 0
 
 

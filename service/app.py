@@ -10,7 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from artifact.model_config import ConfigError
 from service.backends.base import Backend
+from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
@@ -19,6 +21,7 @@ from service.protocols.operations import Operations
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.settings import Settings
+from service.traffic import Traffic
 
 
 def create_app(settings: Settings, backend: Backend) -> FastAPI:
@@ -30,18 +33,39 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
             one the settings name; tests pass fakes).
     """
     metrics = Metrics()
-    dataplane = DataPlane(backend, metrics, settings.max_images)
+    traffic = Traffic(settings.canary_percent, settings.shadow_percent)
+    dataplane = DataPlane(backend, metrics, settings.max_images, traffic)
+    watcher = None
+    if settings.model_config_file:
+        watcher = ConfigWatcher(
+            settings.model_config_file, settings.model_config_file_poll_seconds, backend
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await dataplane.start()
+        try:
+            await dataplane.start()
+        except ConfigError as err:
+            # A config the backend cannot realize at start (a label to a version that does not
+            # load): the entry point stops the server and exits 2 with this one line.
+            report = app.state.on_startup_error
+            if report is None:
+                raise
+            report(str(err))
+            await dataplane.close()
+            yield
+            return
         # TF and the model leave ~280k long-lived objects (a full collection: ~160 ms here);
         # freezing them keeps collections under load, and their latency spikes, short.
         gc.collect()
         gc.freeze()
+        if watcher is not None:
+            watcher.start()
         try:
             yield
         finally:
+            if watcher is not None:
+                await watcher.close()
             await dataplane.close()
 
     app = FastAPI(
@@ -51,7 +75,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
-    tf_serving = TFServingREST(dataplane, settings.max_body_bytes)
+    tf_serving = TFServingREST(dataplane, settings.max_body_bytes, watcher)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
     for adapter in (Operations(dataplane), tf_serving, people):
         app.include_router(adapter.router)
@@ -67,4 +91,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     # Added last, so outermost: it counts the fast lane's requests too.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
+    app.state.config_watcher = watcher
+    app.state.startup_error = None
+    app.state.on_startup_error = None
     return app

@@ -1,6 +1,6 @@
 """Dynamic batching in front of any backend, in the spirit of TF Serving's batching.
 
-Requests for the same (model, version, signature) merge into one model call of at most
+Requests for the same (model, version or label, signature) merge into one model call of at most
 `max_batch_size` images, then the outputs are split back in order. While the model is busy,
 requests queue and form the next batch; when it is idle a request runs at once unless
 `timeout_ms` asks to wait for company (TF Serving's CPU advice is 0). The queue is bounded:
@@ -81,6 +81,7 @@ class BatchingBackend(DelegatingBackend):
         images: np.ndarray,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
     ) -> Prediction:
         if len(self._queue) >= self.max_queue and self.waiting >= self.max_queue:
             raise Overloaded(
@@ -89,7 +90,9 @@ class BatchingBackend(DelegatingBackend):
             )
         self._ensure_worker()
         request = _Request(
-            (name, version, signature_name), images, asyncio.get_running_loop().create_future()
+            (name, version, signature_name, label),
+            images,
+            asyncio.get_running_loop().create_future(),
         )
         self._queue.append(request)
         self._wakeup.set()
@@ -157,12 +160,12 @@ class BatchingBackend(DelegatingBackend):
                 return
 
     async def _run_batch(self, batch: list[_Request]) -> None:
-        name, version, signature_name = batch[0].key
+        name, version, signature_name, label = batch[0].key
         images = batch[0].images if len(batch) == 1 else np.concatenate([r.images for r in batch])
         # Kept when the worker is cancelled mid-call, so close() can fail these waiters too.
         self._running = batch
         try:
-            prediction = await self.inner.predict(name, images, version, signature_name)
+            prediction = await self.inner.predict(name, images, version, signature_name, label)
         except Exception as err:  # noqa: BLE001 - handed to this batch's waiters only
             self._running = []
             for request in batch:

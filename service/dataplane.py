@@ -3,8 +3,9 @@
 Protocol adapters (service/protocols/: TF Serving's REST API, the friendly /predict, the
 operations endpoints, and any protocol added later) parse their requests into numpy arrays
 and names, call this object, and render the typed results it returns. It checks the limits,
-calls the backend (through the batcher, when there is one), records the metrics and tells
-which version answered with which labels. It knows no HTTP and no JSON.
+routes canary and shadow traffic (service/traffic.py), calls the backend (through the
+batcher, when there is one), records the metrics and tells which version answered with which
+labels. It knows no HTTP and no JSON.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME
 from service.backends.base import Backend
-from service.errors import PayloadTooLarge
+from service.errors import NotFound, NotReady, PayloadTooLarge
 from service.metrics import Metrics
+from service.traffic import SHADOW, Traffic
 from service.types import ModelMetadata, Readiness, VersionStatus
 
 
@@ -31,28 +33,36 @@ class PredictResult:
 
 
 class DataPlane:
-    """Limits, backend calls, metrics and typed results for every protocol.
+    """Limits, routing, backend calls, metrics and typed results for every protocol.
 
     Args:
         backend: the model runtime (a BatchingBackend around it, when batching is on).
         metrics: the app's Prometheus metrics.
         max_images: most images one request may hold (MAX_IMAGES).
+        traffic: canary and shadow settings; none by default.
     """
 
-    def __init__(self, backend: Backend, metrics: Metrics, max_images: int):
+    def __init__(
+        self, backend: Backend, metrics: Metrics, max_images: int, traffic: Traffic | None = None
+    ):
         self.backend = backend
         self.metrics = metrics
         self.max_images = max_images
+        self.traffic = traffic or Traffic(0, 0)
 
     @property
     def model_name(self) -> str:
-        """The model served (requests that name none get this one)."""
+        """The default model (the friendly /predict's)."""
         return self.backend.model_name
+
+    def model_names(self) -> list[str]:
+        return self.backend.model_names()
 
     async def start(self) -> None:
         await self.backend.start()
 
     async def close(self) -> None:
+        await self.traffic.close()
         await self.backend.close()
 
     def check_image_count(self, count: int) -> None:
@@ -69,35 +79,97 @@ class DataPlane:
         images: np.ndarray,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
     ) -> PredictResult:
         """Run float32 images [n, 28, 28] through a version's signature.
 
+        A request naming neither a version nor a label may go to the canary, and may be
+        copied to the shadow; a named one goes where it says.
+
         Raises:
-            ServiceError: over a limit, unknown model or version, not ready, overloaded.
+            ServiceError: over a limit, unknown model, version or label, not ready,
+                overloaded.
         """
         self.check_image_count(len(images))
-        prediction = await self.backend.predict(name, images, version, signature_name)
-        labels = self.backend.labels(prediction.version)
-        self.metrics.images_per_request.observe(len(images))
+        pinned = version is not None or label is not None
+        labels = {} if pinned else self.backend.version_labels(name)
+        route = "named" if pinned else "serving"
+        prediction = None
+        if not pinned:
+            canary = self.traffic.route(labels)
+            if canary is not None:
+                try:
+                    prediction = await self.backend.predict(
+                        name, images, None, signature_name, canary
+                    )
+                    route = "canary"
+                except (NotFound, NotReady):
+                    prediction = None  # the canary is not answering: the serving version does
+        if prediction is None:
+            prediction = await self.backend.predict(name, images, version, signature_name, label)
+        class_labels = self.backend.class_labels(name, prediction.version)
+        self._count(name, prediction, class_labels, route, len(images))
+        if not pinned and self.traffic.wants_shadow(name, labels):
+            self.traffic.start_shadow(
+                name,
+                self.backend.predict_shadow(name, images, SHADOW, signature_name),
+                prediction.outputs[CLASSES_KEY],
+                self.metrics,
+            )
+        return PredictResult(name, prediction.version, prediction.outputs, class_labels)
+
+    def _count(self, name, prediction, class_labels, route: str, count: int) -> None:
+        self.metrics.images_per_request.observe(count)
+        self.metrics.answered.labels(name, str(prediction.version), route).inc()
         classes = prediction.outputs.get(CLASSES_KEY)
         if classes is not None:
-            for class_id, count in zip(*np.unique(classes, return_counts=True), strict=True):
-                self.metrics.predictions.labels(name, labels[int(class_id)]).inc(int(count))
-        return PredictResult(name, prediction.version, prediction.outputs, labels)
+            for class_id, n in zip(*np.unique(classes, return_counts=True), strict=True):
+                self.metrics.predictions.labels(name, class_labels[int(class_id)]).inc(int(n))
 
-    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
+    async def model_status(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> list[VersionStatus]:
         """The model's versions and their states, the serving one first."""
-        return await self.backend.model_status(name, version)
+        return await self.backend.model_status(name, version, label)
 
-    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
+    async def metadata(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> ModelMetadata:
         """A version's signatures."""
-        return await self.backend.metadata(name, version)
+        return await self.backend.metadata(name, version, label)
 
     def readiness(self) -> Readiness:
-        """Whether the served model answers, with which version on which device."""
-        version = self.backend.serving_version()
-        reason = "" if version is not None else self.backend.not_ready_reason()
-        return Readiness(version is not None, reason, self.model_name, version, self.device())
+        """Whether every model answers; the default model's version and the device."""
+        version = self.backend.serving_version(self.model_name)
+        missing = [n for n in self.model_names() if self.backend.serving_version(n) is None]
+        reason = "; ".join(
+            (f"{n}: " if len(self.model_names()) > 1 else "") + self.backend.not_ready_reason(n)
+            for n in missing
+        )
+        return Readiness(not missing, reason, self.model_name, version, self.device())
+
+    def rollout(self, name: str) -> dict:
+        """A model's serving version, labels, traffic split and shadow comparison.
+
+        Raises:
+            NotFound: the model is not served.
+        """
+        if name not in self.model_names():
+            raise NotFound(f"Could not find any versions of model {name}")
+        serving = self.backend.serving_version(name)
+        labels = self.backend.version_labels(name)
+        stats = self.traffic.shadow.get(name)
+        class_labels = None
+        if stats is not None and stats.label_version is not None:
+            class_labels = self.backend.class_labels(name, stats.label_version)
+        return {
+            "model": name,
+            "serving_version": serving,
+            "labels": labels,
+            "canary_percent": self.traffic.canary_percent if "canary" in labels else 0,
+            "shadow_percent": self.traffic.shadow_percent if SHADOW in labels else 0,
+            "shadow": stats.as_json(class_labels) if stats is not None else None,
+        }
 
     def device(self) -> str:
         return self.backend.device()
@@ -105,6 +177,7 @@ class DataPlane:
     def update_gauges(self) -> None:
         """Set the serving-version gauge (called before /metrics is scraped)."""
         self.metrics.model_version.clear()
-        version = self.backend.serving_version()
-        if version is not None:
-            self.metrics.model_version.labels(self.model_name, self.device()).set(version)
+        for name in self.model_names():
+            version = self.backend.serving_version(name)
+            if version is not None:
+                self.metrics.model_version.labels(name, self.device()).set(version)

@@ -135,6 +135,10 @@ def error_response(request: Request, err: Exception) -> Response:
         )
         return _error_body(400, problems)
     if isinstance(err, StarletteHTTPException):
+        if err.status_code in (404, 405) and request.url.path.startswith("/v1/"):
+            # TF Serving answers any /v1 URL it cannot parse (a version and a label at once,
+            # a method a route does not take) with 400 and these words.
+            return _error_body(400, f"Malformed request: {request.method} {request.url.path}")
         return _error_body(err.status_code, str(err.detail))
     log.error("%s %s failed", request.method, request.url.path, exc_info=err)
     return _error_body(500, f"internal error: {type(err).__name__}")

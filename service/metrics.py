@@ -41,8 +41,34 @@ class Metrics:
         )
         self.model_version = Gauge(
             "model_version",
-            "The version answering requests that name no version.",
+            "The version answering requests that name no version, per model.",
             ["model", "device"],
+            registry=self.registry,
+        )
+        self.answered = Counter(
+            "predict_requests_by_version_total",
+            "Prediction requests answered, by model, version and how the version was chosen "
+            "(serving, canary, named).",
+            ["model", "version", "route"],
+            registry=self.registry,
+        )
+        self.shadow_images = Counter(
+            "shadow_images_total",
+            "Images copied to the shadow version, by whether its class agreed with the served one.",
+            ["model", "agreement"],
+            registry=self.registry,
+        )
+        self.shadow_errors = Counter(
+            "shadow_errors_total",
+            "Shadow copies that failed (the served answers were not affected).",
+            ["model"],
+            registry=self.registry,
+        )
+        self.shadow_latency = Histogram(
+            "shadow_latency_seconds",
+            "Time the shadow version took to answer a copy.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
 
@@ -71,6 +97,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_with_status)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            # The template without convertors: /v1/models/{name}:predict.
+            template = getattr(route, "path_format", None) or "unmatched"
             self.metrics.requests.labels(template, scope["method"], str(status)).inc()
             self.metrics.latency.labels(template).observe(time.perf_counter() - started)

@@ -1,20 +1,22 @@
 """The version registry: one model's versions on disk and in memory, with no TensorFlow in it.
 
 It lists the versions in the model's folder, loads and warms them through a `Loader` it is
-given (the in-process backend's runs TensorFlow; the tests' fakes do not), swaps a newer
-version in only once it answers, unloads versions whose folder is gone, and keeps one record
-per version with its state and error. The rules are TF Serving's:
+given (the in-process backend's runs TensorFlow; the tests' fakes do not), and keeps one
+record per version with its state and error. The rules are TF Serving's, from its
+model config (artifact/model_config.py):
 
-- At start and on every refresh, the newest version on disk that loads serves the requests
-  that name no version. A version that fails stays out (state END with its error) and the
-  next newest is tried at once, so a broken newest version never leaves the service unready
-  while an older one works.
-- A failed version is tried again only once its files change (a copy that was still running,
-  or a fix), not on every poll or request.
-- A version whose folder is deleted is unloaded; when it was serving, the newest version left
-  serves (deleting a bad version rolls back).
-- An older version on disk is loaded the first time a request names it; requests that arrive
-  while it loads wait for the same load.
+- The version policy (`latest { num_versions }`, `all`, `specific { versions }`) picks the
+  aspired versions among those on disk; a version a label points to is aspired too.
+- A new aspired version is loaded and warmed before it takes any request; a version leaves
+  (policy change, folder deleted) only once an aspired version is AVAILABLE, and is unloaded
+  only after its in-flight requests finish (TF Serving's availability-preserving policy).
+- A version that fails to load ends in state END with its error, is tried again only once
+  its files change, and does not count for the policy: a broken newest export leaves the
+  next newest one serving at once (TF Serving would leave the model without a version).
+- Requests that name no version go to the `stable` label's version when the config has
+  one (so a new export does not go live by itself), otherwise to the newest AVAILABLE one;
+  a request naming a version or a label gets it if it is AVAILABLE, and TF Serving's
+  "Servable not found" (404) otherwise.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
+from artifact.model_config import LABEL_PATTERN, ConfigError, ModelEntry
 from artifact.repository import files_stamp, foreign_entries, list_versions
-from service.errors import NotFound, NotReady
+from service.errors import BadInput, NotFound, NotReady
 from service.types import VersionState, VersionStatus
 
 log = logging.getLogger("service.registry")
+
+# The label requests that name no version go to, when the config has it.
+STABLE = "stable"
 
 
 class Loader(Protocol):
@@ -49,6 +55,15 @@ def servable_not_found(name: str, version: int | None) -> str:
     return f"Servable not found for request: Specific({name}, {version})"
 
 
+def check_label_name(label: str) -> None:
+    """BadInput unless the label is TF Serving's `[a-zA-Z0-9_]+`."""
+    if not LABEL_PATTERN.match(label):
+        raise BadInput(
+            f"Malformed request: version label must be letters, digits and underscores, "
+            f"got {label[:40]!r}"
+        )
+
+
 @dataclasses.dataclass
 class VersionRecord:
     """What the registry knows of one version."""
@@ -61,6 +76,7 @@ class VersionRecord:
     stamp: float = 0.0
     servable: Any = None
     loading: asyncio.Future | None = None
+    inflight: int = 0
 
     def status(self) -> VersionStatus:
         if self.state == VersionState.END and self.error:
@@ -72,26 +88,66 @@ class VersionRecord:
         return self.state == VersionState.END and bool(self.error)
 
 
+class Lease:
+    """A request's hold on a loaded version: the version stays loaded until released."""
+
+    def __init__(self, registry: VersionRegistry, record: VersionRecord):
+        self.version = record.version
+        self.servable = record.servable
+        self._registry = registry
+        self._record = record
+        record.inflight += 1
+
+    def release(self) -> None:
+        if self._record is not None:
+            self._registry._released(self._record)
+            self._record = None
+
+
 class VersionRegistry:
     """One model's versions: list, load, warm, swap, unload.
 
     Args:
-        name: the model's name (MODEL_NAME).
-        model_dir: its folder in the repository (MODEL_BASE_PATH/MODEL_NAME).
+        entry: the model's config entry (name, base path, policy, labels).
         loader: loads and unloads versions.
     """
 
-    def __init__(self, name: str, model_dir: str | Path, loader: Loader):
-        self.name = name
-        self.model_dir = Path(model_dir)
+    def __init__(self, entry: ModelEntry, loader: Loader):
+        self.entry = entry
         self.loader = loader
         self.records: dict[int, VersionRecord] = {}
-        self.serving: int | None = None
         self._reason = "the model is loading"
         self._warned: set[str] = set()
         self._refreshing = asyncio.Lock()
+        self._unloads: set[asyncio.Task] = set()
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def model_dir(self) -> Path:
+        return self.entry.base_path
+
+    @property
+    def labels(self) -> dict[str, int]:
+        return dict(self.entry.labels)
 
     # --- reading ------------------------------------------------------------------------
+
+    def available(self) -> list[int]:
+        """The AVAILABLE versions, oldest first."""
+        return sorted(v for v, r in self.records.items() if r.state == VersionState.AVAILABLE)
+
+    @property
+    def serving(self) -> int | None:
+        """The version answering requests that name none (None while nothing answers)."""
+        available = self.available()
+        stable = self.entry.labels.get(STABLE)
+        if stable in available:
+            return stable
+        return available[-1] if available else None
 
     def not_ready_reason(self) -> str:
         """Why no version serves (meaningful while `serving` is None)."""
@@ -99,10 +155,24 @@ class VersionRegistry:
 
     def statuses(self) -> list[VersionStatus]:
         """Every version the registry knows of, the serving one first, then newest first."""
-        ordered = sorted(
-            self.records.values(), key=lambda r: (r.version != self.serving, -r.version)
-        )
+        serving = self.serving
+        ordered = sorted(self.records.values(), key=lambda r: (r.version != serving, -r.version))
         return [r.status() for r in ordered if r.state != VersionState.START]
+
+    def version_status(self, version: int) -> VersionStatus:
+        """One version's status.
+
+        Raises:
+            NotFound: TF Serving's GetModelStatus wording for a version it does not have.
+        """
+        record = self.records.get(version)
+        if record is None or record.state == VersionState.START:
+            raise NotFound(f"Could not find version {version} of model {self.name}")
+        return record.status()
+
+    def label_version(self, label: str) -> int | None:
+        """The version a label points to, or None when the config has no such label."""
+        return self.entry.labels.get(label)
 
     def servable_of(self, version: int) -> Any:
         """The loaded object of an AVAILABLE version (KeyError when it is not loaded)."""
@@ -111,30 +181,133 @@ class VersionRegistry:
             raise KeyError(version)
         return record.servable
 
-    # --- following the repository -------------------------------------------------------
+    # --- serving requests ---------------------------------------------------------------
+
+    def acquire(self, version: int | None = None, label: str | None = None) -> Lease:
+        """A lease on the version a request names (by number or label), or the serving one.
+
+        Release it when the request is done: a version leaving the policy is unloaded only
+        once no lease holds it.
+
+        Raises:
+            BadInput: both a version and a label, or a malformed or unknown label.
+            NotReady: nothing serves yet.
+            NotFound: the version is not AVAILABLE (TF Serving's wording).
+        """
+        if version is not None and label is not None:
+            raise BadInput(
+                f"Both model version ({version}) and model version label ({label}) cannot "
+                "be supplied."
+            )
+        if label is not None:
+            check_label_name(label)
+            version = self.entry.labels.get(label)
+            if version is None:
+                # TF Serving's wording (an INVALID_ARGUMENT there too).
+                raise BadInput(f"Unrecognized servable version label: {label}")
+        elif version is None:
+            version = self.serving
+            if version is None:
+                raise NotReady(f"model {self.name} is not ready: {self._reason}")
+        record = self.records.get(version)
+        if record is None or record.state != VersionState.AVAILABLE:
+            raise NotFound(servable_not_found(self.name, version))
+        return Lease(self, record)
+
+    def _released(self, record: VersionRecord) -> None:
+        record.inflight -= 1
+        if record.state == VersionState.UNLOADING and record.inflight == 0:
+            self._finish_unload(record)
+
+    # --- following the repository and the config ----------------------------------------
+
+    def configure(self, entry: ModelEntry) -> None:
+        """Take a new config entry (policy, labels); the next refresh() applies it."""
+        self.entry = entry
+
+    def label_problems(self, labels: dict[str, int], allow_unavailable: bool) -> list[str]:
+        """Why labels cannot be assigned now: TF Serving's rule, a label may point only to
+        an AVAILABLE version; with `allow_unavailable`, a new label (one not pointing to
+        another version now) may point to any version."""
+        problems = []
+        for label, version in sorted(labels.items()):
+            current = self.entry.labels.get(label)
+            if allow_unavailable and current in (None, version):
+                continue
+            record = self.records.get(version)
+            if record is None or record.state != VersionState.AVAILABLE:
+                problems.append(
+                    f"Request to assign label to version {version} of model {self.name}, "
+                    "which is not currently available for inference"
+                )
+        return problems
 
     async def refresh(self) -> None:
-        """Follow the model's folder: drop versions that are gone, and serve the newest
-        version that loads when it is newer than the one serving."""
+        """Realize the policy against the folder: load the aspired versions that are not
+        loaded yet (newest first), then unload the others, preserving availability."""
         async with self._refreshing:
+            if self._closed:
+                return
             on_disk = dict(list_versions(self.model_dir))
             self._warn_foreign()
-            await self._forget_missing(on_disk)
-            newer = sorted(
-                (v for v in on_disk if self.serving is None or v > self.serving), reverse=True
-            )
-            for version in newer:
-                record = self._record(version, on_disk[version])
-                if record.failed and record.stamp == files_stamp(record.path):
-                    continue
-                try:
-                    await self._load(record)
-                except Exception:  # noqa: BLE001 - recorded and logged; the next one is tried
-                    continue
-                self._serve(version)
-                break
-            if self.serving is None:
+            for version in [v for v, r in self.records.items() if v not in on_disk]:
+                if self.records[version].state in (VersionState.START, VersionState.END):
+                    del self.records[version]
+            # Versions that failed and have not changed since do not count for the policy:
+            # the next newest takes their place. A failure makes another pass.
+            while True:
+                loadable = [
+                    v
+                    for v, path in on_disk.items()
+                    if not (
+                        v in self.records
+                        and self.records[v].failed
+                        and self.records[v].stamp == files_stamp(path)
+                    )
+                ]
+                aspired = self.entry.aspired(loadable)
+                wanted = [
+                    v
+                    for v in sorted(aspired, reverse=True)
+                    if self._record(v, on_disk[v]).state != VersionState.AVAILABLE
+                ]
+                failed_now = False
+                for version in wanted:
+                    try:
+                        await self._load(self.records[version])
+                    except Exception:  # noqa: BLE001 - recorded and logged; the policy moves on
+                        failed_now = True
+                if not failed_now:
+                    break
+            self._unload_unaspired(aspired)
+            serving = self.serving
+            if serving is None:
                 self._reason = self._why_nothing_serves(on_disk)
+
+    def _unload_unaspired(self, aspired: set[int]) -> None:
+        """TF Serving's availability-preserving rule: a version that is no longer aspired
+        leaves once an aspired one is AVAILABLE (or when nothing is aspired at all);
+        otherwise the newest of them stays, so something keeps answering."""
+        available = self.available()
+        leaving = [v for v in available if v not in aspired]
+        if not leaving:
+            return
+        if aspired and not any(v in aspired for v in available):
+            leaving = leaving[:-1]
+        for version in leaving:
+            record = self.records[version]
+            record.state = VersionState.UNLOADING
+            log.info("Unloading %s version %s (no longer aspired)", self.name, version)
+            if record.inflight == 0:
+                self._finish_unload(record)
+
+    def _finish_unload(self, record: VersionRecord) -> None:
+        servable, record.servable = record.servable, None
+        if self.records.get(record.version) is record:
+            del self.records[record.version]
+        task = asyncio.ensure_future(self.loader.unload(servable))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
 
     def _why_nothing_serves(self, on_disk: dict[int, Path]) -> str:
         if not on_disk:
@@ -146,15 +319,6 @@ class VersionRegistry:
                 f"no version of {self.name} loads; version {newest.version} failed: {newest.error}"
             )
         return "the model is loading"
-
-    def _serve(self, version: int) -> None:
-        previous, self.serving = self.serving, version
-        log.info(
-            "Serving %s version %s%s",
-            self.name,
-            version,
-            f" (was {previous})" if previous is not None else "",
-        )
 
     def _record(self, version: int, path: Path) -> VersionRecord:
         record = self.records.get(version)
@@ -172,28 +336,6 @@ class VersionRegistry:
                     name,
                     self.model_dir,
                 )
-
-    async def _forget_missing(self, on_disk: dict[int, Path]) -> None:
-        gone = [v for v in self.records if v not in on_disk]
-        unloaded = []
-        for version in gone:
-            record = self.records.pop(version)
-            if record.servable is not None:
-                unloaded.append(version)
-                await self.loader.unload(record.servable)
-        if self.serving in gone:
-            available = [v for v, r in self.records.items() if r.state == VersionState.AVAILABLE]
-            self.serving = max(available, default=None)
-        if unloaded:
-            log.warning(
-                "Version(s) %s of %s left %s: unloaded; serving %s",
-                ", ".join(map(str, sorted(unloaded))),
-                self.name,
-                self.model_dir,
-                self.serving if self.serving is not None else "nothing until a version appears",
-            )
-
-    # --- loading ------------------------------------------------------------------------
 
     async def _load(self, record: VersionRecord) -> Any:
         """Load one version once, however many callers ask for it at the same time."""
@@ -215,58 +357,109 @@ class VersionRegistry:
         if record.loading is pending:
             record.loading = None
             record.state, record.servable = VersionState.AVAILABLE, servable
+            log.info("%s version %s is AVAILABLE", self.name, record.version)
         return servable
 
-    async def servable(self, version: int | None) -> tuple[int, Any]:
-        """(version, loaded object) for a request: the serving version, or the one named.
+    async def close(self) -> None:
+        """Unload every version (in-flight requests keep theirs until they finish)."""
+        async with self._refreshing:
+            self._closed = True
+            for record in list(self.records.values()):
+                if record.loading is not None:
+                    record.loading.cancel()
+                if record.servable is not None:
+                    record.state = VersionState.UNLOADING
+                    if record.inflight == 0:
+                        self._finish_unload(record)
+            self.records = {v: r for v, r in self.records.items() if r.inflight}
+            self._reason = "the model was unloaded"
+        if self._unloads:
+            await asyncio.gather(*self._unloads, return_exceptions=True)
 
+
+class ModelRegistry:
+    """Every model of the config, each with its VersionRegistry; applies configs whole.
+
+    Args:
+        loader: loads and unloads versions (shared by every model).
+        allow_unavailable_labels: TF Serving's --allow_version_labels_for_unavailable_models:
+            a new label may point to a version that is not AVAILABLE (yet).
+    """
+
+    def __init__(self, loader: Loader, allow_unavailable_labels: bool = False):
+        self.loader = loader
+        self.allow_unavailable_labels = allow_unavailable_labels
+        self.models: dict[str, VersionRegistry] = {}
+        self._applying = asyncio.Lock()
+
+    def get(self, name: str) -> VersionRegistry | None:
+        return self.models.get(name)
+
+    async def apply(self, entries: list[ModelEntry]) -> list[str]:
+        """Realize a new config whole, or refuse it whole (the previous one keeps serving).
+
+        Models no longer listed are unloaded; new ones are loaded; the others take their new
+        policy and labels. A label may point only to an AVAILABLE version (TF Serving's
+        rule), so a new model's labels are checked once its versions have loaded.
+
+        Returns:
+            What changed, a line each (for the log).
         Raises:
-            NotReady: nothing serves yet, or the named version failed to load.
-            NotFound: the named version is not on disk.
+            ConfigError: a label breaks the rule; nothing was changed.
         """
-        if version is None:
-            if self.serving is None:
-                raise NotReady(f"model {self.name} is not ready: {self._reason}")
-            return self.serving, self.records[self.serving].servable
-        record = self.records.get(version)
-        if record is not None and record.state == VersionState.AVAILABLE:
-            return version, record.servable
-        path = self.model_dir / str(version)
-        if record is None:
-            if (version, path) not in list_versions(self.model_dir):
-                raise NotFound(servable_not_found(self.name, version))
-            record = self._record(version, path)
-        elif record.failed and record.stamp == files_stamp(record.path):
-            # Not retried per request: only once its files change.
-            raise NotReady(f"version {version} of {self.name} failed to load: {record.error}")
-        try:
-            return version, await self._load(record)
-        except Exception as err:
-            raise NotReady(
-                f"version {version} of {self.name} failed to load: {record.error}"
-            ) from err
+        async with self._applying:
+            problems: list[str] = []
+            for entry in entries:
+                current = self.models.get(entry.name)
+                if current is not None:
+                    problems += current.label_problems(
+                        dict(entry.labels), self.allow_unavailable_labels
+                    )
+            fresh: dict[str, VersionRegistry] = {}
+            if not problems:
+                for entry in entries:
+                    if entry.name in self.models:
+                        continue
+                    registry = VersionRegistry(dataclasses.replace(entry, labels={}), self.loader)
+                    fresh[entry.name] = registry
+                    await registry.refresh()
+                    problems += registry.label_problems(
+                        dict(entry.labels), self.allow_unavailable_labels
+                    )
+            if problems:
+                for registry in fresh.values():
+                    await registry.close()
+                raise ConfigError("; ".join(problems))
+            changes = []
+            listed = {entry.name for entry in entries}
+            for name in [n for n in self.models if n not in listed]:
+                changes.append(f"model {name}: no longer in the config, unloaded")
+                await self.models.pop(name).close()
+            for entry in entries:
+                registry = self.models.get(entry.name) or fresh[entry.name]
+                before = registry.entry
+                if entry.name in fresh:
+                    changes.append(
+                        f"model {entry.name}: added ({entry.policy.describe()}, labels "
+                        f"{dict(entry.labels) or 'none'})"
+                    )
+                elif before != entry:
+                    changes.append(
+                        f"model {entry.name}: policy {before.policy.describe()} -> "
+                        f"{entry.policy.describe()}, labels {dict(before.labels) or 'none'} -> "
+                        f"{dict(entry.labels) or 'none'}"
+                    )
+                registry.configure(entry)
+                self.models[entry.name] = registry
+                await registry.refresh()
+            return changes
 
-    async def version_status(self, version: int) -> VersionStatus:
-        """One version's status; loads it when it is on disk and not loaded yet.
-
-        Raises:
-            NotFound: TF Serving's GetModelStatus wording for a version it does not have.
-        """
-        record = self.records.get(version)
-        if record is None and not (self.model_dir / str(version)).is_dir():
-            raise NotFound(f"Could not find version {version} of model {self.name}")
-        if record is not None and record.failed:
-            return record.status()
-        await self.servable(version)
-        return self.records[version].status()
+    async def refresh(self) -> None:
+        """Follow every model's folder (new versions, deleted ones, changed files)."""
+        for registry in list(self.models.values()):
+            await registry.refresh()
 
     async def close(self) -> None:
-        """Unload every version."""
-        for record in list(self.records.values()):
-            if record.loading is not None:
-                record.loading.cancel()
-            if record.servable is not None:
-                await self.loader.unload(record.servable)
-        self.records.clear()
-        self.serving = None
-        self._reason = "the service is shutting down"
+        for registry in self.models.values():
+            await registry.close()
+        self.models.clear()

@@ -20,6 +20,38 @@ class Settings(BaseSettings):
     model_base_path: str = Field(
         "models", description="Model repository: <base>/<name>/<version>/saved_model.pb."
     )
+    model_config_file: str | None = Field(
+        None,
+        description="TF Serving's model config (ModelServerConfig text): several models, "
+        "version policies, labels. When set, MODEL_BASE_PATH is not used and MODEL_NAME only "
+        "picks the model /predict serves.",
+    )
+    model_config_file_poll_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="How often to re-read MODEL_CONFIG_FILE and apply it when it changed; "
+        "0 = read it at start only (TF Serving's --model_config_file_poll_wait_seconds).",
+    )
+    allow_version_labels_for_unavailable_models: bool = Field(
+        False,
+        description="A new version label may point to a version that is not AVAILABLE yet "
+        "(TF Serving's flag of the same name); a label moving from one version to another "
+        "must still point to an AVAILABLE one.",
+    )
+    canary_percent: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Share of the requests naming neither a version nor a label that go to "
+        "a model's `canary` label, when it has one.",
+    )
+    shadow_percent: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Share of the requests naming neither a version nor a label copied to a "
+        "model's `shadow` label, off the response path, to compare its answers.",
+    )
     host: str = Field("127.0.0.1", description="Address uvicorn binds.")
     port: int = Field(8000, ge=1, le=65535, description="Port uvicorn listens on.")
     backend: Literal["tensorflow", "tfserving"] = Field(
@@ -83,6 +115,13 @@ class Settings(BaseSettings):
     def _plain_name(cls, value: str) -> str:
         if not value or "/" in value or value in (".", ".."):
             raise ValueError(f"must be a plain folder name, got {value!r}")
+        return value
+
+    @field_validator("model_config_file")
+    @classmethod
+    def _config_file(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            return None
         return value
 
     @model_validator(mode="after")

@@ -167,3 +167,13 @@ def test_dockerfile_stages_user_and_healthcheck():
     assert re.search(r"^USER app$", text, re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*", text, re.MULTILINE) and "/readyz" in text
     assert "dataset-fashion-mnist" in text
+
+
+def test_both_apis_and_tf_serving_read_one_model_config(config):
+    services = config["services"]
+    flags = [f for f in services["tfserving"]["command"] if f.startswith("--model_config_file=")]
+    (tf_serving_file,) = [f.split("=", 1)[1] for f in flags]
+    for name in ("api", "api-tfserving"):
+        environment = services[name]["environment"]
+        assert environment["MODEL_CONFIG_FILE"] == tf_serving_file, name
+        assert float(environment["MODEL_CONFIG_FILE_POLL_SECONDS"]) > 0, name

@@ -1,4 +1,4 @@
-"""Command line: `python -m training {train,evaluate,export,predict,compare} --help`."""
+"""Command line: `python -m training {train,evaluate,export,predict,compare,promote} --help`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import argparse  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
-from training import compare, evaluate, export, predict, train  # noqa: E402
+from training import compare, evaluate, export, predict, promote, train  # noqa: E402
 from training.data import DataError  # noqa: E402
 from training.errors import NumericsError, UsageError  # noqa: E402
 
@@ -68,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
             "size, best first.",
         )
     )
+    promote.add_arguments(
+        sub.add_parser(
+            "promote",
+            help="move a version label (stable, canary) or change the version policy in TF "
+            "Serving's model config, atomically",
+            description="Edit the model config the service and TF Serving read: point a label "
+            "at a version (rolling back is promoting the previous one) and/or set the version "
+            "policy. The file is replaced atomically; what changed is printed.",
+        )
+    )
     return parser
 
 
@@ -77,6 +87,7 @@ INTERRUPTED = {
     "export": "no version published.",
     "predict": "no output written.",
     "compare": "the kinds done so far are in the work dir; the table was not written.",
+    "promote": "the model config was left as it was.",
 }
 COMMANDS = {
     "train": train.cmd_train,
@@ -84,6 +95,7 @@ COMMANDS = {
     "export": export.cmd_export,
     "predict": predict.cmd_predict,
     "compare": compare.cmd_compare,
+    "promote": promote.cmd_promote,
 }
 
 

@@ -7,14 +7,18 @@ import abc
 import numpy as np
 
 from artifact.contract import SIGNATURE_NAME
+from artifact.model_config import ModelEntry
 from service.types import ModelMetadata, Prediction, VersionStatus
 
 
 class Backend(abc.ABC):
-    """Runs one named model; every method is safe to call from the event loop.
+    """Runs the models of a config; every method is safe to call from the event loop.
+
+    A request names a model and at most one of a version or a version label; naming neither
+    means the model's serving version (its `stable` label's when it has one, else the newest).
 
     Args:
-        model_name: the model this backend serves (MODEL_NAME).
+        model_name: the default model (the one /predict serves).
     """
 
     def __init__(self, model_name: str):
@@ -22,26 +26,47 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def start(self) -> None:
-        """Load (or connect to) the model; may return before it is ready."""
+        """Load (or connect to) the models; may return before they are ready.
+
+        Raises:
+            ConfigError: the models' config cannot be realized (a label to a version that
+                is not available); the process should not start.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
         """Release threads, channels and models."""
 
     @abc.abstractmethod
-    def serving_version(self) -> int | None:
-        """The version answering requests that name none; None while nothing answers."""
+    async def apply_config(self, entries: list[ModelEntry]) -> list[str]:
+        """Serve a new model config whole, or refuse it whole (ConfigError); what changed."""
 
     @abc.abstractmethod
-    def not_ready_reason(self) -> str:
-        """Why nothing answers (meaningful while serving_version() is None)."""
+    def model_names(self) -> list[str]:
+        """The models served."""
 
     @abc.abstractmethod
-    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
+    def serving_version(self, name: str) -> int | None:
+        """The version answering a model's requests that name none; None while none does."""
+
+    @abc.abstractmethod
+    def not_ready_reason(self, name: str) -> str:
+        """Why a model answers nothing (meaningful while serving_version() is None)."""
+
+    @abc.abstractmethod
+    def version_labels(self, name: str) -> dict[str, int]:
+        """A model's version labels (`stable`, `canary`, ...) and the versions they name."""
+
+    @abc.abstractmethod
+    async def model_status(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> list[VersionStatus]:
         """The versions' states, the serving one first. Raises NotFound."""
 
     @abc.abstractmethod
-    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
+    async def metadata(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> ModelMetadata:
         """A version's signatures. Raises NotFound."""
 
     @abc.abstractmethod
@@ -51,15 +76,23 @@ class Backend(abc.ABC):
         images: np.ndarray,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
     ) -> Prediction:
         """Run float32 images [n, 28, 28] through a signature. Raises ServiceError subclasses."""
 
+    async def predict_shadow(
+        self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME
+    ) -> Prediction:
+        """A prediction nobody waits for (shadow traffic): may run on its own lane, never in
+        the way of served requests. By default, a plain predict."""
+        return await self.predict(name, images, None, signature_name, label)
+
     @abc.abstractmethod
-    def labels(self, version: int) -> tuple[str, ...]:
-        """The class labels a version answers with."""
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
+        """The class labels a version answers with (its labels.txt)."""
 
     def device(self) -> str:
-        """Where the model runs, for status endpoints and logs."""
+        """Where the models run, for status endpoints and logs."""
         return "unknown"
 
 
@@ -70,17 +103,23 @@ class DelegatingBackend(Backend):
         super().__init__(inner.model_name)
         self.inner = inner
 
-    def serving_version(self) -> int | None:
-        return self.inner.serving_version()
+    def model_names(self) -> list[str]:
+        return self.inner.model_names()
 
-    def not_ready_reason(self) -> str:
-        return self.inner.not_ready_reason()
+    def serving_version(self, name: str) -> int | None:
+        return self.inner.serving_version(name)
+
+    def not_ready_reason(self, name: str) -> str:
+        return self.inner.not_ready_reason(name)
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        return self.inner.version_labels(name)
 
     def device(self) -> str:
         return self.inner.device()
 
-    def labels(self, version: int) -> tuple[str, ...]:
-        return self.inner.labels(version)
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
+        return self.inner.class_labels(name, version)
 
     async def start(self) -> None:
         await self.inner.start()
@@ -88,11 +127,17 @@ class DelegatingBackend(Backend):
     async def close(self) -> None:
         await self.inner.close()
 
-    async def model_status(self, name, version):
-        return await self.inner.model_status(name, version)
+    async def apply_config(self, entries):
+        return await self.inner.apply_config(entries)
 
-    async def metadata(self, name, version):
-        return await self.inner.metadata(name, version)
+    async def model_status(self, name, version, label=None):
+        return await self.inner.model_status(name, version, label)
 
-    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
-        return await self.inner.predict(name, images, version, signature_name)
+    async def metadata(self, name, version, label=None):
+        return await self.inner.metadata(name, version, label)
+
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
+        return await self.inner.predict(name, images, version, signature_name, label)
+
+    async def predict_shadow(self, name, images, label, signature_name=SIGNATURE_NAME):
+        return await self.inner.predict_shadow(name, images, label, signature_name)

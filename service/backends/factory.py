@@ -2,33 +2,41 @@
 
 from __future__ import annotations
 
+from artifact.model_config import ModelEntry
 from service.backends.base import Backend
 from service.backends.inprocess import InProcessBackend
 from service.backends.tfserving import TFServingBackend
 from service.batching import BatchingBackend
+from service.config_watcher import default_model
 from service.settings import Settings
 
 
-def make_backend(settings: Settings) -> Backend:
+def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
     """In-process TensorFlow behind the dynamic batcher, or TF Serving over gRPC.
 
     BACKEND=tfserving forwards every call to TF Serving, which batches on its side
     (--enable_batching), so no batcher sits in front of it here: one would serialize the calls.
+
+    Args:
+        settings: the validated settings.
+        models: the model config's entries (service.config_watcher.initial_entries).
     """
+    default = default_model(settings, models)
     if settings.backend == "tfserving":
         return TFServingBackend(
-            settings.model_name,
-            settings.model_base_path,
+            models,
             settings.tfserving_grpc_address,
             settings.tfserving_deadline_seconds,
+            default_model=default,
         )
     backend = InProcessBackend(
-        settings.model_name,
-        settings.model_base_path,
+        models,
         device=settings.device,
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         poll_seconds=settings.model_poll_seconds,
+        allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models,
+        default_model=default,
     )
     if settings.batch_max_size > 1:
         backend = BatchingBackend(

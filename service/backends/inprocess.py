@@ -1,8 +1,9 @@
 """In-process TensorFlow: the model repository's versions loaded and run in this process.
 
-The version registry (service/registry.py) decides what is loaded and what serves; this
-backend gives it a loader that loads and warms a SavedModel in TensorFlow's one worker
-thread, and runs predictions there, off the event loop.
+The version registry (service/registry.py) decides, model by model, what is loaded and what
+serves; this backend gives it a loader that loads and warms a SavedModel in TensorFlow's one
+worker thread, and runs predictions there, off the event loop. Shadow copies run on a second
+thread, so a slow shadow version never delays a served answer.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from artifact.contract import SIGNATURE_NAME
+from artifact.model_config import ModelEntry
 from artifact.repository import version_labels
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend
 from service.backends.device import configure_tensorflow
 from service.errors import BadInput, NotFound
-from service.registry import VersionRegistry, servable_not_found
+from service.registry import ModelRegistry, VersionRegistry, servable_not_found
 from service.types import ModelMetadata, Prediction, VersionStatus
 
 log = logging.getLogger("service.backends.inprocess")
@@ -40,8 +42,7 @@ class LoadedVersion:
 class TensorFlowLoader:
     """Loads and warms SavedModels in TensorFlow's worker thread (the registry's Loader)."""
 
-    def __init__(self, model_name: str, executor: concurrent.futures.Executor):
-        self.model_name = model_name
+    def __init__(self, executor: concurrent.futures.Executor):
         self.executor = executor
         self.device: str | None = None
 
@@ -59,9 +60,8 @@ class TensorFlowLoader:
         # its TF Serving warmup requests (one zero image when it has none).
         replayed = predictor.warm_up(read_warmup_requests(path))
         log.info(
-            "Warmed up %s version %s with %s",
-            self.model_name,
-            version,
+            "Warmed up %s with %s",
+            path,
             f"{replayed} warmup request(s)" if replayed else "one zero image (no warmup file)",
         )
         # Read now, while the folder is there (it may be deleted while the version serves).
@@ -79,47 +79,77 @@ class InProcessBackend(Backend):
     """Runs the model repository's SavedModels inside this process on the chosen device.
 
     Args:
-        model_name, model_base_path: where the versions are.
+        models: the model config's entries (artifact.model_config; the MODEL_NAME shortcut
+            is one entry); the first is the default model unless `default_model` names one.
         device: 'auto', 'cpu' or 'gpu'.
         intra_op_threads, inter_op_threads: TensorFlow thread pools (0 = TF's default).
-        poll_seconds: how often to look for a newer version; 0 = never.
+        poll_seconds: how often to look for new and deleted versions; 0 = never.
+        allow_unavailable_labels: a new label may point to a version not AVAILABLE yet.
+        default_model: the model /predict serves.
     """
 
     def __init__(
         self,
-        model_name: str,
-        model_base_path: str,
+        models: list[ModelEntry],
         device: str = "auto",
         intra_op_threads: int = 0,
         inter_op_threads: int = 1,
         poll_seconds: float = 0.0,
+        allow_unavailable_labels: bool = False,
+        default_model: str | None = None,
     ):
-        super().__init__(model_name)
-        self.model_dir = Path(model_base_path) / model_name
+        super().__init__(default_model or models[0].name)
+        self._entries = list(models)
         self._device_setting = device
         self._threads = (intra_op_threads, inter_op_threads)
         self._poll_seconds = poll_seconds
         self._device = "unknown"
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tf")
-        self._loader = TensorFlowLoader(model_name, self._executor)
-        self.registry = VersionRegistry(model_name, self.model_dir, self._loader)
+        # Shadow copies run on their own thread: a slow shadow never holds up a served answer.
+        self._shadow_executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="tf-shadow"
+        )
+        self._loader = TensorFlowLoader(self._executor)
+        self.registry = ModelRegistry(self._loader, allow_unavailable_labels)
         self._poller: asyncio.Task | None = None
 
-    def serving_version(self) -> int | None:
-        return self.registry.serving
+    def _model(self, name: str, version: int | None = None) -> VersionRegistry:
+        registry = self.registry.get(name)
+        if registry is None:
+            raise NotFound(servable_not_found(name, version))
+        return registry
 
-    def not_ready_reason(self) -> str:
-        return self.registry.not_ready_reason()
+    def model_names(self) -> list[str]:
+        return list(self.registry.models) or [entry.name for entry in self._entries]
+
+    def serving_version(self, name: str) -> int | None:
+        registry = self.registry.get(name)
+        return registry.serving if registry is not None else None
+
+    def not_ready_reason(self, name: str) -> str:
+        registry = self.registry.get(name)
+        if registry is None:
+            return (
+                f"model {name} is not in the model config"
+                if self.registry.models
+                else ("the model is loading")
+            )
+        return registry.not_ready_reason()
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        registry = self.registry.get(name)
+        return registry.labels if registry is not None else {}
 
     def device(self) -> str:
         return self._device
 
-    def labels(self, version: int) -> tuple[str, ...]:
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
+        registry = self._model(name, version)
         try:
-            return self.registry.servable_of(version).labels
+            return registry.servable_of(version).labels
         except KeyError:
             # Unloaded since it answered (its folder was deleted): what is on disk, if anything.
-            return version_labels(self.model_dir / str(version))
+            return version_labels(registry.model_dir / str(version))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -128,9 +158,14 @@ class InProcessBackend(Backend):
         )
         self._loader.device = self._device
         log.info("TensorFlow runs on %s (DEVICE=%s)", self._device, self._device_setting)
-        await self.registry.refresh()
+        await self.registry.apply(self._entries)
         if self._poll_seconds > 0:
             self._poller = asyncio.create_task(self._poll(), name="version-poller")
+
+    async def apply_config(self, entries: list[ModelEntry]) -> list[str]:
+        changes = await self.registry.apply(entries)
+        self._entries = list(entries)
+        return changes
 
     async def _poll(self) -> None:
         while True:
@@ -138,26 +173,33 @@ class InProcessBackend(Backend):
             try:
                 await self.registry.refresh()
             except Exception:  # pragma: no cover - the poller must outlive any one failure
-                log.exception("checking %s for new versions failed", self.model_dir)
+                log.exception("checking the model repository for new versions failed")
 
-    def _check_name(self, name: str, version: int | None) -> None:
-        if name != self.model_name:
-            raise NotFound(servable_not_found(name, version))
-
-    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
-        if name != self.model_name:
+    async def model_status(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> list[VersionStatus]:
+        registry = self.registry.get(name)
+        if registry is None:
             raise NotFound(f"Could not find any versions of model {name}")
+        if label is not None:
+            lease = registry.acquire(None, label)
+            version = lease.version
+            lease.release()
         if version is not None:
-            return [await self.registry.version_status(version)]
-        statuses = self.registry.statuses()
+            return [registry.version_status(version)]
+        statuses = registry.statuses()
         if not statuses:
             raise NotFound(f"Could not find any versions of model {name}")
         return statuses
 
-    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
-        self._check_name(name, version)
-        version, loaded = await self.registry.servable(version)
-        return ModelMetadata(name, version, loaded.predictor.signature_defs)
+    async def metadata(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> ModelMetadata:
+        lease = self._model(name, version).acquire(version, label)
+        try:
+            return ModelMetadata(name, lease.version, lease.servable.predictor.signature_defs)
+        finally:
+            lease.release()
 
     async def predict(
         self,
@@ -165,22 +207,35 @@ class InProcessBackend(Backend):
         images: np.ndarray,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
     ) -> Prediction:
-        self._check_name(name, version)
-        version, loaded = await self.registry.servable(version)
-        predictor = loaded.predictor
-        if signature_name not in predictor.signatures:
-            raise BadInput(
-                f'Serving signature name: "{signature_name}" not found in signature def; '
-                f"this model has {sorted(predictor.signatures)}"
+        return await self._run(self._executor, name, images, version, signature_name, label)
+
+    async def predict_shadow(
+        self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME
+    ) -> Prediction:
+        return await self._run(self._shadow_executor, name, images, None, signature_name, label)
+
+    async def _run(self, executor, name, images, version, signature_name, label) -> Prediction:
+        lease = self._model(name, version).acquire(version, label)
+        try:
+            predictor = lease.servable.predictor
+            if signature_name not in predictor.signatures:
+                raise BadInput(
+                    f'Serving signature name: "{signature_name}" not found in signature def; '
+                    f"this model has {sorted(predictor.signatures)}"
+                )
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                executor, predictor.run, images, signature_name
             )
-        outputs = await asyncio.get_running_loop().run_in_executor(
-            self._executor, predictor.run, images, signature_name
-        )
-        return Prediction(version, outputs)
+        finally:
+            # A version leaving the policy is unloaded once its last request is done.
+            lease.release()
+        return Prediction(lease.version, outputs)
 
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
         await self.registry.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._shadow_executor.shutdown(wait=False, cancel_futures=True)

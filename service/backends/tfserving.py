@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -31,6 +30,7 @@ from tensorflow_serving.apis import (
 )
 
 from artifact.contract import INPUT_KEY, SIGNATURE_NAME
+from artifact.model_config import ModelEntry
 from artifact.repository import assets_stamp, version_labels
 from service.backends.base import Backend
 from service.errors import (
@@ -48,6 +48,7 @@ from service.errors import (
     UpstreamInternal,
     UpstreamTimeout,
 )
+from service.registry import STABLE, check_label_name, servable_not_found
 from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
 
 log = logging.getLogger("service.backends.tfserving")
@@ -107,23 +108,29 @@ def _state(number: int) -> VersionState:
 class TFServingBackend(Backend):
     """Forwards every call to TensorFlow Serving's gRPC API.
 
+    TF Serving reads the same model config (it loads the versions, enforces the policy and
+    the labels); this side keeps the config's names and labels to route requests: a label in
+    a URL becomes ModelSpec.version_label, and a request naming nothing goes to the `stable`
+    label when the config has one, as with the in-process backend.
+
     Args:
-        model_name, model_base_path: the model served; the repository is read for labels.
+        models: the model config's entries; their base paths are read for class labels.
         address: host:port of TF Serving's gRPC API (TFSERVING_GRPC_ADDRESS).
         deadline_seconds: deadline of each call; past it, 504 (TFSERVING_DEADLINE_SECONDS).
         status_poll_seconds: how often readiness is re-checked.
+        default_model: the model /predict serves (the first by default).
     """
 
     def __init__(
         self,
-        model_name: str,
-        model_base_path: str,
+        models: list[ModelEntry],
         address: str,
         deadline_seconds: float,
         status_poll_seconds: float = STATUS_POLL_SECONDS,
+        default_model: str | None = None,
     ):
-        super().__init__(model_name)
-        self.model_dir = Path(model_base_path) / model_name
+        super().__init__(default_model or models[0].name)
+        self.entries = {entry.name: entry for entry in models}
         self.address = address
         self.deadline_seconds = deadline_seconds
         self._status_poll_seconds = status_poll_seconds
@@ -131,39 +138,51 @@ class TFServingBackend(Backend):
         self._predict_stub = None
         self._model_stub = None
         self._poller: asyncio.Task | None = None
-        self._serving: int | None = None
+        self._serving: dict[str, int | None] = {}
+        self._reasons: dict[str, str] = {}
         self._reason = f"not connected to TensorFlow Serving at {address} yet"
-        # version -> (assets.extra's stamp when read, labels): re-read when the files change.
-        self._labels: dict[int, tuple[float, tuple[str, ...]]] = {}
+        # (model, version) -> (assets.extra's stamp when read, labels): re-read on change.
+        self._labels: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
 
     # --- state --------------------------------------------------------------------------
-    def serving_version(self) -> int | None:
-        return self._serving
+    def model_names(self) -> list[str]:
+        return list(self.entries)
 
-    def not_ready_reason(self) -> str:
-        return self._reason
+    def serving_version(self, name: str) -> int | None:
+        return self._serving.get(name)
+
+    def not_ready_reason(self, name: str) -> str:
+        return self._reasons.get(name, self._reason)
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        entry = self.entries.get(name)
+        return dict(entry.labels) if entry is not None else {}
 
     def device(self) -> str:
         return f"tfserving:{self.address}"
 
-    def labels(self, version: int) -> tuple[str, ...]:
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         """From the shared model repository on disk: TF Serving does not serve assets.extra."""
-        path = self.model_dir / str(version)
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(servable_not_found(name, version))
+        path = entry.base_path / str(version)
         stamp = assets_stamp(path)
-        cached = self._labels.get(version)
+        cached = self._labels.get((name, version))
         if cached is None or cached[0] != stamp:
-            cached = self._labels[version] = (stamp, version_labels(path))
+            cached = self._labels[(name, version)] = (stamp, version_labels(path))
         return cached[1]
 
-    def _set_serving(self, version: int | None, reason: str = "") -> None:
-        if (version is None) != (self._serving is None):
+    def _set_serving(self, name: str, version: int | None, reason: str = "") -> None:
+        before = self._serving.get(name)
+        if (version is None) != (before is None):
             if version is not None:
-                log.info("TensorFlow Serving at %s serves %s", self.address, self.model_name)
+                log.info("TensorFlow Serving at %s serves %s", self.address, name)
             else:
                 log.warning("Not ready: %s", reason)
-        self._serving = version
+        self._serving[name] = version
         if version is None:
-            self._reason = reason
+            self._reasons[name] = reason
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -174,36 +193,57 @@ class TFServingBackend(Backend):
         await self.check_status()
         self._poller = asyncio.create_task(self._poll(), name="tfserving-status")
 
+    async def apply_config(self, entries: list[ModelEntry]) -> list[str]:
+        """Take the new config's names and labels (TF Serving applies the rest itself)."""
+        changes = [
+            f"model {e.name}: labels {dict(e.labels) or 'none'}"
+            for e in entries
+            if self.entries.get(e.name) != e
+        ]
+        self.entries = {entry.name: entry for entry in entries}
+        self._serving = {n: v for n, v in self._serving.items() if n in self.entries}
+        await self.check_status()
+        return changes
+
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
         if self._channel is not None:
             await self._channel.close()
-        self._serving = None
+        self._serving.clear()
         self._reason = "the service is shutting down"
+        self._reasons.clear()
 
     async def check_status(self) -> bool:
-        """Ask TF Serving which versions of the model are AVAILABLE; update readiness."""
-        try:
-            statuses = await self.model_status(self.model_name, None)
-        except ServiceError as err:
-            reason = err.message
-            if not reason.startswith("TensorFlow Serving"):
-                reason = f"TensorFlow Serving at {self.address}: {reason}"
-            self._set_serving(None, reason)
-            return False
-        available = [s.version for s in statuses if s.state == VersionState.AVAILABLE]
-        if available:
-            # TF Serving answers unversioned requests with its newest AVAILABLE version.
-            self._set_serving(max(available))
-            return True
-        states = ", ".join(f"version {s.version}: {s.state.name}" for s in statuses)
-        self._set_serving(
-            None,
-            f"TensorFlow Serving at {self.address} has no AVAILABLE version of "
-            f"{self.model_name} ({states})",
-        )
-        return False
+        """Ask TF Serving which versions of each model are AVAILABLE; update readiness.
+
+        A model serves its `stable` label's version when that is AVAILABLE, else its newest
+        AVAILABLE version (what TF Serving answers unversioned requests with).
+        """
+        ready = True
+        for name in list(self.entries):
+            try:
+                statuses = await self.model_status(name, None)
+            except ServiceError as err:
+                reason = err.message
+                if not reason.startswith("TensorFlow Serving"):
+                    reason = f"TensorFlow Serving at {self.address}: {reason}"
+                self._set_serving(name, None, reason)
+                ready = False
+                continue
+            serving = self._serving_of(name, statuses)
+            if serving is not None:
+                self._set_serving(name, serving)
+                continue
+            states = ", ".join(f"version {s.version}: {s.state.name}" for s in statuses)
+            self._set_serving(
+                name,
+                None,
+                f"TensorFlow Serving at {self.address} has no AVAILABLE version of {name} "
+                f"({states})",
+            )
+            ready = False
+        return ready
 
     async def _poll(self) -> None:
         while True:
@@ -220,7 +260,8 @@ class TFServingBackend(Backend):
         details = err.details() or code.name
         if code == grpc.StatusCode.UNAVAILABLE:
             message = f"TensorFlow Serving at {self.address} is unavailable: {details}"
-            self._set_serving(None, message)
+            for name in self.entries:
+                self._set_serving(name, None, message)
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             message = (
                 f"TensorFlow Serving at {self.address} did not answer {call} within "
@@ -238,8 +279,35 @@ class TFServingBackend(Backend):
         except grpc.aio.AioRpcError as err:
             raise self._error(err, call) from err
 
-    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
+    def _model_spec(self, spec, name: str, version: int | None, label: str | None) -> None:
+        """Fill a ModelSpec: a version, a label, or the `stable` label when the config has one
+        and the request names neither."""
+        if version is not None and label is not None:
+            raise BadInput(
+                f"Both model version ({version}) and model version label ({label}) cannot "
+                "be supplied."
+            )
+        if label is not None:
+            check_label_name(label)
+        spec.name = name
+        entry = self.entries.get(name)
+        if version is None and label is None and entry is not None and STABLE in entry.labels:
+            label = STABLE
+        if version is not None:
+            spec.version.value = version
+        elif label is not None:
+            spec.version_label = label
+
+    async def model_status(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> list[VersionStatus]:
         request = get_model_status_pb2.GetModelStatusRequest()
+        if label is not None:
+            # GetModelStatus takes versions only: the label is read from the shared config.
+            check_label_name(label)
+            version = self.version_labels(name).get(label)
+            if version is None:
+                raise BadInput(f"Unrecognized servable version label: {label}")
         request.model_spec.name = name
         if version is not None:
             request.model_spec.version.value = version
@@ -253,15 +321,26 @@ class TFServingBackend(Backend):
             )
             for entry in response.model_version_status
         ]
-        # As the in-process backend lists them: the versions answering first, newest first.
-        statuses.sort(key=lambda s: (s.state == VersionState.AVAILABLE, s.version), reverse=True)
+        # As the in-process backend lists them: the serving version first, then newest first.
+        serving = self._serving_of(name, statuses)
+        statuses.sort(key=lambda s: (s.version == serving, s.version), reverse=True)
         return statuses
 
-    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
+    def _serving_of(self, name: str, statuses: list[VersionStatus]) -> int | None:
+        """The version answering unversioned requests: the `stable` label's when AVAILABLE,
+        else the newest AVAILABLE one (what TF Serving answers them with)."""
+        available = [s.version for s in statuses if s.state == VersionState.AVAILABLE]
+        entry = self.entries.get(name)
+        stable = entry.labels.get(STABLE) if entry is not None else None
+        if stable in available:
+            return stable
+        return max(available) if available else None
+
+    async def metadata(
+        self, name: str, version: int | None, label: str | None = None
+    ) -> ModelMetadata:
         request = get_model_metadata_pb2.GetModelMetadataRequest()
-        request.model_spec.name = name
-        if version is not None:
-            request.model_spec.version.value = version
+        self._model_spec(request.model_spec, name, version, label)
         request.metadata_field.append(METADATA_FIELD)
         response = await self._call(
             self._predict_stub.GetModelMetadata, request, "GetModelMetadata"
@@ -281,12 +360,11 @@ class TFServingBackend(Backend):
         images: np.ndarray,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
     ) -> Prediction:
         request = predict_pb2.PredictRequest()
-        request.model_spec.name = name
+        self._model_spec(request.model_spec, name, version, label)
         request.model_spec.signature_name = signature_name
-        if version is not None:
-            request.model_spec.version.value = version
         request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
         response = await self._call(self._predict_stub.Predict, request, "Predict")
         # Sorted like the in-process outputs (TF returns a signature's outputs by key).

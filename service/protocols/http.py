@@ -7,15 +7,34 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 
 from artifact.contract import to_json
 from artifact.repository import parse_version
 from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge
+from service.registry import check_label_name
 
 JSON = "application/json"
 T = TypeVar("T")
+
+
+class NameConvertor(Convertor):
+    """A model name or a version label in a URL: TF Serving's `[^/:]+`, so that
+    `/v1/models/m:predict` never reads as a model named `m:predict`."""
+
+    regex = "[^/:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+# Routes write {name:name} and {label:name}.
+register_url_convertor("name", NameConvertor())
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:
@@ -33,6 +52,13 @@ def version_in_url(text: str | None) -> int | None:
             raise BadInput(f"Malformed request: version {text[:30]}... is out of range (int64)")
         raise BadInput(f"Malformed request: version must be a non-negative integer, got {text!r}")
     return version
+
+
+def label_in_url(text: str | None) -> str | None:
+    """A version label from a URL segment; BadInput unless it is TF Serving's [a-zA-Z0-9_]+."""
+    if text is not None:
+        check_label_name(text)
+    return text
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -17,6 +17,7 @@ from service.dataplane import DataPlane
 from service.protocols.http import (
     JSON,
     json_response,
+    label_in_url,
     read_body,
     unless_disconnected,
     version_in_url,
@@ -82,38 +83,72 @@ def render_metadata(metadata: ModelMetadata, device: str) -> dict:
 
 
 class TFServingREST:
-    """The /v1 routes over a data plane.
+    """The /v1 routes over a data plane: TF Serving's, plus `/v1/models/{name:name}/rollout`.
+
+    A version is named in the URL by number (`/versions/3`) or by label (`/labels/stable`),
+    never both; a request naming neither goes to the serving version (or to the canary, for
+    its share). Every predict answer says which version answered (`model_version`, a key TF
+    Serving's clients ignore).
 
     Args:
-        dataplane: what serves the model.
+        dataplane: what serves the models.
         max_body_bytes: largest request body read (MAX_BODY_BYTES).
+        config: the model config watcher, for the rollout status (None with the shortcut).
     """
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int):
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int, config=None):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.config = config
         self.router = APIRouter(tags=["tf-serving"])
         r = self.router
         r.add_api_route(
-            "/v1/models/{name}", self.model_status, summary="Model status (all versions)"
+            "/v1/models/{name:name}", self.model_status, summary="Model status (all versions)"
         )
         r.add_api_route(
-            "/v1/models/{name}/versions/{version}", self.version_status, summary="Version status"
+            "/v1/models/{name:name}/versions/{version}",
+            self.version_status,
+            summary="Version status",
         )
         r.add_api_route(
-            "/v1/models/{name}/metadata", self.model_metadata, summary="Signatures (newest)"
+            "/v1/models/{name:name}/labels/{label:name}",
+            self.label_status,
+            summary="Labeled version status",
         )
         r.add_api_route(
-            "/v1/models/{name}/versions/{version}/metadata",
+            "/v1/models/{name:name}/metadata", self.model_metadata, summary="Signatures (serving)"
+        )
+        r.add_api_route(
+            "/v1/models/{name:name}/versions/{version}/metadata",
             self.version_metadata,
-            summary="Signatures",
+            summary="Signatures of a version",
+        )
+        r.add_api_route(
+            "/v1/models/{name:name}/labels/{label:name}/metadata",
+            self.label_metadata,
+            summary="Signatures of a labeled version",
+        )
+        r.add_api_route(
+            "/v1/models/{name:name}/rollout",
+            self.rollout,
+            summary="Serving version, labels, canary and shadow traffic (not in TF Serving)",
+            tags=["rollout"],
         )
         for path, endpoint, summary in (
-            ("/v1/models/{name}:predict", self.predict_latest, "Predict with the newest version"),
             (
-                "/v1/models/{name}/versions/{version}:predict",
+                "/v1/models/{name:name}:predict",
+                self.predict_latest,
+                "Predict with the serving version",
+            ),
+            (
+                "/v1/models/{name:name}/versions/{version}:predict",
                 self.predict_version,
                 "Predict with one version",
+            ),
+            (
+                "/v1/models/{name:name}/labels/{label:name}:predict",
+                self.predict_label,
+                "Predict with a labeled version",
             ),
         ):
             r.add_api_route(
@@ -132,33 +167,52 @@ class TFServingREST:
         statuses = await self.dataplane.model_status(name, version_in_url(version))
         return json_response(render_status(statuses))
 
+    async def label_status(self, name: str, label: str):
+        label_in_url(label)
+        return json_response(render_status(await self.dataplane.model_status(name, None, label)))
+
     async def model_metadata(self, name: str):
-        metadata = await self.dataplane.metadata(name, None)
-        return json_response(render_metadata(metadata, self.dataplane.device()))
+        return self._metadata(await self.dataplane.metadata(name, None))
 
     async def version_metadata(self, name: str, version: str):
-        metadata = await self.dataplane.metadata(name, version_in_url(version))
+        return self._metadata(await self.dataplane.metadata(name, version_in_url(version)))
+
+    async def label_metadata(self, name: str, label: str):
+        label_in_url(label)
+        return self._metadata(await self.dataplane.metadata(name, None, label))
+
+    def _metadata(self, metadata: ModelMetadata) -> Response:
         return json_response(render_metadata(metadata, self.dataplane.device()))
+
+    async def rollout(self, name: str):
+        status = self.dataplane.rollout(name)
+        status["config"] = self.config.status() if self.config is not None else None
+        return json_response(status)
 
     async def predict_latest(self, request: Request, name: str):
         return await self.predict(request, name)
 
     async def predict_version(self, request: Request, name: str, version: str):
-        return await self.predict(request, name, version)
+        return await self.predict(request, name, version=version)
 
-    async def predict(self, request: Request, name: str, version: str | None = None) -> Response:
+    async def predict_label(self, request: Request, name: str, label: str):
+        return await self.predict(request, name, label=label)
+
+    async def predict(
+        self, request: Request, name: str, version: str | None = None, label: str | None = None
+    ) -> Response:
         """TF Serving's REST predict; the fast lane calls it directly."""
         parsed_version = version_in_url(version)
+        label_in_url(label)
         body = await read_body(request, self.max_body_bytes)
         signature_name, images, columnar = codec.parse_tf_serving_request(body)
         result = await unless_disconnected(
-            request, self.dataplane.predict(name, images, parsed_version, signature_name)
+            request,
+            self.dataplane.predict(name, images, parsed_version, signature_name, label),
         )
         outputs = result.outputs
         if columnar:
-            return json_response({"outputs": outputs})
+            return json_response({"outputs": outputs, "model_version": str(result.version)})
         keys = list(outputs)
-        columns = zip(*(outputs[k] for k in keys), strict=True)
-        return json_response(
-            {"predictions": [dict(zip(keys, row, strict=True)) for row in columns]}
-        )
+        rows = [dict(zip(keys, row, strict=True)) for row in zip(*outputs.values(), strict=True)]
+        return json_response({"predictions": rows, "model_version": str(result.version)})

@@ -62,10 +62,13 @@ def signature_defs(version: int) -> struct_pb2.Struct:
 
 
 class FakeBackend(Backend):
-    """Serves toy models of the given versions; the newest answers unversioned requests.
+    """Serves toy models of the given versions of one model; the `stable` label's version (or
+    the newest) answers requests that name none.
 
     Attributes:
-        calls: (version asked for, number of images) of every predict call.
+        calls: (version asked for, label asked for, number of images) of every predict call.
+        labels: the model's version labels (tests set them).
+        delays: seconds a version's predictions take (a slow shadow, say).
     """
 
     def __init__(self, versions=(1,), model_name: str = MODEL_NAME, device: str = "/CPU:0"):
@@ -74,18 +77,31 @@ class FakeBackend(Backend):
         self._device = device
         self.started = self.closed = False
         self.reason = "the model is loading"
-        self.calls: list[tuple[int | None, int]] = []
+        self.calls: list[tuple[int | None, str | None, int]] = []
+        self.labels: dict[str, int] = {}
+        self.delays: dict[int, float] = {}
+        self.failing: set[int] = set()
+        self.applied: list = []
 
-    def serving_version(self) -> int | None:
-        return self.versions[-1] if self.versions and self.started else None
+    def model_names(self) -> list[str]:
+        return [self.model_name]
 
-    def not_ready_reason(self) -> str:
+    def serving_version(self, name: str) -> int | None:
+        if name != self.model_name or not self.versions or not self.started:
+            return None
+        stable = self.labels.get("stable")
+        return stable if stable in self.versions else self.versions[-1]
+
+    def not_ready_reason(self, name: str) -> str:
         return self.reason
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        return dict(self.labels) if name == self.model_name else {}
 
     def device(self) -> str:
         return self._device
 
-    def labels(self, version: int) -> tuple[str, ...]:
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return FASHION_MNIST_LABELS
 
     async def start(self) -> None:
@@ -94,11 +110,19 @@ class FakeBackend(Backend):
     async def close(self) -> None:
         self.closed = True
 
-    def _version(self, name: str, version: int | None) -> int:
+    async def apply_config(self, entries):
+        self.applied.append(entries)
+        return [f"model {e.name}: applied" for e in entries]
+
+    def _version(self, name: str, version: int | None, label: str | None = None) -> int:
         if name != self.model_name:
             raise NotFound(servable_not_found(name, version))
+        if label is not None:
+            if label not in self.labels:
+                raise BadInput(f"Unrecognized servable version label: {label}")
+            version = self.labels[label]
         if version is None:
-            serving = self.serving_version()
+            serving = self.serving_version(name)
             if serving is None:
                 raise NotReady(f"model {name} is not ready: {self.reason}")
             return serving
@@ -106,21 +130,28 @@ class FakeBackend(Backend):
             raise NotFound(servable_not_found(name, version))
         return version
 
-    async def model_status(self, name: str, version: int | None) -> list[VersionStatus]:
+    async def model_status(self, name, version, label=None) -> list[VersionStatus]:
         if name != self.model_name:
             raise NotFound(f"Could not find any versions of model {name}")
-        versions = [self._version(name, version)] if version is not None else self.versions
+        if version is None and label is None:
+            versions = self.versions
+        else:
+            versions = [self._version(name, version, label)]
         return [VersionStatus(v, VersionState.AVAILABLE) for v in sorted(versions, reverse=True)]
 
-    async def metadata(self, name: str, version: int | None) -> ModelMetadata:
-        version = self._version(name, version)
+    async def metadata(self, name, version, label=None) -> ModelMetadata:
+        version = self._version(name, version, label)
         return ModelMetadata(name, version, signature_defs(version))
 
-    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
-        self.calls.append((version, len(images)))
-        version = self._version(name, version)
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
+        self.calls.append((version, label, len(images)))
+        version = self._version(name, version, label)
         if signature_name not in (SIGNATURE_NAME, PREDICT_OUTPUT_KEY):
             raise BadInput(f'Serving signature name: "{signature_name}" not found')
+        if self.delays.get(version):
+            await asyncio.sleep(self.delays[version])
+        if version in self.failing:
+            raise UpstreamError(f"version {version} failed")
         return Prediction(version, toy_model(version, images))
 
 
@@ -136,14 +167,14 @@ class GatedFakeBackend(FakeBackend):
         self.sizes: list[int] = []
         self.fail_call: int | None = None  # 1-based number of the call to fail
 
-    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME):
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
         self.calls_started += 1
         call = self.calls_started
         await asyncio.get_running_loop().run_in_executor(None, self.gate.wait)
         self.sizes.append(len(images))
         if call == self.fail_call:
             raise UpstreamError("injected failure of this batch")
-        return await super().predict(name, images, version, signature_name)
+        return await super().predict(name, images, version, signature_name, label)
 
 
 class FakeLoader:
@@ -184,5 +215,6 @@ def app_client(backend: Backend, **settings) -> Iterator[TestClient]:
     """Starlette's TestClient on the real app over a fake backend (lifespan included)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
     app = create_app(Settings(**{**defaults, **settings}), backend)
+    app.state.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:
         yield client

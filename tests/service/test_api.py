@@ -234,7 +234,7 @@ def test_model_metadata(client, path):
 def test_predict_row_format(client, samples, reference):
     floats = (samples / 255.0).tolist()
     body = ok_json(client.post(PREDICT, json={"instances": floats}))
-    assert set(body) == {"predictions"}
+    assert set(body) == {"predictions", "model_version"}
     assert len(body["predictions"]) == 3
     for row in body["predictions"]:
         check_row(row)
@@ -252,7 +252,7 @@ def test_predict_columnar_format(client, samples, reference, named):
     floats = (samples / 255.0).tolist()
     inputs = {"image": floats} if named else floats
     body = ok_json(client.post(PREDICT, json={"inputs": inputs}))
-    assert set(body) == {"outputs"}
+    assert set(body) == {"outputs", "model_version"}
     assert set(body["outputs"]) == {"classes", "probabilities"}
     classes, probabilities = reference
     assert body["outputs"]["classes"] == classes.tolist()

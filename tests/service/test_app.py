@@ -207,3 +207,65 @@ def test_openapi_lists_every_route(client):
         "/v1/models/{name}/versions/{version}:predict",
     ):
         assert path in paths, path
+
+
+# --- labels, rollout and TF Serving's URL rules ---------------------------------------------
+
+
+@pytest.fixture
+def labeled():
+    backend = FakeBackend(versions=(1, 2, 3))
+    backend.labels = {"stable": 2, "canary": 3}
+    with app_client(backend) as c:
+        yield c
+
+
+def test_labels_in_urls_and_every_answer_says_which_version_answered(labeled):
+    body = {"instances": FLOATS.tolist()}
+    assert ok_json(labeled.post(f"{V1}:predict", json=body))["model_version"] == "2"
+    assert ok_json(labeled.post(f"{V1}/labels/canary:predict", json=body))["model_version"] == "3"
+    assert (
+        ok_json(labeled.post(f"{V1}/versions/1:predict", json={"inputs": FLOATS.tolist()}))[
+            "model_version"
+        ]
+        == "1"
+    )
+    assert ok_json(labeled.get(f"{V1}/labels/canary/metadata"))["model_spec"]["version"] == "3"
+    status = ok_json(labeled.get(f"{V1}/labels/stable"))["model_version_status"]
+    assert [s["version"] for s in status] == ["2"]
+    assert (
+        ok_json(labeled.post("/predict", json={"instances": PIXELS[:1].astype(int).tolist()}))[
+            "model_version"
+        ]
+        == "2"
+    )
+
+
+@pytest.mark.parametrize(
+    "method, path, status, fragment",
+    [
+        pytest.param("POST", f"{V1}/labels/beta:predict", 400, "Unrecognized servable version label: beta", id="unknown-label"),
+        pytest.param("POST", f"{V1}/labels/be-ta:predict", 400, "letters, digits and underscores", id="label-characters"),
+        pytest.param("POST", f"{V1}/versions/2/labels/stable:predict", 400, f"Malformed request: POST {V1}/versions/2/labels/stable:predict", id="version-and-label"),
+        pytest.param("GET", f"{V1}:predict", 400, f"Malformed request: GET {V1}:predict", id="wrong-method"),
+        pytest.param("GET", "/v1/elsewhere", 400, "Malformed request: GET /v1/elsewhere", id="unknown-v1-path"),
+        pytest.param("GET", "/elsewhere", 404, "Not Found", id="outside-v1-stays-404"),
+        pytest.param("GET", "/v1/models/other/rollout", 404, "Could not find any versions of model other", id="rollout-unknown-model"),
+    ],
+)  # fmt: skip
+def test_label_and_url_errors_as_tf_serving_words_them(labeled, method, path, status, fragment):
+    response = labeled.request(method, path, json={"instances": FLOATS.tolist()})
+    assert fragment in error_message(response, status)
+
+
+def test_the_rollout_status(labeled):
+    status = ok_json(labeled.get(f"{V1}/rollout"))
+    assert status == {
+        "model": MODEL_NAME,
+        "serving_version": 2,
+        "labels": {"stable": 2, "canary": 3},
+        "canary_percent": 0.0,
+        "shadow_percent": 0,
+        "shadow": None,
+        "config": None,
+    }

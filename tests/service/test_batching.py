@@ -205,7 +205,9 @@ def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_
     """close() while a batch is in the model: its waiters and the queued ones all get an error."""
 
     class Stuck(DelegatingBackend):
-        async def predict(self, name, images, version=None, signature_name="serving_default"):
+        async def predict(
+            self, name, images, version=None, signature_name="serving_default", label=None
+        ):
             await asyncio.Event().wait()  # a model call that never ends by itself
 
     async def scenario():
@@ -214,7 +216,9 @@ def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_
         images = np.zeros((1, 28, 28), np.float32)
         running = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
         queued = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
+        deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
         while batcher.waiting != 1:  # the first is in the model, the second waits
+            assert asyncio.get_running_loop().time() < deadline, "the requests never queued"
             await asyncio.sleep(0.001)
         await batcher.close()
         return await asyncio.wait_for(

@@ -21,6 +21,7 @@ from helpers import error_message, png_bytes
 from service_harness import MODEL_NAME, Server, add_version, copy_repository, free_port, wait_for
 from tfserving_standin import TFServingStandIn
 
+from artifact.model_config import shortcut
 from service.backends.tfserving import MAX_MESSAGE_BYTES, TFServingBackend
 from service.errors import BadInput, NotFound, UpstreamTimeout
 from training import data
@@ -286,7 +287,7 @@ def run_with_backend(address: str, base_path, work, deadline: float = DEADLINE_S
     """Start a TFServingBackend on a fresh loop, await work(backend), close it."""
 
     async def main():
-        backend = TFServingBackend(MODEL_NAME, str(base_path), address, deadline)
+        backend = TFServingBackend(shortcut(MODEL_NAME, base_path), address, deadline)
         await backend.start()
         try:
             return await work(backend)
@@ -331,7 +332,7 @@ def test_wrong_input_shape_and_unknown_version_are_client_errors(standin, reposi
 
 def test_not_ready_while_tf_serving_is_unreachable_or_has_no_version(tmp_path):
     async def state(backend):
-        return backend.serving_version() is not None, backend.not_ready_reason()
+        return backend.serving_version(MODEL_NAME) is not None, backend.not_ready_reason(MODEL_NAME)
 
     address = f"127.0.0.1:{free_port()}"
     ready, reason = run_with_backend(address, tmp_path, state)
@@ -363,7 +364,7 @@ def test_versions_newest_available_first_and_readiness_follows_the_states(traine
         still_ready = await backend.check_status()
         two.states[1] = "END"
         ready = await backend.check_status()
-        reason = backend.not_ready_reason()
+        reason = backend.not_ready_reason(MODEL_NAME)
         return latest.version, pinned.version, statuses, loading, still_ready, ready, reason
 
     try:

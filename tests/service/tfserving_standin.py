@@ -9,7 +9,12 @@ status codes and, where the tests read them, its messages (model_servers/get_mod
 servables/tensorflow/predict_util.cc and get_model_metadata_impl.cc). Like TF Serving it replays
 each version's assets.extra/tf_serving_warmup_requests when it loads the version.
 
-What it is not: TF Serving's batching, version policy, file-system polling or REST API. The
+Given a model config file (TF Serving's --model_config_file), it serves what TF Serving would
+once everything has loaded: the versions the policy picks (latest N, all, specific, read as
+TF Serving's file_system_storage_path_source.cc does) and the version labels, written here
+independently of the service's own registry so that the two can be compared.
+
+What it is not: TF Serving's batching, file-system polling, config reloading or REST API. The
 exact wording of a wrong input shape comes from TF's runtime there; here it is our own.
 
 Tests steer it: `fail_next(code, message)` makes the next Predict fail with that status,
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import grpc
 import tensorflow as tf
+from google.protobuf import text_format
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -33,6 +39,7 @@ from tensorflow_serving.apis import (
     predict_pb2,
     prediction_service_pb2_grpc,
 )
+from tensorflow_serving.config import model_server_config_pb2
 
 from artifact.repository import list_versions as version_dirs
 from artifact.saved_model import SavedModelPredictor, signature_def_map
@@ -64,10 +71,18 @@ class _Servicer(
                 )
             return version
         if model_spec.version_label:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"Unrecognized servable version label: {model_spec.version_label}",
-            )
+            version = self.stand_in.labels.get(model_spec.version_label)
+            if version is None:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Unrecognized servable version label: {model_spec.version_label}",
+                )
+            if version not in versions:
+                context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Servable not found for request: Specific({name}, {version})",
+                )
+            return version
         if not versions:
             context.abort(
                 grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({name})"
@@ -179,12 +194,24 @@ class TFServingStandIn:
         model_base_path: the model repository (TF Serving's --model_base_path's parent).
         model_name: the one model served.
         port: the port to listen on; a free one by default (kept across stop/start).
+        config_file: a ModelServerConfig text file naming the model: its version policy and
+            labels are served (relative base paths are read from the file's folder).
     """
 
-    def __init__(self, model_base_path: str | Path, model_name: str, port: int = 0):
+    def __init__(
+        self,
+        model_base_path: str | Path,
+        model_name: str,
+        port: int = 0,
+        config_file: str | Path | None = None,
+    ):
         self.model_name = model_name
         self.models: dict[int, SavedModelPredictor] = {}
-        for version, path in version_dirs(Path(model_base_path) / model_name):
+        self.labels: dict[str, int] = {}
+        versions = version_dirs(Path(model_base_path) / model_name)
+        if config_file is not None:
+            versions = self._configured(Path(config_file), versions)
+        for version, path in versions:
             model = SavedModelPredictor(path)
             # TF Serving replays the warmup file when it loads a version.
             model.warm_up(read_warmup_requests(path))
@@ -198,6 +225,26 @@ class TFServingStandIn:
         self._failures: list[tuple[grpc.StatusCode, str]] = []
         self._delays: list[float] = []
         self._stopping = threading.Event()
+
+    def _configured(self, config_file: Path, on_disk: list) -> list:
+        """The versions TF Serving serves under the config's policy; sets the labels."""
+        config = model_server_config_pb2.ModelServerConfig()
+        text_format.Parse(config_file.read_text(), config)
+        (model,) = [m for m in config.model_config_list.config if m.name == self.model_name]
+        base = Path(model.base_path)
+        if not base.is_absolute():
+            base = config_file.parent / base
+        on_disk = version_dirs(base)
+        policy = model.model_version_policy
+        choice = policy.WhichOneof("policy_choice")
+        if choice == "all":
+            served = on_disk
+        elif choice == "specific":
+            served = [(v, p) for v, p in on_disk if v in set(policy.specific.versions)]
+        else:
+            served = on_disk[-max(policy.latest.num_versions, 1) :]
+        self.labels = dict(model.version_labels)
+        return served
 
     @property
     def address(self) -> str:

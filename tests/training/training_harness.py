@@ -39,12 +39,14 @@ def serve(model_folder: Path) -> Iterator:
 
     from service.app import create_app
     from service.backends.factory import make_backend
+    from service.config_watcher import initial_entries
     from service.settings import Settings
 
     settings = Settings(
         model_base_path=str(model_folder.parent), model_name=model_folder.name, model_poll_seconds=0
     )
-    with TestClient(create_app(settings, make_backend(settings))) as client:
+    backend = make_backend(settings, initial_entries(settings))
+    with TestClient(create_app(settings, backend)) as client:
         yield client
 
 
