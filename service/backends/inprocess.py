@@ -24,6 +24,7 @@ from service.backends.base import Backend
 from service.backends.device import configure_tensorflow
 from service.errors import BadInput, NotFound
 from service.registry import VersionRegistry, servable_not_found
+from service.tensors import signature_specs
 from service.types import ModelMetadata, Prediction, VersionStatus
 
 log = logging.getLogger("service.backends.inprocess")
@@ -157,7 +158,8 @@ class InProcessBackend(Backend):
     async def metadata(self, name: str, version: int | None) -> ModelMetadata:
         self._check_name(name, version)
         version, loaded = await self.registry.servable(version)
-        return ModelMetadata(name, version, loaded.predictor.signature_defs)
+        signature_defs = loaded.predictor.signature_defs
+        return ModelMetadata(name, version, signature_defs, signature_specs(signature_defs))
 
     async def predict(
         self,
