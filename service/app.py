@@ -18,7 +18,10 @@ from service.metrics import Metrics, MetricsMiddleware
 from service.protocols.operations import Operations
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
+from service.protocols.v2 import OpenInferenceREST
 from service.settings import Settings
+
+SERVER_NAME = "estimator-serving"
 
 
 def create_app(settings: Settings, backend: Backend) -> FastAPI:
@@ -47,13 +50,15 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     app = FastAPI(
         title="Estimator serving",
         description="Classify 28x28 grayscale images with an exported TensorFlow Estimator. "
-        "TensorFlow Serving's REST API under /v1, a friendlier /predict for people.",
+        "TensorFlow Serving's REST API under /v1, the Open Inference Protocol (KServe V2) "
+        "under /v2, a friendlier /predict for people.",
         version="0.1.0",
         lifespan=lifespan,
     )
     tf_serving = TFServingREST(dataplane, settings.max_body_bytes)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
-    for adapter in (Operations(dataplane), tf_serving, people):
+    v2 = OpenInferenceREST(dataplane, settings.max_body_bytes, SERVER_NAME, app.version)
+    for adapter in (Operations(dataplane), tf_serving, v2, people):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
@@ -63,7 +68,9 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(error_class, handle_error)
 
-    app.add_middleware(FastLane, routes=tf_serving.fast_routes(), error_response=error_response)
+    app.add_middleware(
+        FastLane, routes=tf_serving.fast_routes() + v2.fast_routes(), error_response=error_response
+    )
     # Added last, so outermost: it counts the fast lane's requests too.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
