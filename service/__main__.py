@@ -31,6 +31,18 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if settings.grpc_port:
+        try:
+            # gRPC binds its own socket once the model serves; a port taken is found now.
+            listening_socket(settings.host, settings.grpc_port).close()
+        except OSError as err:
+            sock.close()
+            print(
+                f"error: HOST, GRPC_PORT: cannot listen on {settings.host}:{settings.grpc_port}"
+                f": {err.strerror or err}",
+                file=sys.stderr,
+            )
+            return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -59,7 +71,7 @@ def serve(settings: Settings, sock: socket.socket) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     config = uvicorn.Config(
-        create_app(settings, make_backend(settings)),
+        create_app(settings, make_backend(settings), serve_grpc=settings.grpc_port != 0),
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,

@@ -24,16 +24,26 @@ from service.settings import Settings
 SERVER_NAME = "estimator-serving"
 
 
-def create_app(settings: Settings, backend: Backend) -> FastAPI:
+def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -> FastAPI:
     """Build the service.
 
     Args:
         settings: the validated settings.
         backend: the model runtime (service.backends.factory.make_backend(settings) builds the
             one the settings name; tests pass fakes).
+        serve_grpc: also serve TF Serving's gRPC API on HOST:GRPC_PORT, started and stopped with
+            the app (the entry point asks for it unless GRPC_PORT is 0).
     """
     metrics = Metrics()
     dataplane = DataPlane(backend, metrics, settings.max_images)
+    grpc_server = None
+    if serve_grpc:
+        # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
+        from service.protocols.grpc_server import GRPCServer
+
+        grpc_server = GRPCServer(
+            dataplane, settings.host, settings.grpc_port, settings.grpc_max_message_bytes
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -43,8 +53,13 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
         gc.collect()
         gc.freeze()
         try:
+            if grpc_server is not None:
+                # After the data plane, whose batcher lives on this loop, and on this loop too.
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await dataplane.close()
 
     app = FastAPI(
@@ -74,4 +89,5 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     # Added last, so outermost: it counts the fast lane's requests too.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
+    app.state.grpc_server = grpc_server
     return app

@@ -204,9 +204,10 @@ def write_version(model_dir: Path, version: int | str, content: str = "good") ->
 
 
 @contextlib.contextmanager
-def app_client(backend: Backend, **settings) -> Iterator[TestClient]:
-    """Starlette's TestClient on the real app over a fake backend (lifespan included)."""
+def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterator[TestClient]:
+    """Starlette's TestClient on the real app over a fake backend (lifespan included; with
+    serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
-    app = create_app(Settings(**{**defaults, **settings}), backend)
+    app = create_app(Settings(**{**defaults, **settings}), backend, serve_grpc=serve_grpc)
     with TestClient(app) as client:
         yield client
