@@ -111,7 +111,12 @@ def test_tf_serving_rest_and_the_open_inference_protocol_share_one_batch(images)
     pixels, expected = images
     v2_body = {
         "inputs": [
-            {"name": "image", "datatype": "FP32", "shape": [2, 28, 28], "data": pixels[3:5].tolist()}
+            {
+                "name": "image",
+                "datatype": "FP32",
+                "shape": [2, 28, 28],
+                "data": pixels[3:5].tolist(),
+            }
         ]
     }
     with (
