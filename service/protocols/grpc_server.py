@@ -19,8 +19,10 @@ Imported only when GRPC_PORT is not 0: TF Serving's protos import TensorFlow.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from typing import NoReturn
 
 import grpc
@@ -100,21 +102,36 @@ class RPCError(Exception):
 
 
 def _rpc(method):
-    """Answer a handler's errors with their gRPC status, logged as the HTTP side logs them."""
+    """Count the call, and answer its errors with their gRPC status, logged as the HTTP side
+    logs them."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def handler(self, request, context):
+        metrics = self.dataplane.metrics
+        started = time.perf_counter()
         try:
-            return await method(self, request, context)
+            response = await method(self, request, context)
+            code = grpc.StatusCode.OK
+            return response
+        except asyncio.CancelledError:
+            # gRPC cancels the handler when the client's deadline passes or the client leaves.
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
         except RPCError as err:
             code, message = err.code, err.message
         except ServiceError as err:
             code, message = status_code_of(err), err.message
         except Exception as err:  # noqa: BLE001 - a bug: logged, answered INTERNAL without details
-            log.error("gRPC %s failed", method.__name__, exc_info=err)
+            log.error("gRPC %s failed", name, exc_info=err)
             code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}"
+        finally:
+            metrics.grpc_requests.labels(name, code.name).inc()
+            metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
         level = logging.INFO if code in CLIENT_CODES else logging.WARNING
-        log.log(level, "gRPC %s -> %s: %s", method.__name__, code.name, message)
+        log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
         if len(message) > MESSAGE_LIMIT:
             message = message[:MESSAGE_LIMIT] + "...TRUNCATED"
         await context.abort(code, message)

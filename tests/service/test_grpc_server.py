@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from fakes import FakeBackend, GatedFakeBackend, app_client, toy_model
+from prometheus_client.parser import text_string_to_metric_families
 from service_harness import MODEL_NAME, free_port
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
@@ -87,6 +88,16 @@ def probabilities(response) -> np.ndarray:
     return tf.make_ndarray(response.outputs[PROBABILITIES_KEY])
 
 
+def grpc_calls(client, method: str) -> dict[str, float]:
+    """grpc_requests_total of one method, by code, from /metrics."""
+    counts = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "grpc_requests_total" and sample.labels["method"] == method:
+                counts[sample.labels["code"]] = sample.value
+    return counts
+
+
 def test_grpc_and_both_http_protocols_share_one_batch():
     v2_body = {
         "inputs": [
@@ -122,7 +133,7 @@ def test_grpc_and_both_http_protocols_share_one_batch():
 def test_a_deadline_frees_the_requests_place_in_the_queue():
     with (
         concurrent.futures.ThreadPoolExecutor(2) as pool,
-        serving() as (_, stub, gated, batcher),
+        serving() as (client, stub, gated, batcher),
     ):
         gated.gate.clear()
         first = pool.submit(stub.Predict, predict_request(PIXELS[0:1]), timeout=WAIT_SECONDS)
@@ -136,6 +147,7 @@ def test_a_deadline_frees_the_requests_place_in_the_queue():
         first.result()
         after = stub.Predict(predict_request(PIXELS[2:3]), timeout=WAIT_SECONDS)
         np.testing.assert_allclose(probabilities(after), EXPECTED[2:3], atol=1e-6)
+        assert grpc_calls(client, "Predict") == {"OK": 2, "DEADLINE_EXCEEDED": 1}
     # The model never saw the expired request's image.
     assert gated.sizes == [1, 1]
 
