@@ -54,6 +54,9 @@ METADATA_FIELD = "signature_def"
 MESSAGE_LIMIT = 1024
 # As uvicorn's: in-flight calls may finish when the service stops.
 SHUTDOWN_GRACE_SECONDS = 30.0
+# A client whose deadline passes cancels the call before the server's copy of the deadline
+# (set when the call arrived, so later by the request's transit time) passes too.
+DEADLINE_SLACK_SECONDS = 0.1
 CLIENT_CODES = frozenset(
     {
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -110,6 +113,7 @@ def _rpc(method):
     async def handler(self, request, context):
         metrics = self.dataplane.metrics
         started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN
         try:
             response = await method(self, request, context)
             code = grpc.StatusCode.OK
@@ -117,7 +121,7 @@ def _rpc(method):
         except asyncio.CancelledError:
             # gRPC cancels the handler when the client's deadline passes or the client leaves.
             remaining = context.time_remaining()
-            expired = remaining is not None and remaining <= 0
+            expired = remaining is not None and remaining < DEADLINE_SLACK_SECONDS
             code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             raise
         except RPCError as err:
@@ -147,7 +151,8 @@ def _model_spec(request):
 
 def _debug_string(metadata: ModelMetadata, signature_name: str) -> str:
     """A signature as TF Serving prints it in messages (the proto's text format)."""
-    return str(metadata.signature_defs.signature_def[signature_name])
+    # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
+    return str(metadata.signature_defs.signature_def.get(signature_name, ""))
 
 
 class _Servicer(
@@ -178,12 +183,13 @@ class _Servicer(
         return spec.name, None
 
     async def _feed_name(self, name: str, version: int | None, signature_name: str) -> str:
+        """The graph tensor an input alias feeds (TF Serving's messages name it)."""
         metadata = await self.dataplane.metadata(name, version)
-        try:
-            signature = metadata.signature_defs.signature_def[signature_name]
-            return signature.inputs[INPUT_KEY].name
-        except (AttributeError, KeyError):
+        # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
+        signature = metadata.signature_defs.signature_def.get(signature_name)
+        if signature is None or INPUT_KEY not in signature.inputs:
             return INPUT_KEY
+        return signature.inputs[INPUT_KEY].name
 
     # --- PredictionService --------------------------------------------------------------
     @_rpc
@@ -324,7 +330,8 @@ class _Servicer(
             entry.version = status.version
             entry.state = int(status.state)
             codes = entry.status.DESCRIPTOR.fields_by_name["error_code"].enum_type
-            entry.status.error_code = codes.values_by_name[status.error_code].number
+            code = codes.values_by_name.get(status.error_code) or codes.values_by_name["UNKNOWN"]
+            entry.status.error_code = code.number
             entry.status.error_message = status.error_message
         return response
 
