@@ -36,7 +36,6 @@ from service.protocols.http import (
     unless_disconnected,
     version_in_url,
 )
-from service.registry import servable_not_found
 from service.tensors import IMAGE_BATCH_SHAPE, IMAGE_ELEMENTS, V2_DATATYPES, v2_datatype
 from service.types import ModelMetadata, TensorSpec, VersionState
 
@@ -497,11 +496,15 @@ class OpenInferenceREST:
         return json_response(render_model_metadata(metadata, available))
 
     async def model_ready_latest(self, name: str):
-        if name != self.dataplane.model_name:
-            raise NotFound(servable_not_found(name, None))
-        readiness = self.dataplane.readiness()
-        if not readiness.ready:
-            raise NotReady(f"model {name} is not ready: {readiness.reason}")
+        if name == self.dataplane.model_name:
+            readiness = self.dataplane.readiness()
+            if not readiness.ready:
+                raise NotReady(f"model {name} is not ready: {readiness.reason}")
+        else:
+            statuses = await self.dataplane.model_status(name, None)  # NotFound: no such model
+            if not any(s.state == VersionState.AVAILABLE for s in statuses):
+                states = ", ".join(f"version {s.version}: {s.state.name}" for s in statuses)
+                raise NotReady(f"model {name} is not ready ({states})")
         return json_response({"name": name, "ready": True})
 
     async def model_ready_version(self, name: str, version: str):

@@ -148,7 +148,7 @@ METADATA_ERRORS = [
     pytest.param("/v2/models/other", 404, "Servable not found for request: Latest(other)", id="unknown-model"),
     pytest.param(f"{V2}/versions/9", 404, f"Servable not found for request: Specific({MODEL_NAME}, 9)", id="unknown-version"),
     pytest.param(f"{V2}/versions/one", 400, "version must be a non-negative integer, got 'one'", id="bad-version"),
-    pytest.param("/v2/models/other/ready", 404, "Servable not found for request: Latest(other)", id="ready-unknown-model"),
+    pytest.param("/v2/models/other/ready", 404, "Could not find any versions of model other", id="ready-unknown-model"),
     pytest.param(f"{V2}/versions/9/ready", 404, f"Specific({MODEL_NAME}, 9)", id="ready-unknown-version"),
 ]  # fmt: skip
 
