@@ -3,14 +3,18 @@
 (1) the SavedModel called in-process at its best batch size: the ceiling;
 (2) a naive FastAPI endpoint (benchmarks/naive_app.py): the baseline users would write;
 (3) this service with batching off (BATCH_MAX_SIZE=1);
-(4) this service with dynamic batching on (the defaults).
+(4) this service with dynamic batching on (the defaults);
+and (4) again at c=64 over its other protocols: the Open Inference Protocol with binary tensors
+(wrk) and TF Serving's gRPC Predict (benchmarks/grpc_load.py, a small asyncio client).
 Load comes from wrk, a separate process, with the same request bodies for every server.
 Results: benchmarks/results/latest.json and latest.png, and a Markdown table on stdout.
+`--protocols-only` runs only the protocol rows and saves nothing (a quick check).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -29,8 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 LUA = ROOT / "benchmarks" / "post.lua"
 PATH = "/v1/models/fashion_mnist:predict"
+V2_PATH = "/v2/models/fashion_mnist/infer"
 # (concurrency, images per request)
 LOADS = [(1, 1), (16, 1), (64, 1), (16, 8)]
+PROTOCOL_CONCURRENCY = 64
 
 
 def free_port() -> int:
@@ -83,6 +89,35 @@ def request_bodies(workdir: Path) -> dict[int, Path]:
         path.write_text(json.dumps({"instances": pixels.tolist()}))
         bodies[n] = path
     return bodies
+
+
+def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
+    """One real test image as a V2 binary request (and its JSON's length) and as a .npy for
+    the gRPC client."""
+    from artifact.contract import normalize_pixels
+    from training.data import DEFAULT_DATA_DIR, load_split
+
+    _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
+    image = normalize_pixels(images[:1])
+    blob = image.astype("<f4").tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "FP32",
+                    "shape": list(image.shape),
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    v2 = workdir / "body-v2-binary.bin"
+    v2.write_bytes(header + blob)
+    npy = workdir / "images-1.npy"
+    np.save(npy, image)
+    return {"v2_binary": v2, "v2_header_length": len(header), "grpc_images": npy}
 
 
 def measure_ceiling(version_path: Path) -> dict:
@@ -150,8 +185,17 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def run_wrk(port: int, body: Path, concurrency: int, seconds: int) -> dict:
-    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH}
+def run_wrk(
+    port: int,
+    body: Path,
+    concurrency: int,
+    seconds: int,
+    path: str = PATH,
+    header_length: int | None = None,
+) -> dict:
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path}
+    if header_length is not None:
+        env["BENCH_HEADER_LENGTH"] = str(header_length)
     cmd = [
         "wrk",
         "-t1",
@@ -178,13 +222,42 @@ def run_wrk(port: int, body: Path, concurrency: int, seconds: int) -> dict:
     }
 
 
-def bench_server(name, cmd, env, port, bodies, seconds, log_path: Path) -> dict:
+def run_grpc_load(address: str, images: Path, concurrency: int, seconds: int) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.grpc_load", "--address", address]
+    cmd += ["--images", str(images), "-c", str(concurrency), "-d", str(seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> dict:
+    """The service (4) at c=64, one image per request, over each of its protocols."""
+    c = PROTOCOL_CONCURRENCY
+    results = {
+        "v1_json": run_wrk(port, bodies[1], c, seconds),
+        "v2_binary": run_wrk(
+            port, bodies["v2_binary"], c, seconds, V2_PATH, bodies["v2_header_length"]
+        ),
+        "grpc": run_grpc_load(f"127.0.0.1:{grpc_port}", bodies["grpc_images"], c, seconds),
+    }
+    for key, r in results.items():
+        print(
+            f"   c={c:<3} 1 img/req {key:10s} {r['requests_per_s']:8.1f} req/s  "
+            f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
+            flush=True,
+        )
+    return results
+
+
+def bench_server(
+    name, cmd, env, port, bodies, seconds, log_path: Path, loads=LOADS, extra=None
+) -> dict:
+    """wrk at each load against a server; `extra(port)` runs too while the server is up."""
     print(f"== {name}", flush=True)
     proc = start_server(cmd, env, port, log_path)
     try:
         run_wrk(port, bodies[1], 16, 2)  # warm up
         results = {}
-        for concurrency, n in LOADS:
+        for concurrency, n in loads:
             r = run_wrk(port, bodies[n], concurrency, seconds)
             r["images_per_s"] = r["requests_per_s"] * n
             results[f"c{concurrency}x{n}"] = r
@@ -193,6 +266,8 @@ def bench_server(name, cmd, env, port, bodies, seconds, log_path: Path) -> dict:
                 f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
                 flush=True,
             )
+        if extra is not None:
+            extra(port)
         return results
     finally:
         stop_server(proc)
@@ -233,6 +308,28 @@ def table(result: dict) -> str:
     rows.append(
         f"At c=1, (4) p50 {c1:.2f} ms vs (1) batch-1 p50 {base:.2f} ms: +{c1 - base:.2f} ms"
     )
+    if result.get("protocols"):
+        rows += ["", protocols_table(result["protocols"])]
+    return "\n".join(rows)
+
+
+def protocols_table(protocols: dict) -> str:
+    names = {
+        "v1_json": "TF Serving REST, JSON (wrk)",
+        "v2_binary": "Open Inference Protocol, binary tensors (wrk)",
+        "grpc": "TF Serving gRPC Predict (benchmarks/grpc_load.py)",
+    }
+    rows = [
+        f"(4) by protocol, c={PROTOCOL_CONCURRENCY}, 1 img/req:",
+        "",
+        "| protocol | req/s | p50 ms | p99 ms | errors |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, r in protocols.items():
+        rows.append(
+            f"| {names[key]} | {r['requests_per_s']:,.0f} | {r['p50_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} | {r['errors']} |"
+        )
     return "\n".join(rows)
 
 
@@ -265,6 +362,11 @@ def chart(result: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
+    parser.add_argument(
+        "--protocols-only",
+        action="store_true",
+        help="only (4)'s rows per protocol at c=64; print them, save nothing",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
@@ -275,9 +377,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
         version_path = find_or_train_model(workdir)
-        bodies = request_bodies(workdir)
-        print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
-        ceiling = measure_ceiling(version_path)
+        bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
         base_env = {
             **os.environ,
             "MODEL_NAME": "fashion_mnist",
@@ -285,7 +385,32 @@ def main() -> int:
             "MODEL_POLL_SECONDS": "0",
             "LOG_LEVEL": "warning",
             "MAX_IMAGES": "1024",
+            "GRPC_PORT": "0",
         }
+        protocols: dict = {}
+
+        def measure_protocols(port: int, grpc_port: int) -> None:
+            protocols.update(bench_protocols(port, grpc_port, bodies, args.seconds))
+
+        if args.protocols_only:
+            port, grpc_port = free_port(), free_port()
+            env = {**base_env, "PORT": str(port), "GRPC_PORT": str(grpc_port)}
+            bench_server(
+                "(4) this service, batching on, by protocol",
+                [sys.executable, "-m", "service"],
+                env,
+                port,
+                bodies,
+                args.seconds,
+                workdir / "protocols.log",
+                loads=[],
+                extra=functools.partial(measure_protocols, grpc_port=grpc_port),
+            )
+            print()
+            print(protocols_table(protocols))
+            return 0
+        print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
+        ceiling = measure_ceiling(version_path)
         naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
         service = [sys.executable, "-m", "service"]
         runs = [  # key, title, command, extra environment
@@ -304,8 +429,12 @@ def main() -> int:
                 "UVICORN_PORT": str(port),
                 "UVICORN_LOG_LEVEL": "warning",
             }
+            extra = None
+            if key == "batched":
+                env["GRPC_PORT"] = str(grpc_port := free_port())
+                extra = functools.partial(measure_protocols, grpc_port=grpc_port)
             servers[key] = bench_server(
-                title, command, env, port, bodies, args.seconds, workdir / f"{key}.log"
+                title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -331,6 +460,7 @@ def main() -> int:
         "ceiling": ceiling,
         "servers": servers,
         "ratios": ratios,
+        "protocols": protocols,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")

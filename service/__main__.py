@@ -38,6 +38,18 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if settings.grpc_port:
+        try:
+            # gRPC binds its own socket once the model serves; a port taken is found now.
+            listening_socket(settings.host, settings.grpc_port).close()
+        except OSError as err:
+            sock.close()
+            print(
+                f"error: HOST, GRPC_PORT: cannot listen on {settings.host}:{settings.grpc_port}"
+                f": {err.strerror or err}",
+                file=sys.stderr,
+            )
+            return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -65,7 +77,7 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    app = create_app(settings, make_backend(settings, models))
+    app = create_app(settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0)
     config = uvicorn.Config(
         app,
         loop="uvloop",

@@ -20,17 +20,22 @@ from service.metrics import Metrics, MetricsMiddleware
 from service.protocols.operations import Operations
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
+from service.protocols.v2 import OpenInferenceREST
 from service.settings import Settings
 from service.traffic import Traffic
 
+SERVER_NAME = "estimator-serving"
 
-def create_app(settings: Settings, backend: Backend) -> FastAPI:
+
+def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -> FastAPI:
     """Build the service.
 
     Args:
         settings: the validated settings.
         backend: the model runtime (service.backends.factory.make_backend(settings) builds the
             one the settings name; tests pass fakes).
+        serve_grpc: also serve TF Serving's gRPC API on HOST:GRPC_PORT, started and stopped with
+            the app (the entry point asks for it unless GRPC_PORT is 0).
     """
     metrics = Metrics()
     traffic = Traffic(settings.canary_percent, settings.shadow_percent)
@@ -39,6 +44,14 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     if settings.model_config_file:
         watcher = ConfigWatcher(
             settings.model_config_file, settings.model_config_file_poll_seconds, backend
+        )
+    grpc_server = None
+    if serve_grpc:
+        # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
+        from service.protocols.grpc_server import GRPCServer
+
+        grpc_server = GRPCServer(
+            dataplane, settings.host, settings.grpc_port, settings.grpc_max_message_bytes
         )
 
     @contextlib.asynccontextmanager
@@ -62,8 +75,13 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
         if watcher is not None:
             watcher.start()
         try:
+            if grpc_server is not None:
+                # After the data plane, whose batcher lives on this loop, and on this loop too.
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             if watcher is not None:
                 await watcher.close()
             await dataplane.close()
@@ -71,13 +89,15 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     app = FastAPI(
         title="Estimator serving",
         description="Classify 28x28 grayscale images with an exported TensorFlow Estimator. "
-        "TensorFlow Serving's REST API under /v1, a friendlier /predict for people.",
+        "TensorFlow Serving's REST API under /v1, the Open Inference Protocol (KServe V2) "
+        "under /v2, a friendlier /predict for people.",
         version="0.1.0",
         lifespan=lifespan,
     )
     tf_serving = TFServingREST(dataplane, settings.max_body_bytes, watcher)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
-    for adapter in (Operations(dataplane), tf_serving, people):
+    v2 = OpenInferenceREST(dataplane, settings.max_body_bytes, SERVER_NAME, app.version)
+    for adapter in (Operations(dataplane), tf_serving, v2, people):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
@@ -87,11 +107,14 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(error_class, handle_error)
 
-    app.add_middleware(FastLane, routes=tf_serving.fast_routes(), error_response=error_response)
+    app.add_middleware(
+        FastLane, routes=tf_serving.fast_routes() + v2.fast_routes(), error_response=error_response
+    )
     # Added last, so outermost: it counts the fast lane's requests too.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
     app.state.config_watcher = watcher
+    app.state.grpc_server = grpc_server
     app.state.startup_error = None
     app.state.on_startup_error = None
     return app

@@ -138,6 +138,18 @@ class DataPlane:
         """A version's signatures."""
         return await self.backend.metadata(name, version, label)
 
+    def model_readiness(self, name: str) -> Readiness:
+        """Whether one model answers requests that name no version, and if not, why.
+
+        Raises:
+            NotFound: the model is not served.
+        """
+        if name not in self.model_names():
+            raise NotFound(f"Could not find any versions of model {name}")
+        version = self.backend.serving_version(name)
+        reason = "" if version is not None else self.backend.not_ready_reason(name)
+        return Readiness(version is not None, reason, name, version, self.device())
+
     def readiness(self) -> Readiness:
         """Whether every model answers; the default model's version and the device."""
         version = self.backend.serving_version(self.model_name)

@@ -10,7 +10,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 class Metrics:
-    """The service's metrics: requests, latency, predictions by class, model version."""
+    """The service's metrics: HTTP and gRPC requests and latency, predictions by class, model
+    version."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -37,6 +38,19 @@ class Metrics:
             "images_per_request",
             "Images in one prediction request.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=self.registry,
+        )
+        self.grpc_requests = Counter(
+            "grpc_requests_total",
+            "gRPC calls by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.grpc_latency = Histogram(
+            "grpc_request_duration_seconds",
+            "Time from a gRPC call's start to its answer, by method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.model_version = Gauge(

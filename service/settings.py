@@ -54,6 +54,18 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address uvicorn binds.")
     port: int = Field(8000, ge=1, le=65535, description="Port uvicorn listens on.")
+    grpc_port: int = Field(
+        8500,
+        ge=0,
+        le=65535,
+        description="Port of TensorFlow Serving's gRPC API (PredictionService, ModelService) "
+        "on HOST; 0 = no gRPC.",
+    )
+    grpc_max_message_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="Largest gRPC message received or sent; larger gets RESOURCE_EXHAUSTED.",
+    )
     backend: Literal["tensorflow", "tfserving"] = Field(
         "tensorflow",
         description="tensorflow: run the SavedModel in this process; tfserving: forward to "
@@ -129,4 +141,11 @@ class Settings(BaseSettings):
         # One 28x28 image is at least ~1.6 KB as JSON; a limit below that rejects everything.
         if self.max_body_bytes < 4096:
             raise ValueError(f"MAX_BODY_BYTES={self.max_body_bytes} is too small for one image")
+        # One image as a float32 tensor is 3,136 bytes.
+        if self.grpc_max_message_bytes < 4096:
+            raise ValueError(
+                f"GRPC_MAX_MESSAGE_BYTES={self.grpc_max_message_bytes} is too small for one image"
+            )
+        if self.grpc_port == self.port:
+            raise ValueError(f"GRPC_PORT and PORT are both {self.port}; give gRPC its own port")
         return self

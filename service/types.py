@@ -43,12 +43,38 @@ class Prediction:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One named tensor a signature takes or returns.
+
+    `dtype` is the numpy dtype (None for a TensorFlow type numpy has no match for); `shape`
+    has -1 for a dimension of any size, and is None when even the rank is unknown.
+    """
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureSpec:
+    """A signature's method (TF Serving's predict, classify or regress) and tensors, in order."""
+
+    name: str
+    method_name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelMetadata:
-    """A version's signatures: a SignatureDefMap proto (what TF Serving's metadata returns)."""
+    """A version's signatures: a SignatureDefMap proto (what TF Serving's metadata returns) and
+    the same signatures as typed values, for protocols that must not parse protos (the Open
+    Inference Protocol's metadata; service.tensors.signature_specs reads them off the proto)."""
 
     name: str
     version: int
     signature_defs: Any
+    signatures: dict[str, SignatureSpec] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from service.backends.base import Backend
 from service.backends.device import configure_tensorflow
 from service.errors import BadInput, NotFound
 from service.registry import ModelRegistry, VersionRegistry, servable_not_found
+from service.tensors import signature_specs
 from service.types import ModelMetadata, Prediction, VersionStatus
 
 log = logging.getLogger("service.backends.inprocess")
@@ -197,7 +198,10 @@ class InProcessBackend(Backend):
     ) -> ModelMetadata:
         lease = self._model(name, version).acquire(version, label)
         try:
-            return ModelMetadata(name, lease.version, lease.servable.predictor.signature_defs)
+            signature_defs = lease.servable.predictor.signature_defs
+            return ModelMetadata(
+                name, lease.version, signature_defs, signature_specs(signature_defs)
+            )
         finally:
             lease.release()
 

@@ -49,6 +49,7 @@ from service.errors import (
     UpstreamTimeout,
 )
 from service.registry import STABLE, check_label_name, servable_not_found
+from service.tensors import signature_specs
 from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
 
 log = logging.getLogger("service.backends.tfserving")
@@ -352,7 +353,9 @@ class TFServingBackend(Backend):
                 f"TensorFlow Serving at {self.address} sent metadata without a SignatureDefMap "
                 f"under {METADATA_FIELD!r}"
             )
-        return ModelMetadata(name, response.model_spec.version.value, signature_defs)
+        return ModelMetadata(
+            name, response.model_spec.version.value, signature_defs, signature_specs(signature_defs)
+        )
 
     async def predict(
         self,

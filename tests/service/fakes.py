@@ -21,6 +21,8 @@ from google.protobuf import struct_pb2
 from artifact.contract import (
     CLASSES_KEY,
     FASHION_MNIST_LABELS,
+    IMAGE_SHAPE,
+    INPUT_KEY,
     NUM_CLASSES,
     PREDICT_OUTPUT_KEY,
     PROBABILITIES_KEY,
@@ -31,7 +33,14 @@ from service.backends.base import Backend
 from service.errors import BadInput, NotFound, NotReady, UpstreamError
 from service.registry import servable_not_found
 from service.settings import Settings
-from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
+from service.types import (
+    ModelMetadata,
+    Prediction,
+    SignatureSpec,
+    TensorSpec,
+    VersionState,
+    VersionStatus,
+)
 
 with warnings.catch_warnings():
     # Starlette deprecates its httpx-based TestClient in favour of a package not installed.
@@ -39,6 +48,7 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 MODEL_NAME = "fashion_mnist"
+PREDICT_METHOD = "tensorflow/serving/predict"
 
 
 def toy_model(version: int, images: np.ndarray) -> dict[str, np.ndarray]:
@@ -59,6 +69,20 @@ def signature_defs(version: int) -> struct_pb2.Struct:
     signatures = struct_pb2.Struct()
     signatures.update({SIGNATURE_NAME: {"version": version}, PREDICT_OUTPUT_KEY: {}})
     return signatures
+
+
+def signature_specs() -> dict[str, SignatureSpec]:
+    """The typed signatures every exported version has (README, Export): `image` float32
+    (-1, 28, 28) in; `classes` int64 (-1) and `probabilities` float32 (-1, 10) out."""
+    inputs = (TensorSpec(INPUT_KEY, np.dtype(np.float32), (-1, *IMAGE_SHAPE)),)
+    outputs = (
+        TensorSpec(CLASSES_KEY, np.dtype(np.int64), (-1,)),
+        TensorSpec(PROBABILITIES_KEY, np.dtype(np.float32), (-1, NUM_CLASSES)),
+    )
+    return {
+        name: SignatureSpec(name, PREDICT_METHOD, inputs, outputs)
+        for name in (PREDICT_OUTPUT_KEY, SIGNATURE_NAME)
+    }
 
 
 class FakeBackend(Backend):
@@ -141,7 +165,7 @@ class FakeBackend(Backend):
 
     async def metadata(self, name, version, label=None) -> ModelMetadata:
         version = self._version(name, version, label)
-        return ModelMetadata(name, version, signature_defs(version))
+        return ModelMetadata(name, version, signature_defs(version), signature_specs())
 
     async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
         self.calls.append((version, label, len(images)))
@@ -211,10 +235,11 @@ def write_version(model_dir: Path, version: int | str, content: str = "good") ->
 
 
 @contextlib.contextmanager
-def app_client(backend: Backend, **settings) -> Iterator[TestClient]:
-    """Starlette's TestClient on the real app over a fake backend (lifespan included)."""
+def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterator[TestClient]:
+    """Starlette's TestClient on the real app over a fake backend (lifespan included; with
+    serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
-    app = create_app(Settings(**{**defaults, **settings}), backend)
+    app = create_app(Settings(**{**defaults, **settings}), backend, serve_grpc=serve_grpc)
     app.state.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:
         yield client

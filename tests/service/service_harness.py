@@ -44,6 +44,8 @@ def service_env(**overrides: str) -> dict[str, str]:
     ignored = settings_vars()
     env = {k: v for k, v in os.environ.items() if k.upper() not in ignored}
     env["PYTHONUNBUFFERED"] = "1"
+    # No test listens on TF Serving's well-known port: those that test gRPC give a free one.
+    env["GRPC_PORT"] = "0"
     env.update(overrides)
     return env
 

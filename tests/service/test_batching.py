@@ -107,6 +107,40 @@ def test_queued_requests_merge_into_one_call_and_split_back_in_order(images):
     assert gated.sizes == [1, 4, 1]
 
 
+def test_tf_serving_rest_and_the_open_inference_protocol_share_one_batch(images):
+    pixels, expected = images
+    v2_body = {
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "FP32",
+                "shape": [2, 28, 28],
+                "data": pixels[3:5].tolist(),
+            }
+        ]
+    }
+    with (
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+        serving(max_batch_size=4) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+        v1 = pool.submit(post, url, pixels[1:3])
+        wait_until(lambda: batcher.waiting == 1, "the /v1 request queued")
+        v2_url = url + "/v2/models/fashion_mnist/infer"
+        v2 = pool.submit(httpx.post, v2_url, json=v2_body, timeout=WAIT_SECONDS)
+        wait_until(lambda: batcher.waiting == 2, "the /v2 request queued")
+        gated.gate.set()
+        probabilities_of(first.result())
+        np.testing.assert_allclose(probabilities_of(v1.result()), expected[1:3], atol=1e-5)
+        response = v2.result()
+        assert response.status_code == 200, response.text
+        (output,) = [o for o in response.json()["outputs"] if o["name"] == PROBABILITIES_KEY]
+        np.testing.assert_allclose(np.reshape(output["data"], (2, 10)), expected[3:5], atol=1e-5)
+    assert gated.sizes == [1, 4]
+
+
 def test_full_queue_answers_503_at_once(images):
     pixels, _ = images
     with (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from service_harness import run_service
+from service_harness import free_port, run_service
 
 from service.settings import Settings
 
@@ -36,6 +36,9 @@ def assert_one_error_line_naming(result, *fragments: str) -> str:
         pytest.param("MODEL_NAME", "../elsewhere", id="model-name"),
         pytest.param("LOG_LEVEL", "loud", id="log-level"),
         pytest.param("HOST", "999.1.1.1", id="host"),
+        pytest.param("GRPC_PORT", "70000", id="grpc-port-range"),
+        pytest.param("GRPC_PORT", "8000", id="grpc-port-is-port"),
+        pytest.param("GRPC_MAX_MESSAGE_BYTES", "10", id="grpc-message-bytes"),
     ],
 )
 def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
@@ -50,6 +53,20 @@ def test_a_port_in_use_exits_2_before_loading_anything(tmp_path):
         port = taken.getsockname()[1]
         result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=str(port))
     assert_one_error_line_naming(result, "PORT", "in use")
+
+
+def test_a_grpc_port_in_use_exits_2_before_loading_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        grpc_port = taken.getsockname()[1]
+        result = run_service(
+            timeout=60,
+            MODEL_BASE_PATH=str(tmp_path),
+            PORT=str(free_port()),
+            GRPC_PORT=str(grpc_port),
+        )
+    assert_one_error_line_naming(result, "GRPC_PORT", "in use")
 
 
 @pytest.mark.parametrize(
@@ -71,3 +88,4 @@ def test_settings_defaults_match_tf_servings_names():
     settings = Settings()
     assert (settings.model_name, settings.model_base_path) == ("fashion_mnist", "models")
     assert settings.backend == "tensorflow"
+    assert settings.grpc_port == 8500

@@ -1,0 +1,389 @@
+"""TensorFlow Serving's gRPC API, served natively: PredictionService and ModelService.
+
+A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on port
+8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus, and
+Classify and Regress answered as TF Serving 2.15 answers them for the predict signatures this
+model exports. The server runs on the app's event loop and calls the same data plane as the
+HTTP adapters, so gRPC requests share HTTP's limits, metrics and batches.
+
+Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
+tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
+get_model_status_impl.cc; servables/tensorflow/predict_util.cc, classifier.cc, regressor.cc,
+get_model_metadata_impl.cc; TF's cc/saved_model/util.cc). The service's own errors become
+codes through `GRPC_ERRORS` (service/backends/tfserving.py, TF Serving's gRPC-to-HTTP table)
+read backwards. A client's deadline cancels its request wherever it waits, batch queue
+included.
+
+Imported only when GRPC_PORT is not 0: TF Serving's protos import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import NoReturn
+
+import grpc
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
+from service.backends.tfserving import GRPC_ERRORS
+from service.dataplane import DataPlane
+from service.errors import (
+    BadInput,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    UpstreamError,
+)
+from service.tensors import fill_tensor_proto, images_from_tensor_proto
+from service.types import ModelMetadata
+
+log = logging.getLogger("service.grpc")
+
+METADATA_FIELD = "signature_def"
+# TF Serving cuts longer messages (model_servers/grpc_status_util.cc).
+MESSAGE_LIMIT = 1024
+# As uvicorn's: in-flight calls may finish when the service stops.
+SHUTDOWN_GRACE_SECONDS = 30.0
+# A client whose deadline passes cancels the call before the server's copy of the deadline
+# (set when the call arrived, so later by the request's transit time) passes too.
+DEADLINE_SLACK_SECONDS = 0.1
+CLIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+# The service's errors as gRPC codes: TF Serving's table read backwards (the first code it
+# lists for an error wins: BadInput is INVALID_ARGUMENT), plus what it has no code for.
+STATUS_OF_ERROR: dict[type[ServiceError], grpc.StatusCode] = {}
+for _code, _error in GRPC_ERRORS.items():
+    STATUS_OF_ERROR.setdefault(_error, _code)
+STATUS_OF_ERROR.update(
+    {
+        PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,  # over MAX_IMAGES
+        Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,  # the batching queue is full
+        UpstreamError: grpc.StatusCode.UNAVAILABLE,  # shutting down; a batch that failed
+    }
+)
+
+
+def status_code_of(err: ServiceError) -> grpc.StatusCode:
+    """The gRPC code for a service error; TF Serving's own code when it came from TF Serving
+    (BACKEND=tfserving), so it passes through unchanged."""
+    cause = err.__cause__
+    if isinstance(cause, grpc.RpcError) and callable(getattr(cause, "code", None)):
+        return cause.code()
+    for error_class in type(err).__mro__:
+        if error_class in STATUS_OF_ERROR:
+            return STATUS_OF_ERROR[error_class]
+    return grpc.StatusCode.INTERNAL
+
+
+class RPCError(Exception):
+    """A status the service's errors do not carry (TF Serving's FAILED_PRECONDITION, ...)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _rpc(method):
+    """Count the call, and answer its errors with their gRPC status, logged as the HTTP side
+    logs them."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handler(self, request, context):
+        metrics = self.dataplane.metrics
+        started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN
+        try:
+            response = await method(self, request, context)
+            code = grpc.StatusCode.OK
+            return response
+        except asyncio.CancelledError:
+            # gRPC cancels the handler when the client's deadline passes or the client leaves.
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining < DEADLINE_SLACK_SECONDS
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
+        except RPCError as err:
+            code, message = err.code, err.message
+        except ServiceError as err:
+            code, message = status_code_of(err), err.message
+        except Exception as err:  # noqa: BLE001 - a bug: logged, answered INTERNAL without details
+            log.error("gRPC %s failed", name, exc_info=err)
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}"
+        finally:
+            metrics.grpc_requests.labels(name, code.name).inc()
+            metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
+        level = logging.INFO if code in CLIENT_CODES else logging.WARNING
+        log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
+        if len(message) > MESSAGE_LIMIT:
+            message = message[:MESSAGE_LIMIT] + "...TRUNCATED"
+        await context.abort(code, message)
+
+    return handler
+
+
+def _model_spec(request):
+    if not request.HasField("model_spec"):
+        raise BadInput("Missing ModelSpec")
+    return request.model_spec
+
+
+def _debug_string(metadata: ModelMetadata, signature_name: str) -> str:
+    """A signature as TF Serving prints it in messages (the proto's text format)."""
+    # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
+    return str(metadata.signature_defs.signature_def.get(signature_name, ""))
+
+
+class _Servicer(
+    prediction_service_pb2_grpc.PredictionServiceServicer,
+    model_service_pb2_grpc.ModelServiceServicer,
+):
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    # --- model specs --------------------------------------------------------------------
+    def servable(self, spec) -> tuple[str, int | None, str | None]:
+        """(model, version, label) as TF Serving reads a ModelSpec; neither = the serving one."""
+        if not spec.name:
+            raise BadInput("ModelSpec has no name specified.")
+        choice = spec.WhichOneof("version_choice")
+        if choice == "version":
+            return spec.name, spec.version.value, None
+        if choice == "version_label":
+            return spec.name, None, spec.version_label
+        return spec.name, None, None
+
+    async def _feed_name(
+        self, name: str, version: int | None, label: str | None, signature_name: str
+    ) -> str:
+        """The graph tensor an input alias feeds (TF Serving's messages name it)."""
+        metadata = await self.dataplane.metadata(name, version, label)
+        # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
+        signature = metadata.signature_defs.signature_def.get(signature_name)
+        if signature is None or INPUT_KEY not in signature.inputs:
+            return INPUT_KEY
+        return signature.inputs[INPUT_KEY].name
+
+    # --- PredictionService --------------------------------------------------------------
+    @_rpc
+    async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
+        name, version, label = self.servable(_model_spec(request))
+        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
+        if signature_name != SIGNATURE_NAME:
+            metadata = await self.dataplane.metadata(name, version, label)
+            if signature_name not in metadata.signatures:
+                raise RPCError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f'Serving signature key "{signature_name}" not found.',
+                )
+        sent = sorted(request.inputs)
+        if len(sent) != 1:
+            raise BadInput(
+                f"input size does not match signature: {len(sent)}!=1 len({{{','.join(sent)}}})"
+                f" != len({{{INPUT_KEY}}}). Sent extra: "
+                f"{{{','.join(k for k in sent if k != INPUT_KEY)}}}. Missing but required: "
+                f"{{{'' if INPUT_KEY in sent else INPUT_KEY}}}."
+            )
+        if INPUT_KEY not in request.inputs:
+            feed_name = await self._feed_name(name, version, label, signature_name)
+            raise BadInput(
+                f"Signature input alias: {INPUT_KEY}(feed name: {feed_name}) not found in "
+                f"request and no default value provided. Inputs expected to be in the request "
+                f"{{{','.join(sent)}}}, or default input alias set: "
+            )
+        images = images_from_tensor_proto(
+            request.inputs[INPUT_KEY], INPUT_KEY, self.dataplane.check_image_count
+        )
+        wanted = list(request.output_filter)
+        for i, alias in enumerate(wanted):
+            if alias not in OUTPUT_KEYS:
+                raise BadInput(
+                    f"output tensor alias not found in signature: {alias} Outputs expected to "
+                    f"be in the set {{{','.join(sorted(OUTPUT_KEYS))}}}."
+                )
+            if alias in wanted[:i]:
+                raise BadInput(f"duplicate output tensor alias: {alias}")
+        result = await self.dataplane.predict(name, images, version, signature_name, label)
+        response = predict_pb2.PredictResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = result.version
+        response.model_spec.signature_name = signature_name
+        for key in wanted or result.outputs:
+            fill_tensor_proto(response.outputs[key], result.outputs[key])
+        return response
+
+    @_rpc
+    async def Classify(self, request, context):  # noqa: N802
+        await self._refuse_example_signature(request, "classification")
+
+    @_rpc
+    async def Regress(self, request, context):  # noqa: N802
+        await self._refuse_example_signature(request, "regression")
+
+    async def _refuse_example_signature(self, request, kind: str) -> NoReturn:
+        """Classify and Regress as TF Serving 2.15 checks them with its default flags (no
+        --enable_signature_method_name_check): the signature must take tf.Examples under
+        `inputs`. This model's signatures take images, so a request ends in TF Serving's
+        error for its signature; one of the tf.Example form would get UNIMPLEMENTED."""
+        name, version, label = self.servable(_model_spec(request))
+        metadata = await self.dataplane.metadata(name, version, label)
+        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
+        signature = metadata.signatures.get(signature_name)
+        if signature is None:
+            raise BadInput(f"No signature was found with the name: {signature_name}")
+        inputs = {spec.name for spec in signature.inputs}
+        outputs = {spec.name for spec in signature.outputs}
+        if len(inputs) != 1:
+            raise BadInput("Expected one input Tensor.")
+        if kind == "classification":
+            if len(outputs) not in (1, 2):
+                raise BadInput(f"Expected one or two output Tensors, found {len(outputs)}")
+            if "inputs" not in inputs:
+                raise BadInput(
+                    "No classification inputs found in SignatureDef: "
+                    + _debug_string(metadata, signature_name)
+                )
+            if not outputs & {"classes", "scores"}:
+                raise BadInput(
+                    "Expected classification signature outputs to contain at least one of "
+                    '"classes" or "scores". Signature was: '
+                    + _debug_string(metadata, signature_name)
+                )
+        else:
+            if len(outputs) != 1:
+                raise BadInput("Expected one output Tensor.")
+            if "inputs" not in inputs:
+                raise BadInput(
+                    "No regression inputs found in SignatureDef: "
+                    + _debug_string(metadata, signature_name)
+                )
+            if "outputs" not in outputs:
+                raise BadInput(
+                    "No regression outputs found in SignatureDef: "
+                    + _debug_string(metadata, signature_name)
+                )
+        raise RPCError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"signature {signature_name!r} takes serialized tf.Examples; this service runs "
+            f"signatures that take images ({INPUT_KEY!r}): use Predict",
+        )
+
+    @_rpc
+    async def MultiInference(self, request, context):  # noqa: N802
+        raise RPCError(
+            grpc.StatusCode.UNIMPLEMENTED, "MultiInference is not served here: use Predict"
+        )
+
+    @_rpc
+    async def GetModelMetadata(self, request, context):  # noqa: N802
+        spec = _model_spec(request)
+        if not request.metadata_field:
+            raise BadInput("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != METADATA_FIELD:
+                raise BadInput(f"Metadata field {field} is not supported")
+        name, version, label = self.servable(spec)
+        metadata = await self.dataplane.metadata(name, version, label)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = metadata.name
+        response.model_spec.version.value = metadata.version
+        response.metadata[METADATA_FIELD].Pack(metadata.signature_defs)
+        return response
+
+    # --- ModelService -------------------------------------------------------------------
+    @_rpc
+    async def GetModelStatus(self, request, context):  # noqa: N802
+        spec = _model_spec(request)
+        # TF Serving reads only the version here: a label asks for every version.
+        version = spec.version.value if spec.HasField("version") else None
+        statuses = await self.dataplane.model_status(spec.name, version)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for status in statuses:
+            entry = response.model_version_status.add()
+            entry.version = status.version
+            entry.state = int(status.state)
+            codes = entry.status.DESCRIPTOR.fields_by_name["error_code"].enum_type
+            code = codes.values_by_name.get(status.error_code) or codes.values_by_name["UNKNOWN"]
+            entry.status.error_code = code.number
+            entry.status.error_message = status.error_message
+        return response
+
+    @_rpc
+    async def HandleReloadConfigRequest(self, request, context):  # noqa: N802
+        raise RPCError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "the model's versions come from MODEL_BASE_PATH, polled every MODEL_POLL_SECONDS; "
+            "a model server config cannot be reloaded",
+        )
+
+
+class GRPCServer:
+    """TF Serving's gRPC API on host:port over a data plane, on the running event loop.
+
+    Args:
+        dataplane: what serves the model (the HTTP adapters' own).
+        host, port: where to listen (HOST, GRPC_PORT).
+        max_message_bytes: largest message received or sent (GRPC_MAX_MESSAGE_BYTES).
+    """
+
+    def __init__(self, dataplane: DataPlane, host: str, port: int, max_message_bytes: int):
+        self.dataplane = dataplane
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.max_message_bytes = max_message_bytes
+        self.port = port
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen and serve; on the loop the data plane runs on.
+
+        Raises:
+            RuntimeError: the address cannot be bound.
+        """
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
+                # gRPC shares a port with any other process's server by default: refuse.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        servicer = _Servicer(self.dataplane)
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
+        try:
+            port = server.add_insecure_port(self.address)
+        except RuntimeError as err:
+            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT): {err}") from err
+        if port == 0:
+            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT)")
+        self.port = port
+        await server.start()
+        self._server = server
+        log.info("TensorFlow Serving's gRPC API on %s", self.address)
+
+    async def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        """Refuse new calls, let those in flight finish (up to `grace` seconds), close."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None

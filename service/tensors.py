@@ -1,0 +1,185 @@
+"""Tensors on the wire, without TensorFlow: type names, signature specs and TensorProto fields.
+
+TensorFlow Serving's protos (TensorProto, SignatureDefMap) are read and filled here through
+their fields alone; the callers hand the messages in. So this module imports neither
+TensorFlow nor its protos (importing either takes seconds), and the Open Inference Protocol
+adapter and the fast tests can use it. Three type vocabularies meet here: TensorFlow's
+DataType numbers and names, numpy's dtypes, and the Open Inference Protocol's datatypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from artifact.contract import IMAGE_SHAPE
+from service import codec
+from service.errors import BadInput
+from service.types import SignatureSpec, TensorSpec
+
+# TensorFlow's DataType numbers (tensorflow/core/framework/types.proto), TensorFlow's own name
+# for each (what its error messages say) and numpy's dtype, where numpy has one.
+_TF_TYPES: tuple[tuple[int, str, type | None], ...] = (
+    (1, "float", np.float32),
+    (2, "double", np.float64),
+    (3, "int32", np.int32),
+    (4, "uint8", np.uint8),
+    (5, "int16", np.int16),
+    (6, "int8", np.int8),
+    (7, "string", np.object_),
+    (8, "complex64", np.complex64),
+    (9, "int64", np.int64),
+    (10, "bool", np.bool_),
+    (14, "bfloat16", None),
+    (17, "uint16", np.uint16),
+    (18, "complex128", np.complex128),
+    (19, "half", np.float16),
+    (20, "resource", None),
+    (21, "variant", None),
+    (22, "uint32", np.uint32),
+    (23, "uint64", np.uint64),
+)
+DT_FLOAT = 1
+TF_TYPE_NAMES = {number: name for number, name, _ in _TF_TYPES}
+NUMPY_OF_TF = {number: np.dtype(dtype) for number, _, dtype in _TF_TYPES if dtype is not None}
+TF_OF_NUMPY = {dtype: number for number, dtype in NUMPY_OF_TF.items()}
+
+# The Open Inference Protocol's datatypes (inference_rest.md, "Tensor Data Types").
+V2_OF_NUMPY = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+    np.dtype(np.object_): "BYTES",
+}
+V2_DATATYPES = frozenset(V2_OF_NUMPY.values()) | {"BF16"}
+
+IMAGE_ELEMENTS = int(np.prod(IMAGE_SHAPE))
+IMAGE_BATCH_SHAPE = [-1, *IMAGE_SHAPE]
+
+
+def tf_type_name(number: int) -> str:
+    """TensorFlow's name of a DataType number ("float", "double", ...)."""
+    return TF_TYPE_NAMES.get(number, f"DataType {number}")
+
+
+def v2_datatype(dtype: np.dtype | None) -> str:
+    """The Open Inference Protocol's name of a numpy dtype (BYTES for strings)."""
+    if dtype is None or dtype not in V2_OF_NUMPY:
+        raise ValueError(f"no Open Inference Protocol datatype for {dtype}")
+    return V2_OF_NUMPY[dtype]
+
+
+# --- signatures -----------------------------------------------------------------------------
+
+
+def signature_specs(signature_defs) -> dict[str, SignatureSpec]:
+    """The typed view of a SignatureDefMap proto: each signature's method and tensors, by key.
+
+    Args:
+        signature_defs: a tensorflow.serving.SignatureDefMap (read through its fields only).
+    """
+    return {
+        name: SignatureSpec(
+            name,
+            signature.method_name,
+            _tensor_specs(signature.inputs),
+            _tensor_specs(signature.outputs),
+        )
+        for name, signature in sorted(signature_defs.signature_def.items())
+    }
+
+
+def _tensor_specs(tensor_infos) -> tuple[TensorSpec, ...]:
+    specs = []
+    for key, info in sorted(tensor_infos.items()):
+        shape = info.tensor_shape
+        dims = None if shape.unknown_rank else tuple(int(d.size) for d in shape.dim)
+        specs.append(TensorSpec(key, NUMPY_OF_TF.get(info.dtype), dims))
+    return tuple(specs)
+
+
+# --- TensorProto ----------------------------------------------------------------------------
+
+
+def images_from_tensor_proto(
+    proto, alias: str, check_count: Callable[[int], None] = lambda count: None
+) -> np.ndarray:
+    """float32 images [n, 28, 28] from a TensorProto, in any form a TF Serving client sends.
+
+    `tensor_content` (raw little-endian floats, what tf.make_tensor_proto writes for arrays)
+    or `float_val` with one value per element, or a single value for every element (what
+    tf.make_tensor_proto writes for a scalar and a shape).
+
+    Args:
+        proto: the tensorflow.TensorProto (read through its fields only).
+        alias: the input's name, for messages.
+        check_count: called with the number of images before any value is read (the limit).
+    Raises:
+        BadInput: not DT_FLOAT, not [n, 28, 28] with n >= 1, a value count or byte count that
+            does not match the shape, or values that are not finite.
+    """
+    if proto.dtype != DT_FLOAT:
+        raise BadInput(
+            f"Expects arg[0] to be float but {tf_type_name(proto.dtype)} is provided (input "
+            f"'{alias}' takes float {IMAGE_BATCH_SHAPE})"
+        )
+    shape = proto.tensor_shape
+    dims = [int(d.size) for d in shape.dim]
+    if shape.unknown_rank or any(size < 0 for size in dims):
+        raise BadInput(
+            f"tensor parsing error: {alias} (its shape must be fully defined; got "
+            f"{'an unknown rank' if shape.unknown_rank else dims})"
+        )
+    if len(dims) != 3 or tuple(dims[1:]) != IMAGE_SHAPE:
+        raise BadInput(f"input '{alias}' has shape {dims}; the signature takes {IMAGE_BATCH_SHAPE}")
+    count = dims[0]
+    if count == 0:
+        raise BadInput(f"input '{alias}' has no images (shape {dims}); send at least one")
+    check_count(count)
+    elements = count * IMAGE_ELEMENTS
+    content = proto.tensor_content
+    if content:
+        if len(content) != elements * 4:
+            raise BadInput(
+                f"tensor parsing error: {alias} (tensor_content has {len(content)} bytes; "
+                f"shape {dims} of float takes {elements * 4})"
+            )
+        images = np.frombuffer(content, "<f4").reshape(dims)
+    else:
+        values = proto.float_val
+        if len(values) == elements:
+            images = np.fromiter(values, np.float32, count=elements).reshape(dims)
+        elif len(values) == 1:
+            images = np.full(dims, values[0], np.float32)
+        else:
+            raise BadInput(
+                f"tensor parsing error: {alias} (float_val has {len(values)} values; shape "
+                f"{dims} takes {elements}, or 1 for all)"
+            )
+    return codec.as_model_input(images, f"input '{alias}'")
+
+
+def fill_tensor_proto(proto, array: np.ndarray) -> None:
+    """Write a numpy array into an empty TensorProto: dtype, shape and little-endian
+    `tensor_content` (what TF Serving clients read with tf.make_ndarray).
+
+    Raises:
+        ValueError: a dtype TensorFlow has no number for here, or strings (not raw bytes).
+    """
+    number = TF_OF_NUMPY.get(array.dtype.newbyteorder("="))
+    if number is None or array.dtype == np.object_:
+        raise ValueError(f"cannot write a {array.dtype} array as tensor_content")
+    proto.dtype = number
+    for size in array.shape:
+        proto.tensor_shape.dim.add().size = size
+    proto.tensor_content = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
