@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +17,7 @@ from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
 from service.protocols.operations import Operations
+from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.settings import Settings
@@ -53,7 +55,8 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     )
     tf_serving = TFServingREST(dataplane, settings.max_body_bytes)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
-    for adapter in (Operations(dataplane), tf_serving, people):
+    page = PageAPI(settings.model_name, Path(settings.model_base_path) / settings.model_name)
+    for adapter in (Operations(dataplane), tf_serving, people, page):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
