@@ -26,7 +26,12 @@ class ApiError extends Error {
 
 // What a failed call means, in words, from the service's {"error": "..."} body.
 function explain(status, message) {
-  if (status === 503) return `The service is not ready: ${message.replace(/^not ready: /, '')}`;
+  if (status === 503) {
+    // /readyz says "not ready: <why>", a prediction "model <name> is not ready: <why>".
+    const reason = message.replace(/^(?:not ready: |model \S+ is not ready: )/, '');
+    if (reason !== message) return `The service is not ready: ${reason}`;
+    return `The service cannot answer now: ${message}`;
+  }
   if (status === 413) return `Too much at once: ${message}`;
   if (status === 400) return `The service could not use this input: ${message}`;
   if (status === 404) return `Not found: ${message}`;
@@ -379,7 +384,7 @@ async function loadVersions() {
   renderVersions(rows);
   $('versions-status').textContent = rows.length
     ? `${rows.length} version${rows.length === 1 ? '' : 's'} on disk.`
-    : 'No version has been exported yet: run `make train`.';
+    : 'No version has been exported yet (make train exports one).';
 }
 
 function renderVersions(rows) {

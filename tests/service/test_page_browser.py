@@ -428,7 +428,10 @@ def test_a_service_that_is_not_ready_says_so(browser, unready_server, test_image
     )
     browser.find_element(By.ID, "file-input").send_keys(str(test_images[0][0]))
     wait(browser, lambda d: visible_error(d, "try-error"), "the error message")
-    assert visible_error(browser, "try-error").startswith("The service is not ready: ")
+    message = visible_error(browser, "try-error")
+    assert (
+        message.startswith("The service is not ready: no version") and message.count("ready") == 1
+    )
     assert cards(browser) == []
     screenshot(browser, "not-ready-desktop")
     assert page_errors(browser) == []
