@@ -18,9 +18,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
-.PHONY: setup data compose venv train serve test test-fast lint format bench clean
+.PHONY: setup data compose browser venv train serve test test-fast lint format bench clean
 
-setup: venv data compose
+setup: venv data compose browser
 
 venv: $(STAMP)
 
@@ -50,6 +50,16 @@ compose:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; \
 	  else \
 	    echo "docker-compose is missing: run 'sudo apt-get install docker-compose'"; exit 1; \
+	  fi; }
+
+# The page's browser tests drive Debian's headless Chromium through chromedriver; without
+# root they are skipped and say what to install.
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "Chromium is missing, so the browser tests will be skipped: run 'sudo apt-get install chromium chromium-driver'"; \
 	  fi; }
 
 train: setup

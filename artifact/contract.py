@@ -35,6 +35,12 @@ REPORT_FILE = "evaluation.json"
 # TF Serving replays this TFRecord of PredictionLog requests when it loads a version; so does
 # the in-process backend (the name and format are TF Serving's).
 WARMUP_FILE = "tf_serving_warmup_requests"
+# PNG plots the export draws beside the report (training/plots.py); the service's page shows them.
+CONFUSION_MATRIX_PLOT = "confusion_matrix.png"
+LEARNING_CURVES_PLOT = "learning_curves.png"
+EXPORT_PLOTS = (CONFUSION_MATRIX_PLOT, LEARNING_CURVES_PLOT)
+# Retraining's verdict on a version, candidate against baseline, when it wrote one.
+BLESSING_FILE = "blessing.json"
 
 FASHION_MNIST_LABELS = (
     "T-shirt/top",

@@ -3,7 +3,9 @@
     <base>/<model name>/<version>/saved_model.pb
     <base>/<model name>/<version>/variables/
     <base>/<model name>/<version>/assets.extra/   labels.txt, evaluation.json,
-                                                  tf_serving_warmup_requests
+                                                  tf_serving_warmup_requests,
+                                                  confusion_matrix.png, learning_curves.png,
+                                                  blessing.json (when retraining wrote one)
 
 A version is a folder named by a non-negative int64 written in ASCII digits (TF Serving's
 rule) holding a saved_model.pb. Anything else in a model's folder is not a version: hidden
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from artifact.contract import ASSETS_EXTRA, DIGIT_LABELS, LABELS_FILE, REPORT_FILE
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, DIGIT_LABELS, LABELS_FILE, REPORT_FILE
 
 INT64_MAX = 2**63 - 1
 SAVED_MODEL_FILE = "saved_model.pb"
@@ -101,6 +103,13 @@ def version_labels(version_path: str | Path) -> tuple[str, ...]:
 def read_report(version_path: str | Path) -> dict | None:
     """The evaluation report exported with a version, or None when it has none."""
     path = Path(version_path) / ASSETS_EXTRA / REPORT_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def read_blessing(version_path: str | Path) -> dict | None:
+    """Retraining's blessing report (candidate against baseline) exported with a version, or
+    None when it has none."""
+    path = Path(version_path) / ASSETS_EXTRA / BLESSING_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 

@@ -18,6 +18,7 @@ from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
 from service.protocols.operations import Operations
+from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
@@ -97,7 +98,8 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     tf_serving = TFServingREST(dataplane, settings.max_body_bytes, watcher)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
     v2 = OpenInferenceREST(dataplane, settings.max_body_bytes, SERVER_NAME, app.version)
-    for adapter in (Operations(dataplane), tf_serving, v2, people):
+    page = PageAPI(dataplane)
+    for adapter in (Operations(dataplane), tf_serving, v2, people, page):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):

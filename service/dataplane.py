@@ -186,6 +186,14 @@ class DataPlane:
     def device(self) -> str:
         return self.backend.device()
 
+    def model_dir(self, name: str):
+        """A model's folder in the repository. Raises NotFound."""
+        return self.backend.model_dir(name)
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        """A model's version labels (stable, canary, ...)."""
+        return self.backend.version_labels(name)
+
     def update_gauges(self) -> None:
         """Set the serving-version gauge (called before /metrics is scraped)."""
         self.metrics.model_version.clear()

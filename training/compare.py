@@ -5,7 +5,8 @@ custom model only if it beats the baselines by enough to pay for itself. Each ki
 the same steps with the same batch size, learning rate and seed, is exported, and is evaluated
 through its exported SavedModel on the test split. The table (test accuracy, per-class recall,
 training time, parameter count, export size) is printed and saved as comparison.md and
-comparison.json in --work-dir; the exports are a model repository under --work-dir/models
+comparison.json in --work-dir, with comparison.png, a chart of the kinds side by side; the
+exports are a model repository under --work-dir/models
 (`MODEL_BASE_PATH=<work-dir>/models MODEL_NAME=dnn python -m service` serves one).
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from artifact.repository import read_report
-from training import cli, data, runs
+from training import cli, data, plots, runs
 from training.errors import UsageError
 from training.estimator import MODEL_KINDS, make_estimator
 from training.hooks import ProgressHook
@@ -32,6 +33,7 @@ DEFAULT_EPOCHS = 1.0
 DEFAULT_WORK_DIR = "runs/compare"
 TABLE_FILE = "comparison.md"
 RESULTS_FILE = "comparison.json"
+CHART_FILE = "comparison.png"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,5 +158,7 @@ def cmd_compare(args) -> int:
     results = {"budget_steps": max_steps, "batch_size": args.batch_size, "labels": list(labels)}
     results["results"] = rows
     (work_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"Wrote {work_dir / TABLE_FILE} and {work_dir / RESULTS_FILE}")
+    title = f"{len(test_labels):,} test images after {budget}, best first"
+    plots.plot_comparison(rows, labels, work_dir / CHART_FILE, title)
+    print(f"Wrote {work_dir / TABLE_FILE}, {work_dir / RESULTS_FILE} and {work_dir / CHART_FILE}")
     return 0

@@ -31,6 +31,7 @@ from artifact.repository import parse_version
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import WARMUP_BATCH_SIZES, build_warmup_requests, write_warmup_file
 from training.evaluation import build_report
+from training.plots import write_export_plots
 from training.runs import EVAL_BATCH_SIZE
 
 STAGING_PREFIX = ".export-"
@@ -77,6 +78,7 @@ def export_model(
     build_report: Callable[[Path], dict] | None = None,
     checkpoint_path: str | None = None,
     warmup_images: np.ndarray | None = None,
+    write_extras: Callable[[Path, dict | None], object] | None = None,
 ) -> Path:
     """Export the estimator's latest (or the given) checkpoint as a new version.
 
@@ -90,6 +92,9 @@ def export_model(
         warmup_images: float32 [n, 28, 28] in [0, 1] for the warmup requests written to
             assets.extra/tf_serving_warmup_requests (a few real images are best); by default
             all-zero images.
+        write_extras: called with the staged assets.extra folder and the report (None
+            without build_report) to write more files there, such as plots, before the
+            version is published.
     Returns:
         The published version directory, e.g. models/fashion_mnist/3.
     """
@@ -107,16 +112,19 @@ def export_model(
         extra.mkdir(exist_ok=True)
         (extra / LABELS_FILE).write_text("\n".join(labels) + "\n", encoding="utf-8")
         write_warmup_file(staged, build_warmup_requests(staged, base.name, warmup_images))
-        if build_report is not None:
-            report = build_report(staged)
+        report = build_report(staged) if build_report is not None else None
+        if report is not None:
             (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        if write_extras is not None:
+            write_extras(extra, report)
         return _publish(staged, base)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:
-    """Export a new version with its evaluation report on the test split and TF Serving
+    """Export a new version with its evaluation report on the test split, its plots (the
+    confusion matrix, and the learning curves from the run's event files) and TF Serving
     warmup requests made of real test images.
 
     The report comes from the staged SavedModel itself, so it describes exactly what is
@@ -124,7 +132,8 @@ def export_evaluated(estimator, export_dir, labels, test_images, test_labels, co
 
     Args:
         test_images, test_labels: uint8 [n, 28, 28] and [n].
-        context: what the report records besides the metrics (runs.report_context()).
+        context: what the report records besides the metrics (runs.report_context());
+            its model_dir is the run whose event files give the learning curves.
     """
 
     def build(version_path: Path) -> dict:
@@ -138,4 +147,7 @@ def export_evaluated(estimator, export_dir, labels, test_images, test_labels, co
         labels,
         build,
         warmup_images=normalize_pixels(test_images[: max(WARMUP_BATCH_SIZES)]),
+        write_extras=lambda extra, report: write_export_plots(
+            extra, report, context.get("model_dir")
+        ),
     )

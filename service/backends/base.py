@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 
 import numpy as np
 
@@ -91,6 +92,14 @@ class Backend(abc.ABC):
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         """The class labels a version answers with (its labels.txt)."""
 
+    @abc.abstractmethod
+    def model_dir(self, name: str) -> Path:
+        """A model's folder in the repository (its versions, their reports and plots).
+
+        Raises:
+            NotFound: the model is not served.
+        """
+
     def device(self) -> str:
         """Where the models run, for status endpoints and logs."""
         return "unknown"
@@ -120,6 +129,9 @@ class DelegatingBackend(Backend):
 
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return self.inner.class_labels(name, version)
+
+    def model_dir(self, name: str) -> Path:
+        return self.inner.model_dir(name)
 
     async def start(self) -> None:
         await self.inner.start()

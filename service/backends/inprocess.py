@@ -144,6 +144,12 @@ class InProcessBackend(Backend):
     def device(self) -> str:
         return self._device
 
+    def model_dir(self, name: str) -> Path:
+        registry = self.registry.get(name)
+        if registry is None:
+            raise NotFound(f"Could not find any versions of model {name}")
+        return registry.model_dir
+
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         registry = self._model(name, version)
         try:

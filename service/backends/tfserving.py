@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -161,6 +162,12 @@ class TFServingBackend(Backend):
 
     def device(self) -> str:
         return f"tfserving:{self.address}"
+
+    def model_dir(self, name: str) -> Path:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(f"Could not find any versions of model {name}")
+        return entry.base_path
 
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         """From the shared model repository on disk: TF Serving does not serve assets.extra."""

@@ -2,7 +2,9 @@
 
 JSON pixel arrays (integers 0-255 or floats in [0, 1]), base64 image files, or a multipart
 upload of image files of any size; each answer row is `artifact.contract.prediction_rows`'
-(the same batch prediction writes).
+(the same batch prediction writes). With `include_pixels=true` each row also holds the image
+as the model received it (28x28 integers 0-255, after the decoding, grayscale, scaling,
+centring and inversion of artifact.images): the page shows it, no client re-implements it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.requests import Request
 
 from artifact.contract import (
     CLASSES_KEY,
+    PIXEL_MAX,
     PROBABILITIES_KEY,
     SIGNATURE_NAME,
     normalize_pixels,
@@ -90,6 +93,11 @@ class PeopleAPI:
             description="Uploaded/base64 images: invert to light-on-dark; 'auto' when the "
             "border is light",
         ),
+        include_pixels: bool = Query(
+            False,
+            description="Also answer each image as the model received it: 28x28 integers "
+            "0-255 ('pixels')",
+        ),
     ):
         if invert not in INVERT_MODES:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
@@ -110,6 +118,9 @@ class PeopleAPI:
                 result.outputs[CLASSES_KEY], result.outputs[PROBABILITIES_KEY], result.labels
             )
         )
+        if include_pixels:
+            received = np.rint(images * PIXEL_MAX).astype(np.uint8)
+            rows = [{**row, "pixels": pixels} for row, pixels in zip(rows, received, strict=True)]
         if files is not None:
             rows = [{"file": file, **row} for file, row in zip(files, rows, strict=True)]
         return json_response(

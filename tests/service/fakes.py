@@ -106,6 +106,8 @@ class FakeBackend(Backend):
         self.delays: dict[int, float] = {}
         self.failing: set[int] = set()
         self.applied: list = []
+        # Where model_dir() says the versions are (the page's tests put files there).
+        self.base_path = Path("models")
 
     def model_names(self) -> list[str]:
         return [self.model_name]
@@ -127,6 +129,11 @@ class FakeBackend(Backend):
 
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return FASHION_MNIST_LABELS
+
+    def model_dir(self, name: str) -> Path:
+        if name != self.model_name:
+            raise NotFound(f"Could not find any versions of model {name}")
+        return self.base_path / name
 
     async def start(self) -> None:
         self.started = True

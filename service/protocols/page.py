@@ -1,0 +1,226 @@
+"""The page for people at `/`: try the model and inspect its versions in a browser.
+
+It serves the static page (service/static/: HTML, JavaScript and CSS, no build step, nothing
+fetched from the network) under a strict Content-Security-Policy, and the read-only views of
+the model repository the page needs that the other protocols do not give:
+
+    GET /page/models                                          the model the page shows
+    GET /page/models/{name}/versions                          versions on disk, newest first
+    GET /page/models/{name}/versions/{version}/report         evaluation and blessing reports
+    GET /page/models/{name}/versions/{version}/plots/{plot}   a PNG the export drew
+
+Everything else the page asks the service's own endpoints: `POST /predict?include_pixels=true`
+(the answer and the 28x28 image the model received), `GET /v1/models/{name}` (each version's
+state) and `/readyz` (the serving version and its device).
+
+Nothing the client sends becomes a path: versions are int64s looked up among the versions
+listed on disk, plots and static files are names looked up in fixed tables, and a plot that
+resolves outside its version's assets.extra/ (a symlink out) is not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fastapi import APIRouter
+from starlette.responses import FileResponse
+
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
+from artifact.repository import list_versions, read_blessing, read_report
+from service.dataplane import DataPlane
+from service.errors import NotFound, ServiceError
+from service.protocols.http import json_response, version_in_url
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+INDEX_FILE = "index.html"
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+# Scripts, styles and everything else from this origin only: no inline script or style, no
+# eval. Images also from blob: URLs, the page's previews of the files a person picked.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; img-src 'self' blob:; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    # Revalidated every time (FileResponse sends an ETag): a new release shows at once.
+    "Cache-Control": "no-cache",
+}
+
+
+class ReportError(ServiceError):
+    """A file in a version's assets.extra/ that cannot be read: the repository's fault."""
+
+    status = 500
+
+
+def static_files(directory: Path = STATIC_DIR) -> dict[str, tuple[Path, str]]:
+    """name -> (path, media type) of the page's files, read once: the only files served."""
+    return {
+        path.name: (path, MEDIA_TYPES[path.suffix])
+        for path in sorted(directory.iterdir())
+        if path.is_file() and path.suffix in MEDIA_TYPES
+    }
+
+
+def plot_file(version_path: Path, plot: str) -> Path | None:
+    """A plot in a version's assets.extra/, or None when it is missing or resolves outside."""
+    if plot not in EXPORT_PLOTS:
+        return None
+    extra = (version_path / ASSETS_EXTRA).resolve()
+    path = (extra / plot).resolve()
+    if not path.is_relative_to(extra) or not path.is_file():
+        return None
+    return path
+
+
+def version_summary(version: int, path: Path) -> dict:
+    """One row of the versions list: the report's headline numbers and which files exist."""
+    summary = {
+        "version": str(version),
+        "accuracy": None,
+        "examples": None,
+        "date": None,
+        "global_step": None,
+        "model": None,
+        "evaluation": False,
+        "blessing": (path / ASSETS_EXTRA / BLESSING_FILE).is_file(),
+        "plots": [plot for plot in EXPORT_PLOTS if plot_file(path, plot) is not None],
+    }
+    try:
+        report = read_report(path)
+    except (OSError, ValueError) as err:
+        summary["error"] = f"{ASSETS_EXTRA}/{REPORT_FILE} is unreadable: {err}"
+        return summary
+    if isinstance(report, dict):
+        params = report.get("params")
+        summary.update(
+            evaluation=True,
+            accuracy=report.get("accuracy"),
+            examples=report.get("examples"),
+            date=report.get("date"),
+            global_step=report.get("global_step"),
+            model=params.get("model") if isinstance(params, dict) else None,
+        )
+    return summary
+
+
+class PageAPI:
+    """`/`, its static files and the repository views it needs.
+
+    Args:
+        dataplane: the models served (their names, folders and labels).
+        static_dir: the page's files.
+    """
+
+    def __init__(self, dataplane: DataPlane, static_dir: Path = STATIC_DIR):
+        self.dataplane = dataplane
+        self.files = static_files(static_dir)
+        if INDEX_FILE not in self.files:
+            raise FileNotFoundError(f"{static_dir} has no {INDEX_FILE}")
+        self.router = APIRouter(tags=["page"])
+        r = self.router
+        r.add_api_route("/", self.index, summary="The page: try the model, inspect its versions")
+        r.add_api_route("/static/{file}", self.static, summary="The page's scripts and styles")
+        r.add_api_route("/page/models", self.models, summary="The model the page shows")
+        r.add_api_route(
+            "/page/models/{name}/versions",
+            self.versions,
+            summary="Versions on disk, newest first: accuracy, reports and plots",
+        )
+        r.add_api_route(
+            "/page/models/{name}/versions/{version}/report",
+            self.report,
+            summary="A version's evaluation report, and its blessing report when it has one",
+        )
+        r.add_api_route(
+            "/page/models/{name}/versions/{version}/plots/{plot}",
+            self.plot,
+            summary=f"A plot the export drew: {', '.join(EXPORT_PLOTS)}",
+        )
+
+    # --- the page itself ----------------------------------------------------------------
+
+    def _file(self, name: str) -> FileResponse:
+        path, media_type = self.files[name]
+        return FileResponse(path, media_type=media_type, headers=SECURITY_HEADERS)
+
+    async def index(self):
+        return self._file(INDEX_FILE)
+
+    async def static(self, file: str):
+        if file not in self.files or file == INDEX_FILE:
+            raise NotFound(f"no such file: /static/{file[:60]}")
+        return self._file(file)
+
+    # --- the repository, read-only --------------------------------------------------------
+
+    async def models(self):
+        names = self.dataplane.model_names()
+        default = self.dataplane.model_name
+        # The model /predict serves first: the page tries that one.
+        return json_response({"models": sorted(names, key=lambda n: n != default)})
+
+    def _version_path(self, name: str, version: str) -> tuple[int, Path]:
+        model_dir = self.dataplane.model_dir(name)  # NotFound: no such model
+        number = version_in_url(version)
+        path = dict(list_versions(model_dir)).get(number)
+        if path is None:
+            raise NotFound(f"Could not find version {number} of model {name} in the repository")
+        return number, path
+
+    async def versions(self, name: str):
+        model_dir = self.dataplane.model_dir(name)  # NotFound: no such model
+        labels = self.dataplane.version_labels(name)
+
+        def summaries() -> list[dict]:
+            rows = [version_summary(v, p) for v, p in reversed(list_versions(model_dir))]
+            for row in rows:
+                row["labels"] = sorted(k for k, v in labels.items() if str(v) == row["version"])
+            return rows
+
+        return json_response({"model_name": name, "versions": await asyncio.to_thread(summaries)})
+
+    async def report(self, name: str, version: str):
+        number, path = self._version_path(name, version)
+
+        def read() -> dict:
+            try:
+                evaluation, blessing = read_report(path), read_blessing(path)
+            except (OSError, ValueError) as err:
+                raise ReportError(
+                    f"version {number} of model {name}: a report in {ASSETS_EXTRA}/ is "
+                    f"unreadable: {err}"
+                ) from err
+            if evaluation is None:
+                raise NotFound(
+                    f"version {number} of model {name} has no evaluation report "
+                    f"({ASSETS_EXTRA}/{REPORT_FILE})"
+                )
+            plots = [plot for plot in EXPORT_PLOTS if plot_file(path, plot) is not None]
+            return {
+                "model_name": name,
+                "version": str(number),
+                "evaluation": evaluation,
+                "blessing": blessing,
+                "plots": plots,
+            }
+
+        return json_response(await asyncio.to_thread(read))
+
+    async def plot(self, name: str, version: str, plot: str):
+        number, path = self._version_path(name, version)
+        if plot not in EXPORT_PLOTS:
+            raise NotFound(f"no plot named {plot[:60]!r}; the plots are {', '.join(EXPORT_PLOTS)}")
+        file = await asyncio.to_thread(plot_file, path, plot)
+        if file is None:
+            raise NotFound(f"version {number} of model {name} has no {plot}")
+        return FileResponse(file, media_type=MEDIA_TYPES[".png"], headers=SECURITY_HEADERS)
