@@ -73,6 +73,10 @@ ENV HOST=0.0.0.0 \
     PORT=8000
 USER app
 EXPOSE 8000
+# SIGTERM drains (readyz 503, DRAIN_SECONDS) and lets in-flight requests finish
+# (SHUTDOWN_TIMEOUT_SECONDS), then exits 0: give `docker stop -t 40` (compose sets
+# stop_grace_period: 40s; Docker's default 10 s is shorter than that).
+STOPSIGNAL SIGTERM
 # No curl in the slim image: Python asks /readyz (any answer but 200 raises, exit 1).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PORT', '8000'), timeout=4)"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
 
@@ -13,6 +14,7 @@ from artifact.contract import (
     CLASSES_KEY,
     IMAGE_SHAPE,
     INPUT_KEY,
+    NUM_CLASSES,
     PROBABILITIES_KEY,
     SIGNATURE_NAME,
 )
@@ -129,3 +131,72 @@ class SavedModelPredictor:
             classes.append(c)
             probabilities.append(p)
         return np.concatenate(classes), np.concatenate(probabilities)
+
+
+def _dims(info) -> list[int] | None:
+    """A TensorInfo's shape as a list (-1 for unknown dimensions); None for unknown rank."""
+    if info.tensor_shape.unknown_rank:
+        return None
+    return [dim.size for dim in info.tensor_shape.dim]
+
+
+def contract_problems(signature_defs, labels: tuple[str, ...]) -> list[str]:
+    """What keeps an exported version from serving the contract; [] when nothing does.
+
+    The serving signature must take one float32 `image` [-1, 28, 28] and give int64
+    `classes` [-1] and float32 `probabilities` [-1, NUM_CLASSES], and the labels must name
+    every class. A version that breaks it would answer some requests with errors (or wrong
+    labels), so it must not serve at all.
+
+    Args:
+        signature_defs: the version's SignatureDefMap.
+        labels: the class labels it answers with (labels.txt, or the digits).
+    """
+    signature = signature_defs.signature_def.get(SIGNATURE_NAME)
+    if signature is None:
+        names = sorted(signature_defs.signature_def)
+        return [f"no {SIGNATURE_NAME!r} signature (it has {names})"]
+    problems = []
+    if set(signature.inputs) != {INPUT_KEY}:
+        problems.append(
+            f"{SIGNATURE_NAME} takes {sorted(signature.inputs)}; the contract is one input "
+            f"{INPUT_KEY!r}"
+        )
+    else:
+        image = signature.inputs[INPUT_KEY]
+        dims = _dims(image)
+        if image.dtype != types_pb2.DT_FLOAT:
+            problems.append(
+                f"input {INPUT_KEY!r} is {types_pb2.DataType.Name(image.dtype)}, not DT_FLOAT"
+            )
+        if dims is None or len(dims) != 3 or tuple(dims[1:]) != IMAGE_SHAPE:
+            problems.append(f"input {INPUT_KEY!r} has shape {dims}, not [-1, 28, 28]")
+    expected = {
+        CLASSES_KEY: (types_pb2.DT_INT64, 1),
+        PROBABILITIES_KEY: (types_pb2.DT_FLOAT, 2),
+    }
+    for key, (dtype, rank) in expected.items():
+        info = signature.outputs.get(key)
+        if info is None:
+            problems.append(
+                f"{SIGNATURE_NAME} has no {key!r} output (it has {sorted(signature.outputs)})"
+            )
+            continue
+        dims = _dims(info)
+        if info.dtype != dtype:
+            problems.append(
+                f"output {key!r} is {types_pb2.DataType.Name(info.dtype)}, not "
+                f"{types_pb2.DataType.Name(dtype)}"
+            )
+        if dims is None or len(dims) != rank:
+            problems.append(f"output {key!r} has shape {dims}, rank {rank} expected")
+    probabilities = signature.outputs.get(PROBABILITIES_KEY)
+    if probabilities is not None and (dims := _dims(probabilities)) and len(dims) == 2:
+        classes = dims[1]
+        if classes != NUM_CLASSES:
+            problems.append(
+                f"output {PROBABILITIES_KEY!r} has {classes} classes, not {NUM_CLASSES}"
+            )
+        if len(labels) != classes:
+            problems.append(f"labels.txt names {len(labels)} classes; the model has {classes}")
+    return problems

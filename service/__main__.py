@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from artifact.model_config import ConfigError
 from service.config_watcher import initial_entries
+from service.errors import printable
+from service.security import TokenFileError, read_tokens
 from service.settings import Settings
 
 
@@ -28,6 +30,12 @@ def main() -> int:
     except ConfigError as err:
         print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
         return 2
+    if settings.auth_tokens_file:
+        try:
+            read_tokens(settings.auth_tokens_file)
+        except TokenFileError as err:
+            print(f"error: AUTH_TOKENS_FILE: {err}", file=sys.stderr)
+            return 2
     try:
         # Bound before anything slow, so a bad address is one line and exit code 2.
         sock = listening_socket(settings.host, settings.port)
@@ -53,6 +61,8 @@ def main() -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A URL can carry a newline (%0A): uvicorn's access log writes it escaped, one line each.
+    logging.getLogger("uvicorn.access").addFilter(EscapeControlCharacters())
     # TensorFlow is imported here, quietly, before any module that needs it.
     from artifact.quiet import quiet_tensorflow
 
@@ -67,6 +77,7 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
     from service.app import create_app
     from service.backends.device import DeviceError, configure_tensorflow
     from service.backends.factory import make_backend
+    from service.server import DrainingServer, guarded_protocol
 
     if settings.backend == "tensorflow":
         try:
@@ -81,25 +92,43 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds),
         log_level=settings.log_level,
-        # Let in-flight requests finish on SIGTERM/Ctrl-C before the model is closed.
-        timeout_graceful_shutdown=30,
+        timeout_keep_alive=settings.keepalive_timeout_seconds,
+        limit_concurrency=settings.max_connections,
+        # After the drain, in-flight requests get this long before the models are closed.
+        timeout_graceful_shutdown=settings.shutdown_timeout_seconds,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, settings.drain_seconds, app.state.dataplane.start_draining)
 
     def stop_at_start(problem: str) -> None:
         app.state.startup_error = problem
         server.should_exit = True
 
     app.state.on_startup_error = stop_at_start
-    logging.getLogger("service").info("Listening on http://%s:%s", settings.host, settings.port)
+    scheme = "https" if settings.tls_cert_file else "http"
+    logging.getLogger("service").info(
+        "Listening on %s://%s:%s", scheme, settings.host, settings.port
+    )
     server.run(sockets=[sock])
     if app.state.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
         print(f"error: MODEL_CONFIG_FILE: {app.state.startup_error}", file=sys.stderr)
         return 2
     return 0
+
+
+class EscapeControlCharacters(logging.Filter):
+    """Escapes control characters in a record's arguments (request paths, names)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                printable(arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        return True
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -17,11 +17,14 @@ from service.dataplane import DataPlane
 from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
+from service.openapi import document_responses
+from service.protocols.docs import DocsAPI
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
+from service.security import SecurityMiddleware, read_tokens
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -46,13 +49,14 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         watcher = ConfigWatcher(
             settings.model_config_file, settings.model_config_file_poll_seconds, backend
         )
+    tokens = read_tokens(settings.auth_tokens_file) if settings.auth_tokens_file else None
     grpc_server = None
     if serve_grpc:
         # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
         from service.protocols.grpc_server import GRPCServer
 
         grpc_server = GRPCServer(
-            dataplane, settings.host, settings.grpc_port, settings.grpc_max_message_bytes
+            dataplane, settings.host, settings.grpc_port, settings.grpc_max_message_bytes, tokens
         )
 
     @contextlib.asynccontextmanager
@@ -94,12 +98,29 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         "under /v2, a friendlier /predict for people.",
         version="0.1.0",
         lifespan=lifespan,
+        # Served from local files instead (DocsAPI): FastAPI's own pages load a CDN's scripts.
+        docs_url=None,
+        redoc_url=None,
     )
-    tf_serving = TFServingREST(dataplane, settings.max_body_bytes, watcher)
-    people = PeopleAPI(dataplane, settings.max_body_bytes)
-    v2 = OpenInferenceREST(dataplane, settings.max_body_bytes, SERVER_NAME, app.version)
+    tf_serving = TFServingREST(
+        dataplane, settings.max_body_bytes, watcher, settings.body_timeout_seconds
+    )
+    people = PeopleAPI(
+        dataplane,
+        settings.max_body_bytes,
+        settings.body_timeout_seconds,
+        settings.max_request_pixels,
+    )
+    v2 = OpenInferenceREST(
+        dataplane,
+        settings.max_body_bytes,
+        SERVER_NAME,
+        app.version,
+        settings.body_timeout_seconds,
+    )
     page = PageAPI(dataplane)
-    for adapter in (Operations(dataplane), tf_serving, v2, people, page):
+    docs = DocsAPI(app.openapi_url, app.title)
+    for adapter in (Operations(dataplane), tf_serving, v2, people, page, docs):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
@@ -112,8 +133,12 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     app.add_middleware(
         FastLane, routes=tf_serving.fast_routes() + v2.fast_routes(), error_response=error_response
     )
+    app.add_middleware(
+        SecurityMiddleware, tokens=tokens, allowed_origins=settings.allowed_origins()
+    )
     # Added last, so outermost: it counts the fast lane's requests too.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    document_responses(app)
     app.state.dataplane = dataplane  # for tests and tools; handlers get theirs explicitly
     app.state.config_watcher = watcher
     app.state.grpc_server = grpc_server

@@ -70,6 +70,9 @@ class BatchingBackend(DelegatingBackend):
         await self.inner.close()
 
     # --- batching -----------------------------------------------------------------------
+    def overloaded(self) -> bool:
+        return len(self._queue) >= self.max_queue and self.waiting >= self.max_queue
+
     @property
     def waiting(self) -> int:
         """Requests queued whose clients still wait (cancelled ones are dropped when met)."""
@@ -83,7 +86,7 @@ class BatchingBackend(DelegatingBackend):
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
     ) -> Prediction:
-        if len(self._queue) >= self.max_queue and self.waiting >= self.max_queue:
+        if self.overloaded():
             raise Overloaded(
                 f"the batching queue is full ({self.max_queue} requests waiting, "
                 "BATCH_MAX_QUEUE); retry shortly"

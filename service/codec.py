@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,8 @@ from artifact.contract import (
     normalize_pixels,
     pixels_to_input,
 )
-from artifact.images import ImageError, image_to_pixels
-from service.errors import BadInput
+from artifact.images import MAX_PIXELS, ImageError, image_to_pixels, open_image
+from service.errors import BadInput, PayloadTooLarge, check_image_count
 
 SHAPE_TEXT = f"{IMAGE_HEIGHT}x{IMAGE_WIDTH}"
 
@@ -52,7 +53,7 @@ def _shape_of(value: Any) -> str:
         return "a single number"
     try:
         arr = np.array(value, dtype=object)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "a ragged nested list"
     # Lists of unequal lengths stop numpy early: lists are left inside the array.
     if any(isinstance(item, list) for item in arr.flat):
@@ -73,11 +74,36 @@ def _diagnose(images: list, where: str, start: int) -> str:
         for r, row in enumerate(image):
             for c, pixel in enumerate(row):
                 if isinstance(pixel, bool) or not isinstance(pixel, (int, float)):
-                    return (
-                        f"{at}[{r}][{c}]: expected a number, got "
-                        f"{type(pixel).__name__} {str(pixel)[:40]!r}"
-                    )
+                    return f"{at}[{r}][{c}]: expected a number, got {_value_of(pixel)}"
     return f"{where}: expected a list of {SHAPE_TEXT} arrays of numbers"
+
+
+def _value_of(value: Any) -> str:
+    """A value for a message: its type, and its text when that is short and flat."""
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__}"  # its text could nest a thousand levels deep
+    return f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def may_hold_booleans(body: bytes) -> bool:
+    """Whether a JSON body may hold true/false: the cheap test before the exact one."""
+    return b"true" in body or b"false" in body
+
+
+def refuse_booleans(images: Any, where: str, start: int = 0) -> None:
+    """BadInput naming the first boolean among images' pixels: numpy would read true as 1,
+    and TF Serving refuses a bool where a float is expected."""
+    if not isinstance(images, list):
+        return
+    for i, image in enumerate(images, start):
+        if not isinstance(image, list):
+            continue
+        for r, row in enumerate(image):
+            if not isinstance(row, list):
+                continue
+            for c, pixel in enumerate(row):
+                if isinstance(pixel, bool):
+                    raise BadInput(f"{where}[{i}][{r}][{c}]: expected a number, got bool {pixel!r}")
 
 
 def to_array(value: Any, where: str, start: int = 0) -> np.ndarray:
@@ -97,7 +123,7 @@ def to_array(value: Any, where: str, start: int = 0) -> np.ndarray:
         raise BadInput(f"{where}: is empty; send at least one {SHAPE_TEXT} image")
     try:
         arr = np.array(value)
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, RecursionError):
         arr = None
     if arr is None or arr.dtype.kind not in "iuf" or arr.shape[1:] != IMAGE_SHAPE or arr.ndim != 3:
         raise BadInput(_diagnose(value, where, start))
@@ -112,11 +138,16 @@ def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
         raise BadInput(f"{where}[{err.index}]: {err.problem}") from err
 
 
-def parse_tf_serving_request(body: bytes) -> tuple[str, np.ndarray, bool]:
+def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndarray, bool]:
     """A TF Serving REST predict body to (signature_name, float32 images, columnar).
 
     Accepts the row format ({"instances": [...]}, each a tensor or {"image": tensor}) and the
-    columnar format ({"inputs": tensor} or {"inputs": {"image": tensor}}).
+    columnar format ({"inputs": tensor} or {"inputs": {"image": tensor}}). The images are
+    counted before any array is built.
+
+    Raises:
+        BadInput: not that, or not 28x28 arrays of finite numbers (the message says where).
+        PayloadTooLarge: more than max_images images.
     """
     request = loads(body)
     if not isinstance(request, dict):
@@ -132,15 +163,21 @@ def parse_tf_serving_request(body: bytes) -> tuple[str, np.ndarray, bool]:
             "Request body must have exactly one of 'instances' (row format) or 'inputs' "
             "(columnar format)" + ("; it has both" if has_instances else "; it has neither")
         )
+    where = "instances" if has_instances else "inputs"
+    images = request[where]
     if has_instances:
-        instances = request["instances"]
-        if isinstance(instances, list) and instances and isinstance(instances[0], dict):
-            instances = [_named_input(item, f"instances[{i}]") for i, item in enumerate(instances)]
-        return signature_name, as_model_input(to_array(instances, "instances"), "instances"), False
-    inputs = request["inputs"]
-    if isinstance(inputs, dict):
-        inputs = _named_input(inputs, "inputs")
-    return signature_name, as_model_input(to_array(inputs, "inputs"), "inputs"), True
+        if isinstance(images, list) and images and isinstance(images[0], dict):
+            images = [_named_input(item, f"instances[{i}]") for i, item in enumerate(images)]
+    elif isinstance(images, dict):
+        images = _named_input(images, "inputs")
+    # Counted before any array is built. A list whose first item is a list of numbers is a
+    # shape mistake (one image sent without its outer list), said as such by to_array below.
+    first = images[0] if isinstance(images, list) and images else None
+    if isinstance(first, list) and (not first or isinstance(first[0], list)):
+        check_image_count(len(images), max_images)
+    if may_hold_booleans(body):
+        refuse_booleans(images, where)
+    return signature_name, as_model_input(to_array(images, where), where), not has_instances
 
 
 def _named_input(item: Any, where: str) -> Any:
@@ -164,22 +201,43 @@ def pixel_instances(request: Any) -> list:
     return instances
 
 
-def decode_pixel_instances(instances: list, invert: str) -> np.ndarray:
+class Cancelled(Exception):
+    """The request that asked for the decoding is gone: the rest is not decoded."""
+
+
+def decode_pixel_instances(
+    instances: list,
+    invert: str,
+    pixel_budget: int = MAX_PIXELS,
+    cancelled: threading.Event | None = None,
+) -> np.ndarray:
     """The friendly /predict's instances to float32 images [n, 28, 28] in [0, 1].
 
     Each instance is a 28x28 array of pixels (integers 0-255 or floats in [0, 1]) or
     {"b64": "<base64 PNG or JPEG>"}; each is read on its own, so one image's integers do not
-    change how another's floats are read.
+    change how another's floats are read. The image files are sized from their headers first,
+    against `pixel_budget` for all of them together, before any is decoded.
 
     Raises:
         BadInput: an instance is neither; the message names it.
+        PayloadTooLarge: the image files would decode to more than pixel_budget pixels.
+        Cancelled: `cancelled` was set (the client left) before the last image was decoded.
     """
+    files = {
+        i: (f"instances[{i}]", _b64_bytes(item, f"instances[{i}]"))
+        for i, item in enumerate(instances)
+        if isinstance(item, dict)
+    }
+    check_pixel_budget(list(files.values()), pixel_budget)
     images = []
     for i, item in enumerate(instances):
         where = f"instances[{i}]"
-        if isinstance(item, dict):
-            images.append(decode_b64_image(item, where, invert))
+        if i in files:
+            if cancelled is not None and cancelled.is_set():
+                raise Cancelled
+            images.append(normalize_pixels(image_file_pixels(files[i][1], where, invert)))
             continue
+        refuse_booleans([item], "instances", start=i)
         try:
             images.append(pixels_to_input(to_array([item], "instances", start=i))[0])
         except PixelError as err:
@@ -187,15 +245,58 @@ def decode_pixel_instances(instances: list, invert: str) -> np.ndarray:
     return np.stack(images)
 
 
-def decode_b64_image(value: dict, where: str, invert: str) -> np.ndarray:
-    """{"b64": "<base64 PNG/JPEG>"} (TF Serving's binary convention) to float32 [28, 28]."""
+def _b64_bytes(value: dict, where: str) -> bytes:
+    """{"b64": "<base64 PNG/JPEG>"} (TF Serving's binary convention) to the file's bytes."""
     if not isinstance(value.get("b64"), str) or len(value) != 1:
         raise BadInput(f'{where}: expected a {SHAPE_TEXT} array or {{"b64": "<base64 image>"}}')
     try:
-        data = base64.b64decode(value["b64"], validate=True)
+        return base64.b64decode(value["b64"], validate=True)
     except (binascii.Error, ValueError) as err:
         raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
-    return normalize_pixels(image_file_pixels(data, where, invert))
+
+
+def check_pixel_budget(files: list[tuple[str, bytes]], budget: int) -> None:
+    """Size every image file from its header (nothing decoded) and refuse the request when
+    they would decode to more than `budget` pixels together (MAX_REQUEST_PIXELS).
+
+    Raises:
+        BadInput: a file is not an image in an accepted format, or is too large by itself.
+        PayloadTooLarge: over the budget.
+    """
+    total = 0
+    for where, data in files:
+        try:
+            image = open_image(data)
+        except ImageError as err:
+            raise BadInput(f"{where}: {err}") from err
+        total += image.width * image.height
+    if total > budget:
+        raise PayloadTooLarge(
+            f"the request's images would decode to {total / 1e6:.1f} megapixels; the limit "
+            f"is {budget / 1e6:g} per request (MAX_REQUEST_PIXELS)"
+        )
+
+
+def decode_image_files(
+    files: list[tuple[str, bytes]],
+    invert: str,
+    pixel_budget: int,
+    cancelled: threading.Event | None = None,
+) -> np.ndarray:
+    """Uploaded image files to uint8 [n, 28, 28], within the request's pixel budget.
+
+    Raises:
+        BadInput: a file that is not an image (named by `where`, the first of each pair).
+        PayloadTooLarge: over the budget (checked from the headers, before any decoding).
+        Cancelled: `cancelled` was set before the last file was decoded.
+    """
+    check_pixel_budget(files, pixel_budget)
+    pixels = []
+    for where, data in files:
+        if cancelled is not None and cancelled.is_set():
+            raise Cancelled
+        pixels.append(image_file_pixels(data, where, invert))
+    return np.stack(pixels)
 
 
 def image_file_pixels(data: bytes, where: str, invert: str) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME
 from service.backends.base import Backend
-from service.errors import NotFound, NotReady, PayloadTooLarge
+from service.errors import NotFound, NotReady, Overloaded, check_image_count
 from service.metrics import Metrics
 from service.traffic import SHADOW, Traffic
 from service.types import ModelMetadata, Readiness, VersionStatus
@@ -49,6 +49,7 @@ class DataPlane:
         self.metrics = metrics
         self.max_images = max_images
         self.traffic = traffic or Traffic(0, 0)
+        self.draining = False
 
     @property
     def model_name(self) -> str:
@@ -67,10 +68,19 @@ class DataPlane:
 
     def check_image_count(self, count: int) -> None:
         """PayloadTooLarge naming the limit when a request holds more than MAX_IMAGES images."""
-        if count > self.max_images:
-            raise PayloadTooLarge(
-                f"request has {count} images; the limit is {self.max_images} per request "
-                "(MAX_IMAGES)"
+        check_image_count(count, self.max_images)
+
+    def admit(self) -> None:
+        """Refuse a new request at once, before its body is read, when the model's queue is
+        full: under overload a refusal must cost next to nothing.
+
+        Raises:
+            Overloaded: 503, with a Retry-After.
+        """
+        if self.backend.overloaded():
+            raise Overloaded(
+                "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); "
+                "retry shortly"
             )
 
     async def predict(
@@ -150,9 +160,17 @@ class DataPlane:
         reason = "" if version is not None else self.backend.not_ready_reason(name)
         return Readiness(version is not None, reason, name, version, self.device())
 
+    def start_draining(self) -> None:
+        """The process is about to stop: readiness turns false at once (requests are still
+        served until the listener closes)."""
+        self.draining = True
+
     def readiness(self) -> Readiness:
         """Whether every model answers; the default model's version and the device."""
         version = self.backend.serving_version(self.model_name)
+        if self.draining:
+            reason = "the service is shutting down"
+            return Readiness(False, reason, self.model_name, version, self.device())
         missing = [n for n in self.model_names() if self.backend.serving_version(n) is None]
         reason = "; ".join(
             (f"{n}: " if len(self.model_names()) > 1 else "") + self.backend.not_ready_reason(n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import orjson
 from fastapi.exceptions import RequestValidationError
@@ -71,6 +72,10 @@ class Overloaded(ServiceError):
     status = 503
 
 
+# What an overloaded service tells clients to wait before they try again (Retry-After).
+RETRY_AFTER_SECONDS = "1"
+
+
 class ClientClosedRequest(ServiceError):
     """The client went away before its answer was ready (nginx's 499; nobody reads it)."""
 
@@ -110,12 +115,45 @@ class NotImplementedUpstream(ServiceError):
     status = 501
 
 
+class RequestTimeout(ServiceError):
+    """The client did not send its request in time (BODY_TIMEOUT_SECONDS)."""
+
+    status = 408
+
+
+def check_image_count(count: int, limit: int) -> None:
+    """PayloadTooLarge naming the limit when a request holds more than `limit` images."""
+    if count > limit:
+        raise PayloadTooLarge(
+            f"request has {count} images; the limit is {limit} per request (MAX_IMAGES)"
+        )
+
+
 # --- rendering ------------------------------------------------------------------------------
 
 
-def _error_body(status: int, message: str) -> Response:
+# Directories of absolute paths in messages (a file path keeps only its name): an error body
+# says what is wrong without mapping the server's filesystem.
+_PATH_DIRS = re.compile(r"(?<![\w.:/])/(?:[\w.\-]+/)+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def redact_paths(text: str) -> str:
+    """`text` with the folders of absolute paths left out: `/srv/models/m/3/x.pb` -> `x.pb`."""
+    return _PATH_DIRS.sub("", text)
+
+
+def printable(text: str) -> str:
+    """`text` safe for one log line: control characters (a newline in a URL) escaped."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def _error_body(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps({"error": message}), status_code=status, media_type="application/json"
+        orjson.dumps({"error": message}),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
     )
 
 
@@ -123,12 +161,18 @@ def error_response(request: Request, err: Exception) -> Response:
     """Any exception as TF Serving's {"error": "..."} body with the right status.
 
     A client's mistake is routine: logged at INFO, never ERROR; a bug is logged with its
-    traceback and answered 500 without details.
+    traceback and answered 500 without details. Logged values are escaped, so one request
+    writes one line; bodies name no server folder.
     """
+    path = printable(request.url.path)
     if isinstance(err, ServiceError):
         level = logging.INFO if err.status < 500 else logging.WARNING
-        log.log(level, "%s %s -> %s: %s", request.method, request.url.path, err.status, err.message)
-        return _error_body(err.status, err.message)
+        log.log(level, "%s %s -> %s: %s", request.method, path, err.status, printable(err.message))
+        headers = {"Retry-After": RETRY_AFTER_SECONDS} if isinstance(err, Overloaded) else None
+        # A client's mistake is about what it sent; the server's own failures (a version that
+        # does not load, a reason it is not ready) may name its files: not their folders.
+        message = err.message if err.status < 500 else redact_paths(err.message)
+        return _error_body(err.status, message, headers)
     if isinstance(err, RequestValidationError):
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
@@ -140,5 +184,5 @@ def error_response(request: Request, err: Exception) -> Response:
             # a method a route does not take) with 400 and these words.
             return _error_body(400, f"Malformed request: {request.method} {request.url.path}")
         return _error_body(err.status_code, str(err.detail))
-    log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+    log.error("%s %s failed", request.method, path, exc_info=err)
     return _error_body(500, f"internal error: {type(err).__name__}")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from artifact.model_config import LABEL_PATTERN, ConfigError, ModelEntry
-from artifact.repository import files_stamp, foreign_entries, list_versions
+from artifact.repository import assets_stamp, files_stamp, foreign_entries, list_versions
 from service.errors import BadInput, NotFound, NotReady
 from service.types import VersionState, VersionStatus
 
@@ -46,6 +46,9 @@ class Loader(Protocol):
 
     async def unload(self, servable: Any) -> None:
         """Release a loaded version."""
+
+    async def reload_assets(self, servable: Any, path: Path) -> Any:
+        """The servable with its assets.extra/ read again; raise to keep the old one."""
 
 
 def servable_not_found(name: str, version: int | None) -> str:
@@ -77,6 +80,8 @@ class VersionRecord:
     servable: Any = None
     loading: asyncio.Future | None = None
     inflight: int = 0
+    # assets.extra/'s newest modification time when the servable read it.
+    assets_stamp: float = 0.0
 
     def status(self) -> VersionStatus:
         if self.state == VersionState.END and self.error:
@@ -280,9 +285,37 @@ class VersionRegistry:
                 if not failed_now:
                     break
             self._unload_unaspired(aspired)
+            await self._reload_changed_assets()
             serving = self.serving
             if serving is None:
                 self._reason = self._why_nothing_serves(on_disk)
+
+    async def _reload_changed_assets(self) -> None:
+        """Labels and the rest of assets.extra/ are read again when they change (a copy that
+        wrote them after the model files, or a fix); new labels that break the contract are
+        refused with a warning and the old ones kept."""
+        reload = getattr(self.loader, "reload_assets", None)
+        if reload is None:
+            return
+        for record in list(self.records.values()):
+            if record.state != VersionState.AVAILABLE:
+                continue
+            stamp = assets_stamp(record.path)
+            if stamp == record.assets_stamp:
+                continue
+            record.assets_stamp = stamp
+            try:
+                record.servable = await reload(record.servable, record.path)
+            except Exception as err:  # noqa: BLE001 - the version keeps serving as it was
+                log.warning(
+                    "%s version %s: assets.extra/ changed but cannot be used, keeping the "
+                    "previous: %s",
+                    self.name,
+                    record.version,
+                    err,
+                )
+            else:
+                log.info("%s version %s: assets.extra/ read again", self.name, record.version)
 
     def _unload_unaspired(self, aspired: set[int]) -> None:
         """TF Serving's availability-preserving rule: a version that is no longer aspired
@@ -344,6 +377,8 @@ class VersionRegistry:
         if record.loading is None:
             record.state, record.error = VersionState.LOADING, ""
             record.stamp = files_stamp(record.path)
+            # Before the load reads them: a change during the load is seen next time.
+            record.assets_stamp = assets_stamp(record.path)
             record.loading = asyncio.ensure_future(self.loader.load(record.version, record.path))
         pending = record.loading
         try:

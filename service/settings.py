@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -115,6 +116,54 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the service and uvicorn."
     )
+    # --- clients that are slow, large or many ---------------------------------------------
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="Largest header section of a request; larger gets 431."
+    )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="Time a client has to send a request's headers; then 408."
+    )
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, description="Time a client has to send a request's body; then 408."
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0, gt=0, description="An idle kept-alive connection is closed after this long."
+    )
+    max_connections: int = Field(
+        2048,
+        gt=0,
+        description="Most connections and requests at once; past it, 503 at once (uvicorn's "
+        "limit_concurrency).",
+    )
+    max_request_pixels: int = Field(
+        48_000_000,
+        gt=0,
+        description="Most pixels the image files of one request may decode to, all of them "
+        "together (each image is also limited to 24 megapixels); more gets 413.",
+    )
+    # --- shutdown -------------------------------------------------------------------------
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="After SIGTERM: /readyz answers 503 at once while the listener stays open "
+        "this long, so load balancers stop sending before it closes.",
+    )
+    shutdown_timeout_seconds: float = Field(
+        20.0, gt=0, description="After the drain: the longest in-flight requests get to finish."
+    )
+    # --- access ---------------------------------------------------------------------------
+    auth_tokens_file: str | None = Field(
+        None,
+        description="Bearer tokens, one per line: `<token> <scope>[,<scope>]` with scopes "
+        "predict and status (# comments). Unset: no authentication.",
+    )
+    cors_allow_origins: str = Field(
+        "",
+        description="Comma-separated origins (https://app.example) whose pages may call the "
+        "API from a browser; empty: none but the service's own page.",
+    )
+    tls_cert_file: str | None = Field(None, description="TLS certificate (PEM): serve HTTPS.")
+    tls_key_file: str | None = Field(None, description="TLS private key (PEM) of TLS_CERT_FILE.")
 
     @field_validator("backend", "device", "log_level", mode="before")
     @classmethod
@@ -148,4 +197,14 @@ class Settings(BaseSettings):
             )
         if self.grpc_port == self.port:
             raise ValueError(f"GRPC_PORT and PORT are both {self.port}; give gRPC its own port")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS_CERT_FILE and TLS_KEY_FILE go together: set both or neither")
+        for name in ("auth_tokens_file", "tls_cert_file", "tls_key_file"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name.upper()}={path}: no such file")
         return self
+
+    def allowed_origins(self) -> list[str]:
+        """CORS_ALLOW_ORIGINS as a list."""
+        return [o.strip().rstrip("/") for o in self.cors_allow_origins.split(",") if o.strip()]

@@ -177,3 +177,14 @@ def test_both_apis_and_tf_serving_read_one_model_config(config):
         environment = services[name]["environment"]
         assert environment["MODEL_CONFIG_FILE"] == tf_serving_file, name
         assert float(environment["MODEL_CONFIG_FILE_POLL_SECONDS"]) > 0, name
+
+
+def test_the_stop_grace_period_covers_the_drain_and_the_shutdown(config):
+    from service.settings import Settings
+
+    defaults = Settings()
+    needed = defaults.drain_seconds + defaults.shutdown_timeout_seconds
+    for name in ("api", "api-tfserving"):
+        grace = config["services"][name]["stop_grace_period"]
+        seconds = float(str(grace).rstrip("s")) if not isinstance(grace, int | float) else grace
+        assert seconds > needed, (name, grace, needed)

@@ -104,6 +104,10 @@ class Backend(abc.ABC):
         """Where the models run, for status endpoints and logs."""
         return "unknown"
 
+    def overloaded(self) -> bool:
+        """True when a new request would be refused for capacity anyway (a full queue)."""
+        return False
+
 
 class DelegatingBackend(Backend):
     """A backend that wraps another and passes every call through; override what differs."""
@@ -126,6 +130,9 @@ class DelegatingBackend(Backend):
 
     def device(self) -> str:
         return self.inner.device()
+
+    def overloaded(self) -> bool:
+        return self.inner.overloaded()
 
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return self.inner.class_labels(name, version)

@@ -20,7 +20,7 @@ import numpy as np
 from artifact.contract import SIGNATURE_NAME
 from artifact.model_config import ModelEntry
 from artifact.repository import version_labels
-from artifact.saved_model import SavedModelPredictor
+from artifact.saved_model import SavedModelPredictor, contract_problems
 from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend
 from service.backends.device import configure_tensorflow
@@ -57,6 +57,11 @@ class TensorFlowLoader:
 
     def _load_blocking(self, version: int, path: Path) -> LoadedVersion:
         predictor = SavedModelPredictor(path, device=self.device)
+        labels = version_labels(path)
+        # A version that breaks the contract would fail some requests: it never serves.
+        problems = contract_problems(predictor.signature_defs, labels)
+        if problems:
+            raise ValueError("breaks the serving contract: " + "; ".join(problems))
         # The first call of each signature traces it: pay that before the version serves, with
         # its TF Serving warmup requests (one zero image when it has none).
         replayed = predictor.warm_up(read_warmup_requests(path))
@@ -66,7 +71,20 @@ class TensorFlowLoader:
             f"{replayed} warmup request(s)" if replayed else "one zero image (no warmup file)",
         )
         # Read now, while the folder is there (it may be deleted while the version serves).
-        return LoadedVersion(predictor, version_labels(path))
+        return LoadedVersion(predictor, labels)
+
+    async def reload_assets(self, servable: LoadedVersion, path: Path) -> LoadedVersion:
+        """The same model with its assets.extra/ read again (they changed: labels that landed
+        after the model files, or a fix).
+
+        Raises:
+            ValueError: the new labels break the contract (the version keeps the old ones).
+        """
+        labels = version_labels(path)
+        problems = contract_problems(servable.predictor.signature_defs, labels)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return dataclasses.replace(servable, labels=labels)
 
     async def unload(self, servable: LoadedVersion) -> None:
         # Frozen objects are never collected: let the dropped model's objects go.

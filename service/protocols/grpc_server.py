@@ -43,7 +43,9 @@ from service.errors import (
     PayloadTooLarge,
     ServiceError,
     UpstreamError,
+    redact_paths,
 )
+from service.security import PREDICT, SCOPE, STATUS, bearer_problem
 from service.tensors import fill_tensor_proto, images_from_tensor_proto
 from service.types import ModelMetadata
 
@@ -77,7 +79,9 @@ for _code, _error in GRPC_ERRORS.items():
 STATUS_OF_ERROR.update(
     {
         PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,  # over MAX_IMAGES
-        Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,  # the batching queue is full
+        # The batching queue is full: TF Serving's batcher says UNAVAILABLE too
+        # (tensorflow/core/kernels/batching_util/shared_batch_scheduler.h).
+        Overloaded: grpc.StatusCode.UNAVAILABLE,
         UpstreamError: grpc.StatusCode.UNAVAILABLE,  # shutting down; a batch that failed
     }
 )
@@ -109,12 +113,15 @@ def _rpc(method):
     logs them."""
     name = method.__name__
 
+    needed = STATUS if name.startswith("Get") or name == "HandleReloadConfigRequest" else PREDICT
+
     @functools.wraps(method)
     async def handler(self, request, context):
         metrics = self.dataplane.metrics
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
         try:
+            self.authorize(context, needed)
             response = await method(self, request, context)
             code = grpc.StatusCode.OK
             return response
@@ -159,8 +166,25 @@ class _Servicer(
     prediction_service_pb2_grpc.PredictionServiceServicer,
     model_service_pb2_grpc.ModelServiceServicer,
 ):
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, tokens: dict[bytes, frozenset[str]] | None = None):
         self.dataplane = dataplane
+        self.tokens = tokens
+
+    def authorize(self, context, needed: str) -> None:
+        """The HTTP side's bearer tokens, from the call's `authorization` metadata."""
+        if self.tokens is None:
+            return
+        metadata = dict(context.invocation_metadata() or ())
+        header = metadata.get("authorization", "")
+        problem = bearer_problem(self.tokens, header.encode("latin-1"), needed)
+        if problem is not None:
+            kind, message = problem
+            code = (
+                grpc.StatusCode.PERMISSION_DENIED
+                if kind == SCOPE
+                else (grpc.StatusCode.UNAUTHENTICATED)
+            )
+            raise RPCError(code, message)
 
     # --- model specs --------------------------------------------------------------------
     def servable(self, spec) -> tuple[str, int | None, str | None]:
@@ -188,6 +212,7 @@ class _Servicer(
     # --- PredictionService --------------------------------------------------------------
     @_rpc
     async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
+        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
         name, version, label = self.servable(_model_spec(request))
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
         if signature_name != SIGNATURE_NAME:
@@ -326,7 +351,7 @@ class _Servicer(
             codes = entry.status.DESCRIPTOR.fields_by_name["error_code"].enum_type
             code = codes.values_by_name.get(status.error_code) or codes.values_by_name["UNKNOWN"]
             entry.status.error_code = code.number
-            entry.status.error_message = status.error_message
+            entry.status.error_message = redact_paths(status.error_message)
         return response
 
     @_rpc
@@ -345,10 +370,19 @@ class GRPCServer:
         dataplane: what serves the model (the HTTP adapters' own).
         host, port: where to listen (HOST, GRPC_PORT).
         max_message_bytes: largest message received or sent (GRPC_MAX_MESSAGE_BYTES).
+        tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
     """
 
-    def __init__(self, dataplane: DataPlane, host: str, port: int, max_message_bytes: int):
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        host: str,
+        port: int,
+        max_message_bytes: int,
+        tokens: dict[bytes, frozenset[str]] | None = None,
+    ):
         self.dataplane = dataplane
+        self.tokens = tokens
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.max_message_bytes = max_message_bytes
         self.port = port
@@ -368,7 +402,7 @@ class GRPCServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        servicer = _Servicer(self.dataplane)
+        servicer = _Servicer(self.dataplane, self.tokens)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         try:

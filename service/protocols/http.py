@@ -8,12 +8,12 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.convertors import Convertor, register_url_convertor
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from artifact.contract import to_json
 from artifact.repository import parse_version
-from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge
+from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge, RequestTimeout
 from service.registry import check_label_name
 
 JSON = "application/json"
@@ -61,21 +61,36 @@ def label_in_url(text: str | None) -> str | None:
     return text
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all."""
+async def read_body(request: Request, limit: int, timeout: float = 30.0) -> bytes:
+    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all.
+
+    Raises:
+        PayloadTooLarge: over the limit (413).
+        RequestTimeout: the body took longer than `timeout` seconds (BODY_TIMEOUT_SECONDS).
+        ClientClosedRequest: the client hung up before sending it all (499: not a 5xx).
+    """
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
             f"request body is {declared} bytes; the limit is {limit} bytes (MAX_BODY_BYTES)"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
-            )
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
+                    )
+                chunks.append(chunk)
+    except TimeoutError as err:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
+            f"{size} bytes came"
+        ) from err
+    except ClientDisconnect as err:
+        raise ClientClosedRequest("the client disconnected while sending the body") from err
     return b"".join(chunks)
 
 

@@ -8,6 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.dataplane import DataPlane
+from service.errors import redact_paths
 from service.protocols.http import json_response
 
 
@@ -29,7 +30,7 @@ class Operations:
     async def readyz(self):
         readiness = self.dataplane.readiness()
         if not readiness.ready:
-            return json_response({"error": f"not ready: {readiness.reason}"}, 503)
+            return json_response({"error": f"not ready: {redact_paths(readiness.reason)}"}, 503)
         return json_response(
             {
                 "status": "ready",

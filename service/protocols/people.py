@@ -10,6 +10,8 @@ centring and inversion of artifact.images): the page shows it, no client re-impl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 
 import numpy as np
 from fastapi import APIRouter, Query
@@ -27,8 +29,12 @@ from artifact.contract import (
 from artifact.images import INVERT_MODES
 from service import codec
 from service.dataplane import DataPlane
-from service.errors import BadInput, PayloadTooLarge
+from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge
 from service.protocols.http import JSON, json_response, read_body, unless_disconnected, with_body
+
+# JSON bodies up to this size without image files are parsed on the event loop: a few pixel
+# arrays cost less than a thread hop.
+INLINE_PARSE_BYTES = 64 * 1024
 
 PREDICT_DOC = {
     "requestBody": {
@@ -68,14 +74,28 @@ PREDICT_DOC = {
 class PeopleAPI:
     """`POST /predict` over a data plane.
 
+    Image files are decoded on one thread of their own: a flood of large photos queues there,
+    never on the event loop or in front of other clients' pixel arrays.
+
     Args:
         dataplane: what serves the model.
         max_body_bytes: largest request body read (MAX_BODY_BYTES).
+        body_timeout: the longest a client may take to send its body (BODY_TIMEOUT_SECONDS).
+        max_request_pixels: most pixels one request's image files may decode to.
     """
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int):
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        max_body_bytes: int,
+        body_timeout: float = 30.0,
+        max_request_pixels: int = 48_000_000,
+    ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.max_request_pixels = max_request_pixels
+        self.decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
         self.router = APIRouter(tags=["predict"])
         self.router.add_api_route(
             "/predict",
@@ -101,14 +121,18 @@ class PeopleAPI:
     ):
         if invert not in INVERT_MODES:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
-        body = await read_body(request, self.max_body_bytes)
+        self.dataplane.admit()  # a full queue refuses before the body is read
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
         files: list[str] | None = None
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            images, files = await self._uploaded_images(with_body(request, body), invert)
-        else:
+            images, files = await self._uploaded_images(request, body, invert)
+        elif len(body) <= INLINE_PARSE_BYTES and b'"b64"' not in body:
             # Any other type is read as JSON, as TF Serving does (`curl -d` says
-            # form-urlencoded). In a thread: base64 photos must not stall the event loop.
-            images = await asyncio.to_thread(self._json_images, body, invert)
+            # form-urlencoded). A few pixel arrays cost less than a thread hop.
+            images = self._json_images(body, invert)
+        else:
+            # Large bodies and base64 photos on the decoding thread: never the event loop.
+            images = await self._decode(request, self._json_images, body, invert)
         name = self.dataplane.model_name
         result = await unless_disconnected(
             request, self.dataplane.predict(name, images, None, SIGNATURE_NAME)
@@ -127,16 +151,32 @@ class PeopleAPI:
             {"model_name": name, "model_version": str(result.version), "predictions": rows}
         )
 
-    def _json_images(self, body: bytes, invert: str) -> np.ndarray:
+    async def _decode(self, request: Request, work, *args):
+        """Run `work(*args, cancelled)` on the decoding thread; when the client leaves, the
+        images not yet decoded are not decoded."""
+        cancelled = threading.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            return await unless_disconnected(
+                request, loop.run_in_executor(self.decoder, work, *args, cancelled)
+            )
+        except codec.Cancelled as err:
+            raise ClientClosedRequest("the client disconnected while its images decoded") from err
+        finally:
+            cancelled.set()
+
+    def _json_images(self, body: bytes, invert: str, cancelled=None) -> np.ndarray:
         instances = codec.pixel_instances(codec.loads(body))
         # Counted before any image is decoded.
         self.dataplane.check_image_count(len(instances))
-        return codec.decode_pixel_instances(instances, invert)
+        return codec.decode_pixel_instances(instances, invert, self.max_request_pixels, cancelled)
 
-    async def _uploaded_images(self, request: Request, invert: str):
+    async def _uploaded_images(self, request: Request, body: bytes, invert: str):
         limit = self.dataplane.max_images
         try:
-            form = await request.form(max_files=limit + 1, max_part_size=self.max_body_bytes)
+            form = await with_body(request, body).form(
+                max_files=limit + 1, max_part_size=self.max_body_bytes
+            )
         except Exception as err:  # multipart's parser raises several types for malformed bodies
             detail = str(getattr(err, "detail", err))
             if detail.startswith("Too many files"):
@@ -150,19 +190,12 @@ class PeopleAPI:
         if not uploads:
             raise BadInput("multipart body has no file; send one or more images as 'files'")
         self.dataplane.check_image_count(len(uploads))
+        names = [upload.filename or f"files[{i}]" for i, upload in enumerate(uploads)]
         files = [
-            (upload.filename or f"files[{i}]", await upload.read())
-            for i, upload in enumerate(uploads)
+            (f"files[{i}] ({name})", await upload.read())
+            for i, (name, upload) in enumerate(zip(names, uploads, strict=True))
         ]
-
-        def decode() -> np.ndarray:
-            return np.stack(
-                [
-                    codec.image_file_pixels(data, f"files[{i}] ({name})", invert)
-                    for i, (name, data) in enumerate(files)
-                ]
-            )
-
-        # In a thread: decoding and resizing photos must not stall the event loop.
-        pixels = await asyncio.to_thread(decode)
-        return normalize_pixels(pixels), [name for name, _ in files]
+        pixels = await self._decode(
+            request, codec.decode_image_files, files, invert, self.max_request_pixels
+        )
+        return normalize_pixels(pixels), names

@@ -6,6 +6,10 @@ row (`instances`) and columnar (`inputs`) formats, and TF Serving's `{"error": "
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from pathlib import Path
+
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from starlette.requests import Request
@@ -14,6 +18,7 @@ from starlette.responses import Response
 from artifact.contract import SIGNATURE_NAME
 from service import codec
 from service.dataplane import DataPlane
+from service.errors import redact_paths
 from service.protocols.http import (
     JSON,
     json_response,
@@ -23,6 +28,10 @@ from service.protocols.http import (
     version_in_url,
 )
 from service.types import ModelMetadata, VersionStatus
+
+# Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
+# than they do.
+INLINE_PARSE_BYTES = 64 * 1024
 
 PREDICT_DOC = {
     "requestBody": {
@@ -56,7 +65,10 @@ def render_status(statuses: list[VersionStatus]) -> dict:
             {
                 "version": str(s.version),
                 "state": s.state.name,
-                "status": {"error_code": s.error_code, "error_message": s.error_message},
+                "status": {
+                    "error_code": s.error_code,
+                    "error_message": redact_paths(s.error_message),
+                },
             }
             for s in statuses
         ]
@@ -94,11 +106,15 @@ class TFServingREST:
         dataplane: what serves the models.
         max_body_bytes: largest request body read (MAX_BODY_BYTES).
         config: the model config watcher, for the rollout status (None with the shortcut).
+        body_timeout: the longest a client may take to send a body (BODY_TIMEOUT_SECONDS).
     """
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int, config=None):
+    def __init__(
+        self, dataplane: DataPlane, max_body_bytes: int, config=None, body_timeout: float = 30.0
+    ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.config = config
         self.router = APIRouter(tags=["tf-serving"])
         r = self.router
@@ -186,7 +202,12 @@ class TFServingREST:
 
     async def rollout(self, name: str):
         status = self.dataplane.rollout(name)
-        status["config"] = self.config.status() if self.config is not None else None
+        config = self.config.status() if self.config is not None else None
+        if config is not None:
+            # Named, not located: the status says which file, not where the server keeps it.
+            config["file"] = Path(config["file"]).name
+            config["error"] = config["error"] and redact_paths(config["error"])
+        status["config"] = config
         return json_response(status)
 
     async def predict_latest(self, request: Request, name: str):
@@ -204,8 +225,12 @@ class TFServingREST:
         """TF Serving's REST predict; the fast lane calls it directly."""
         parsed_version = version_in_url(version)
         label_in_url(label)
-        body = await read_body(request, self.max_body_bytes)
-        signature_name, images, columnar = codec.parse_tf_serving_request(body)
+        self.dataplane.admit()  # a full queue refuses before the body is read
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        parse = functools.partial(codec.parse_tf_serving_request, body, self.dataplane.max_images)
+        # A large body is parsed in a thread: it must not stall other clients' requests.
+        large = len(body) > INLINE_PARSE_BYTES
+        signature_name, images, columnar = await asyncio.to_thread(parse) if large else parse()
         result = await unless_disconnected(
             request,
             self.dataplane.predict(name, images, parsed_version, signature_name, label),

@@ -16,7 +16,9 @@ ready). Pure numpy and orjson: nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -415,6 +417,11 @@ def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
 # --- the routes -----------------------------------------------------------------------------
 
 
+# Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
+# than they do.
+INLINE_PARSE_BYTES = 64 * 1024
+
+
 class OpenInferenceREST:
     """The /v2 routes over a data plane.
 
@@ -425,10 +432,16 @@ class OpenInferenceREST:
     """
 
     def __init__(
-        self, dataplane: DataPlane, max_body_bytes: int, server_name: str, server_version: str
+        self,
+        dataplane: DataPlane,
+        max_body_bytes: int,
+        server_name: str,
+        server_version: str,
+        body_timeout: float = 30.0,
     ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.server_metadata_body = {
             "name": server_name,
             "version": server_version,
@@ -526,10 +539,16 @@ class OpenInferenceREST:
             raise BadInput(
                 f"Content-Encoding {encoding!r:.40} is not supported; send the body uncompressed"
             )
-        body = await read_body(request, self.max_body_bytes)
-        parsed = parse_infer_request(
-            body, request.headers.get(HEADER_LENGTH), self.dataplane.check_image_count
+        self.dataplane.admit()  # a full queue refuses before the body is read
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        parse = functools.partial(
+            parse_infer_request,
+            body,
+            request.headers.get(HEADER_LENGTH),
+            self.dataplane.check_image_count,
         )
+        # A large body is parsed in a thread: it must not stall other clients' requests.
+        parsed = await asyncio.to_thread(parse) if len(body) > INLINE_PARSE_BYTES else parse()
         result = await unless_disconnected(
             request, self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
         )

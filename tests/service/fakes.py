@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import uvicorn
 from google.protobuf import struct_pb2
 
 from artifact.contract import (
@@ -250,3 +253,40 @@ def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterat
     app.state.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:
         yield client
+
+
+WAIT_SECONDS = 30.0
+
+
+def wait_until(condition, what: str, timeout: float = WAIT_SECONDS) -> None:
+    """Wait for a condition another thread makes true (bounded; not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def threaded_server(app, **config) -> Iterator[tuple[str, uvicorn.Server]]:
+    """A real uvicorn server for `app` in a thread of the test process; (url, server).
+
+    Args:
+        config: uvicorn.Config options (http=, timeout_keep_alive=, ssl_certfile=, ...).
+    """
+    # The server gets the bound socket itself: no window for another process to take the port.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    scheme = "https" if config.get("ssl_certfile") else "http"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), "the server to start")
+        assert thread.is_alive(), "the server did not start"
+        yield f"{scheme}://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_SECONDS)
+        sock.close()

@@ -77,6 +77,8 @@ class Server:
             "MAX_BODY_BYTES": str(MAX_BODY_BYTES),
             "MODEL_POLL_SECONDS": "0",
             "LOG_LEVEL": "info",
+            # Stopping a test server needs no drain (the tests of draining set their own).
+            "DRAIN_SECONDS": "0",
         }
         env = service_env(**{**defaults, **settings, "PORT": str(self.port)})
         self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()

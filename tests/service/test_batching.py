@@ -13,14 +13,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import socket
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
-from fakes import FakeBackend, GatedFakeBackend, toy_model
+from fakes import (
+    WAIT_SECONDS,
+    FakeBackend,
+    GatedFakeBackend,
+    threaded_server,
+    toy_model,
+    wait_until,
+)
 
 from artifact.contract import PROBABILITIES_KEY
 from service.app import create_app
@@ -30,16 +34,6 @@ from service.errors import UpstreamError
 from service.settings import Settings
 
 PATH = "/v1/models/fashion_mnist:predict"
-WAIT_SECONDS = 30.0
-
-
-def wait_until(condition, what: str) -> None:
-    """Wait for a condition another thread makes true (bounded; not a timing assertion)."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @contextlib.contextmanager
@@ -47,23 +41,12 @@ def serving(max_batch_size=4, timeout_ms=0.0, max_queue=8):
     settings = Settings(model_name="fashion_mnist", log_level="warning")
     gated = GatedFakeBackend()
     batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
-    app = create_app(settings, backend=batcher)
-    # The server gets the bound socket itself: no window for another process to take the port.
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, "the server to start")
-        yield f"http://127.0.0.1:{port}", gated, batcher
-    finally:
-        # Before the clients' pool is joined (it is entered first), so no request stays held.
-        gated.gate.set()
-        server.should_exit = True
-        thread.join(WAIT_SECONDS)
-        sock.close()
+    with threaded_server(create_app(settings, backend=batcher)) as (url, _):
+        try:
+            yield url, gated, batcher
+        finally:
+            # Before the server stops (and the clients' pool is joined): no request stays held.
+            gated.gate.set()
 
 
 @pytest.fixture(scope="module")

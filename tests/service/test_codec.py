@@ -33,7 +33,7 @@ def body(content) -> bytes:
     ],
 )  # fmt: skip
 def test_tf_serving_bodies(content, signature, columnar):
-    name, images, is_columnar = codec.parse_tf_serving_request(body(content))
+    name, images, is_columnar = codec.parse_tf_serving_request(body(content), 64)
     assert (name, is_columnar) == (signature, columnar)
     assert images.dtype == np.float32 and images.shape[1:] == (28, 28)
     np.testing.assert_array_equal(images[0], IMAGE)
@@ -60,7 +60,7 @@ def test_tf_serving_bodies(content, signature, columnar):
 )  # fmt: skip
 def test_tf_serving_errors_say_where_and_what(raw, message):
     with pytest.raises(BadInput) as excinfo:
-        codec.parse_tf_serving_request(raw)
+        codec.parse_tf_serving_request(raw, 64)
     assert message in excinfo.value.message
 
 

@@ -205,7 +205,7 @@ STATUS_CODES = [
     pytest.param(BadInput("x"), grpc.StatusCode.INVALID_ARGUMENT, id="bad-input"),
     pytest.param(NotFound("x"), grpc.StatusCode.NOT_FOUND, id="not-found"),
     pytest.param(PayloadTooLarge("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="over-max-images"),
-    pytest.param(Overloaded("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="queue-full"),
+    pytest.param(Overloaded("x"), grpc.StatusCode.UNAVAILABLE, id="queue-full"),
     pytest.param(TooManyRequests("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, id="too-many"),
     pytest.param(NotReady("x"), grpc.StatusCode.UNAVAILABLE, id="not-ready"),
     pytest.param(UpstreamError("x"), grpc.StatusCode.UNAVAILABLE, id="shutting-down"),
@@ -231,3 +231,31 @@ def test_no_client_error_is_internal():
     client_errors = [BadInput, NotFound, PayloadTooLarge, Overloaded, TooManyRequests, NotReady]
     internal = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS}
     assert all(status_code_of(error("x")) not in internal for error in client_errors)
+
+
+def test_grpc_calls_need_the_http_sides_bearer_tokens(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("predictor-token-0123456789 predict\nwatcher-token-0123456789 status\n")
+    port = free_port()
+    request = predict_request(PIXELS[0:1])
+    with (
+        app_client(FakeBackend(), serve_grpc=True, grpc_port=port, auth_tokens_file=str(tokens)),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for metadata, code in (
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "Bearer not-a-token-at-all"),), grpc.StatusCode.UNAUTHENTICATED),
+            (
+                (("authorization", "Bearer watcher-token-0123456789"),),
+                grpc.StatusCode.PERMISSION_DENIED,
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Predict(request, metadata=metadata, timeout=WAIT_SECONDS)
+            assert caught.value.code() == code, metadata
+        granted = (("authorization", "Bearer predictor-token-0123456789"),)
+        assert (
+            stub.Predict(request, metadata=granted, timeout=WAIT_SECONDS).model_spec.version.value
+            == 1
+        )

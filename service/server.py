@@ -1,0 +1,155 @@
+"""The HTTP server around the app: uvicorn, hardened against slow and oversized clients, and
+drained on SIGTERM.
+
+- **Headers**: a request's header section may hold at most MAX_HEADER_BYTES (431 otherwise,
+  before httptools buffers any more of it) and must arrive within HEADER_TIMEOUT_SECONDS of
+  its first byte, or of the connection when nothing comes (408). uvicorn itself has neither
+  limit with httptools.
+- **Bodies** are bounded by the app (MAX_BODY_BYTES, BODY_TIMEOUT_SECONDS:
+  service/protocols/http.py); idle keep-alive connections close after
+  KEEPALIVE_TIMEOUT_SECONDS; MAX_CONNECTIONS bounds connections and requests at once (uvicorn's
+  limit_concurrency: 503 past it).
+- **SIGTERM**: /readyz turns 503 at once (a load balancer stops sending), the listener stays
+  open and serves for DRAIN_SECONDS, then closes; in-flight requests get
+  SHUTDOWN_TIMEOUT_SECONDS to finish, and the process exits 0. A second SIGTERM, or Ctrl-C,
+  skips the drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("service.server")
+
+
+def _status_response(status: int, reason: str, message: str) -> bytes:
+    body = orjson.dumps({"error": message})
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode("ascii") + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header size limit and a header timeout.
+
+    The limits are class attributes: `guarded_protocol()` makes a subclass with the
+    settings' values (uvicorn builds one protocol object per connection from the class).
+    """
+
+    max_header_bytes = 32 * 1024
+    header_timeout = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._header_bytes = 0
+        self._in_headers = True
+        self._message_open = False
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self._in_headers and not self.transport.is_closing():
+            log.info("Closing a connection from %s: headers not complete in %gs", self.client,
+                     self.header_timeout)  # fmt: skip
+            message = f"request headers not complete within {self.header_timeout:g} s"
+            self.transport.write(_status_response(408, "Request Timeout", message))
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers:
+            end = data.find(b"\r\n\r\n")
+            counted = len(data) if end < 0 else end + 4
+            self._header_bytes += counted
+            if self._header_bytes > self.max_header_bytes:
+                self._cancel_header_timer()
+                message = f"request headers exceed {self.max_header_bytes} bytes (MAX_HEADER_BYTES)"
+                self.transport.write(
+                    _status_response(431, "Request Header Fields Too Large", message)
+                )
+                self.transport.close()
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._message_open = True
+        if self._header_timer is None:
+            # The next request on a kept-alive connection: its headers get the same time.
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._message_open = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._message_open:
+            # The next request's headers are counted from their first byte (unless it is
+            # already being read: a pipelined one).
+            self._in_headers = True
+            self._header_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+
+def guarded_protocol(max_header_bytes: int, header_timeout: float) -> type[HttpToolsProtocol]:
+    """The protocol class uvicorn should use, with these limits."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout},
+    )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, draining on the first SIGTERM before it shuts down.
+
+    Args:
+        config: uvicorn's configuration.
+        drain_seconds: how long the listener stays open after SIGTERM.
+        on_drain: called at once on SIGTERM (the app turns /readyz 503).
+    """
+
+    def __init__(self, config: uvicorn.Config, drain_seconds: float, on_drain: Callable[[], None]):
+        super().__init__(config)
+        self.drain_seconds = drain_seconds
+        self.on_drain = on_drain
+        self._drain_until: float | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if sig == signal.SIGTERM and self._drain_until is None and not self.should_exit:
+            # Not recorded as a captured signal: uvicorn would raise it again at the end,
+            # and the process would die of it (exit code 143) instead of exiting 0.
+            self._drain_until = time.monotonic() + self.drain_seconds
+            self.on_drain()
+            log.info("SIGTERM: draining for %gs, then shutting down", self.drain_seconds)
+            return
+        if sig == signal.SIGTERM:
+            self.should_exit = True  # a second SIGTERM: stop draining, still exit 0
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
