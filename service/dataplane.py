@@ -133,8 +133,11 @@ class DataPlane:
         self.metrics.answered.labels(name, str(prediction.version), route).inc()
         classes = prediction.outputs.get(CLASSES_KEY)
         if classes is not None:
-            for class_id, n in zip(*np.unique(classes, return_counts=True), strict=True):
-                self.metrics.predictions.labels(name, class_labels[int(class_id)]).inc(int(n))
+            counts = np.bincount(classes, minlength=len(class_labels))
+            for class_id in np.flatnonzero(counts):
+                self.metrics.predictions.labels(name, class_labels[class_id]).inc(
+                    int(counts[class_id])
+                )
 
     async def model_status(
         self, name: str, version: int | None, label: str | None = None

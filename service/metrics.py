@@ -15,6 +15,9 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # prometheus_client's labels() checks and locks on every call: the hot path looks each
+        # child up once and keeps it (child()).
+        self._children: dict[tuple, object] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests by route template, method and status code.",
@@ -86,6 +89,14 @@ class Metrics:
             registry=self.registry,
         )
 
+    def child(self, metric, *labels):
+        """The metric's child for these label values, looked up once."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
 
 class MetricsMiddleware:
     """Pure ASGI middleware counting every HTTP request by its route template and status."""
@@ -113,5 +124,6 @@ class MetricsMiddleware:
             route = scope.get("route")
             # The template without convertors: /v1/models/{name}:predict.
             template = getattr(route, "path_format", None) or "unmatched"
-            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
-            self.metrics.latency.labels(template).observe(time.perf_counter() - started)
+            metrics = self.metrics
+            metrics.child(metrics.requests, template, scope["method"], str(status)).inc()
+            metrics.child(metrics.latency, template).observe(time.perf_counter() - started)

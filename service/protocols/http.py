@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.convertors import Convertor, register_url_convertor
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from artifact.contract import to_json
@@ -77,21 +77,25 @@ async def read_body(request: Request, limit: int, timeout: float = 30.0) -> byte
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout):
-            async for chunk in request.stream():
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientClosedRequest("the client disconnected while sending the body")
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLarge(
                         f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
                     )
+                if not message.get("more_body", False):
+                    # Mostly the whole body came in one message: no join, no copy.
+                    return b"".join((*chunks, chunk)) if chunks else chunk
                 chunks.append(chunk)
     except TimeoutError as err:
         raise RequestTimeout(
             f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
             f"{size} bytes came"
         ) from err
-    except ClientDisconnect as err:
-        raise ClientClosedRequest("the client disconnected while sending the body") from err
-    return b"".join(chunks)
 
 
 def with_body(request: Request, body: bytes) -> Request:
