@@ -154,7 +154,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         (
             FastLane,
             {
-                "routes": tf_serving.fast_routes() + v2.fast_routes(),
+                "routes": tf_serving.fast_routes() + v2.fast_routes() + people.fast_routes(),
                 "error_response": error_response,
             },
         ),  # fmt: skip

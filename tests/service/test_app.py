@@ -192,6 +192,39 @@ def test_metrics_count_requests_by_route_template_fast_lane_included(client, bac
     assert metric(client, "model_version", model=MODEL_NAME, device="/CPU:0") == 2
 
 
+@pytest.mark.parametrize(
+    "query, with_pixels",
+    [
+        ("", False),
+        ("?include_pixels=true", True),
+        ("?include_pixels=YES", True),
+        ("?include_pixels=0", False),
+        ("?include_pixels=off&invert=no", False),
+        ("?invert=no&invert=yes&include_pixels=1", True),
+        ("?include_pixels=maybe", None),
+        ("?include_pixels=", None),
+        ("?invert=bogus", None),
+        ("?unknown=1", False),
+    ],
+)
+def test_the_fast_lane_answers_predict_as_fastapi_does(backend, query, with_pixels):
+    """The lane reads /predict's query string itself; FastAPI's route is the reference."""
+    body = {"instances": PIXELS[:2].astype(int).tolist()}
+    answers = []
+    for fast_lane in (True, False):
+        with app_client(backend, fast_lane=fast_lane) as client:
+            response = client.post(f"/predict{query}", json=body)
+            answers.append((response.status_code, response.json()))
+    (lane_status, lane), (fastapi_status, fastapi) = answers
+    assert lane_status == fastapi_status == (400 if with_pixels is None else 200)
+    if with_pixels is not None:
+        assert lane == fastapi
+        assert all(("pixels" in row) == with_pixels for row in lane["predictions"])
+    else:
+        # The same field named first; the lane also says what came.
+        assert lane["error"].split(":")[0] == fastapi["error"].split(":")[0]
+
+
 def test_openapi_lists_every_route(client):
     paths = ok_json(client.get("/openapi.json"))["paths"]
     for path in (
