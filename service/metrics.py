@@ -24,6 +24,14 @@ class Metrics:
             ["route", "method", "status"],
             registry=self.registry,
         )
+        # A plain count the middleware keeps; the gauge reads it when scraped (no lock per
+        # request). What an autoscaler scales on: the work each replica holds right now.
+        self.in_flight = 0
+        Gauge(
+            "http_requests_in_flight",
+            "HTTP requests being answered right now (the scrape that reads this included).",
+            registry=self.registry,
+        ).set_function(lambda: self.in_flight)
         self.latency = Histogram(
             "http_request_duration_seconds",
             "Time from request start to the end of the response, by route template.",
@@ -111,6 +119,8 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        metrics = self.metrics
+        metrics.in_flight += 1
 
         async def send_with_status(message):
             nonlocal status
@@ -121,9 +131,9 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
+            metrics.in_flight -= 1
             route = scope.get("route")
             # The template without convertors: /v1/models/{name}:predict.
             template = getattr(route, "path_format", None) or "unmatched"
-            metrics = self.metrics
             metrics.child(metrics.requests, template, scope["method"], str(status)).inc()
             metrics.child(metrics.latency, template).observe(time.perf_counter() - started)

@@ -4,14 +4,26 @@ rendering, every error body, the metrics, and the fast lane answering like FastA
 from __future__ import annotations
 
 import base64
+import threading
 
+import httpx
 import numpy as np
 import pytest
-from fakes import MODEL_NAME, FakeBackend, app_client, toy_model
+from fakes import (
+    MODEL_NAME,
+    FakeBackend,
+    GatedFakeBackend,
+    app_client,
+    threaded_server,
+    toy_model,
+    wait_until,
+)
 from helpers import error_message, ok_json, png_bytes
 from prometheus_client.parser import text_string_to_metric_families
 
 from artifact.contract import FASHION_MNIST_LABELS
+from service.app import create_app
+from service.settings import Settings
 
 V1 = f"/v1/models/{MODEL_NAME}"
 RNG = np.random.default_rng(0)
@@ -302,3 +314,37 @@ def test_the_rollout_status(labeled):
         "shadow": None,
         "config": None,
     }
+
+
+def test_requests_in_flight_counts_requests_being_answered():
+    """The gauge an autoscaler reads: the held requests, then none (the scrape counts itself)."""
+    gated = GatedFakeBackend()
+    app = create_app(Settings(model_name=MODEL_NAME), gated)
+
+    def in_flight(client) -> float:
+        families = text_string_to_metric_families(client.get("/metrics").text)
+        (value,) = [
+            s.value for f in families for s in f.samples if s.name == "http_requests_in_flight"
+        ]
+        return value
+
+    with threaded_server(app) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        gated.gate.clear()
+        posts = [
+            threading.Thread(
+                target=client.post,
+                args=(f"{V1}:predict",),
+                kwargs={"json": {"instances": FLOATS[:1].tolist()}},
+            )
+            for _ in range(3)
+        ]
+        try:
+            for post in posts:
+                post.start()
+            wait_until(lambda: gated.calls_started == 3, "three requests in the model")
+            assert in_flight(client) == 4
+        finally:
+            gated.gate.set()
+            for post in posts:
+                post.join(30)
+        assert in_flight(client) == 1
