@@ -32,22 +32,27 @@ SERVER_NAME = "estimator-serving"
 
 
 class ServiceApp(FastAPI):
-    """FastAPI with the service's own middleware in front of its whole stack.
+    """FastAPI with the service's own middleware in front of it.
 
-    FastAPI wraps every request in its error, telemetry and body-limit middleware before any
-    added middleware runs; on the hot path (the fast lane's predictions) those layers cost as
-    much as the rest of the Python work. `outer_middleware` (pure ASGI classes and their
-    options, innermost first) runs before all of it: metrics, access rules and the fast lane,
-    which renders its own errors; every other request goes on through FastAPI as usual.
+    FastAPI checks its telemetry settings and runs its error and body-limit middleware on
+    every request before any added middleware; on the hot path (the fast lane's predictions)
+    those layers cost as much as the rest of the Python work. `outer_middleware` (pure ASGI
+    classes and their options, innermost first) runs before all of it: metrics, access rules
+    and the fast lane, which renders its own errors; every other request goes on through
+    FastAPI as usual. It is assembled at the first call, so it can be changed until then.
     """
 
     outer_middleware: list[tuple[type, dict]] = []
+    _outer = None
 
-    def build_middleware_stack(self):
-        app = super().build_middleware_stack()
-        for middleware, options in self.outer_middleware:
-            app = middleware(app, **options)
-        return app
+    async def __call__(self, scope, receive, send) -> None:
+        if self._outer is None:
+            app = super().__call__
+            for middleware, options in self.outer_middleware:
+                app = middleware(app, **options)
+            self._outer = app
+        scope["app"] = self
+        await self._outer(scope, receive, send)
 
 
 def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -> FastAPI:
