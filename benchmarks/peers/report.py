@@ -83,7 +83,9 @@ def settings_table(peers: dict) -> str:
     for key, p in peers.items():
         versions = ", ".join(f"{k} {v}" for k, v in sorted(p.get("versions", {}).items()))
         if "error" in p:
-            out.append(f"- {names[key]}: settings {p['settings']}; FAILED: {p['error']}")
+            # The JSON keeps the whole message (a log's tail); its last line says what failed.
+            last = [line for line in p["error"].splitlines() if line.strip()][-1:] or ["?"]
+            out.append(f"- {names[key]}: settings {p['settings']}; FAILED: {last[0][:300]}")
             continue
         out.append(
             f"- {names[key]}: settings {p['settings']}; up in {p['startup_s']:.0f} s; "

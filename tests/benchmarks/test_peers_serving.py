@@ -31,15 +31,21 @@ def bodies(tmp_path_factory, small_test_data):
     return out
 
 
-@pytest.mark.parametrize("variant", spec.ROWS, ids=lambda v: v.key)
+def needs_venv(variant: spec.Variant):
+    """The variant, skipped (before any fixture trains a model) when its venv is missing."""
+    reason = (
+        f"{variant.peer}'s venv is not installed in {venvs.venv_dir(variant.peer)}: "
+        "`python -m benchmarks.peers setup` (or `make bench-peers`) installs it (2 GB)"
+    )
+    skip = pytest.mark.skipif(not venvs.is_installed(variant.peer), reason=reason)
+    return pytest.param(variant, id=variant.key, marks=skip)
+
+
+@pytest.mark.skipif(
+    shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)"
+)
+@pytest.mark.parametrize("variant", [needs_venv(v) for v in spec.ROWS])
 def test_the_peer_serves_the_models_probabilities(variant, trained_model, bodies, tmp_path):
-    if not venvs.is_installed(variant.peer):
-        pytest.skip(
-            f"{variant.peer}'s venv is not installed in {venvs.venv_dir(variant.peer)}: "
-            "`python -m benchmarks.peers setup` (or `make bench-peers`) installs it (2 GB)"
-        )
-    if shutil.which("wrk") is None:
-        pytest.skip("wrk is not installed (apt-get install wrk)")
     instances = spec.instances_of(bodies[1].read_text())
     expected = run.reference_probabilities(trained_model.version_path, instances)
     peer_bodies = run.peer_bodies(variant.peer, bodies, tmp_path)
