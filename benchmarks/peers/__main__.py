@@ -4,8 +4,8 @@
   run [--seconds S] [--model DIR]
                      the peers' rows (spec.ROWS) at bench.py's loads; prints, saves nothing
   sweep [--seconds S] [--model DIR] [--all-loads] [--only KEY...]
-                     every setting in spec.SWEEP, at c=64 with one image per request unless
-                     --all-loads; prints, saves nothing
+                     every setting in spec.SWEEP (or those named, from SWEEP or ROWS), at c=64
+                     with one image per request unless --all-loads; prints, saves nothing
   lock [PEER...]     re-resolve requirements-PEER.in and rewrite requirements-PEER.lock
 
 The full comparison, with this service's rows in the same run and table, is
@@ -59,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
             "models/fashion_mnist, or a small one trained now)",
         )
     sweep_parser.add_argument("--all-loads", action="store_true", help="bench.py's four loads")
-    sweep_parser.add_argument("--only", nargs="*", help="keys of spec.SWEEP to run")
+    sweep_parser.add_argument("--only", nargs="*", help="keys of spec.SWEEP or spec.ROWS to run")
     lock_parser = sub.add_parser("lock", help="rewrite the peers' lock files")
     lock_parser.add_argument(
         "peers", nargs="*", help=f"of {', '.join(venvs.PEERS)}; all by default"
     )
     args = parser.parse_args(argv)
+    unknown = set(getattr(args, "only", None) or ()) - set(spec.BY_KEY)
+    if unknown:
+        parser.error(f"unknown key(s) {sorted(unknown)}: choose from {list(spec.BY_KEY)}")
 
     if args.command == "setup":
         for peer in venvs.PEERS:
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         variants, loads = spec.ROWS, LOADS
     else:
-        variants = [spec.SWEEP_BY_KEY[k] for k in args.only] if args.only else spec.SWEEP
+        variants = [spec.BY_KEY[k] for k in dict.fromkeys(args.only)] if args.only else spec.SWEEP
         loads = LOADS if args.all_loads else [(64, 1)]
     peers = measure(variants, args.seconds, loads, args.model)
     print()

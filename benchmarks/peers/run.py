@@ -23,6 +23,9 @@ from benchmarks.peers import spec, venvs
 
 # The peers' answers against the SavedModel's own, probability by probability.
 TOLERANCE = 1e-4
+# wrk's warm-up before the timed loads (bench.py gives this service 2 s): a peer's ready
+# endpoint can answer while another of its worker processes is still loading TensorFlow.
+WARMUP_S = 5
 # Variables of this project's environment that must not leak into a peer's venv.
 DROPPED_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
 
@@ -156,7 +159,7 @@ def bench_variant(
             "of the model's"
         )
         path = spec.INFER_PATH[variant.peer]
-        bench.run_wrk(port, bodies[1], 16, 2, path)  # warm up
+        bench.run_wrk(port, bodies[1], 16, WARMUP_S, path)
         results = {}
         for concurrency, n in loads:
             r = bench.run_wrk(port, bodies[n], concurrency, seconds, path)

@@ -86,8 +86,9 @@ def bentoml(key: str, workers: int, max_batch_size: int, max_latency_ms: int):
 # The settings tried (`python -m benchmarks.peers sweep`); docs/benchmark-peers.md has the
 # numbers. MLServer: its default of one parallel worker (inference in a separate process),
 # none (inference on the HTTP process's event loop) and two; batch sizes and waits around
-# this service's own (64 images, a few ms). BentoML: one and two workers; its docs' example
-# limits and its defaults (100 requests, 60 s: the dispatcher sheds load past max_latency_ms).
+# this service's own (64 images, a few ms). BentoML: one and two workers; its defaults (100
+# requests, 60 s), a smaller batch and a 1 s budget, and 64 (its dispatcher answers 503 to a
+# request it expects to wait longer than max_latency_ms, so a small budget sheds load).
 SWEEP = [
     mlserver("mlserver_w1_b64_t5", 1, 64, 0.005),
     mlserver("mlserver_w0_b64_t5", 0, 64, 0.005),
@@ -108,6 +109,8 @@ BEST = {
     "bentoml": replace(SWEEP_BY_KEY["bentoml_w2_b100_l60000"], key="bentoml"),
 }
 ROWS = list(chain.from_iterable((v, v.with_tricks()) for v in BEST.values()))
+# Every named variant, for `python -m benchmarks.peers sweep --only KEY...`.
+BY_KEY = {v.key: v for v in [*SWEEP, *ROWS]}
 
 
 # ---- MLServer's files ------------------------------------------------------------------

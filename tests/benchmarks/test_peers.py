@@ -495,3 +495,15 @@ def test_the_chart_has_a_bar_per_peer(tmp_path):
 def test_peers_table_alone():
     text = report.peers_table(sample_peers())
     assert text.count("| c=64, 1 img/req |") == 3
+
+
+@pytest.mark.parametrize(
+    "argv", [["sweep", "--only", "mlserver", "nope"], ["lock", "mlserver", "torchserve"]]
+)
+def test_the_command_line_refuses_unknown_names(argv, capsys):
+    from benchmarks.peers.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "unknown" in capsys.readouterr().err
