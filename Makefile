@@ -18,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
-.PHONY: setup data compose browser venv train serve test test-fast lint format bench clean
+.PHONY: setup data compose browser venv train serve test test-fast lint format bench bench-peers clean
 
 setup: venv data compose browser
 
@@ -96,3 +96,10 @@ clean:
 bench: setup
 	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	$(PY) -m benchmarks.bench
+
+# `make bench` plus the peers in the same run, table and chart: MLServer and BentoML serving
+# the same model with their own batching (benchmarks/peers/), each in its own venv under
+# benchmarks/.peers/, installed from its lock on first use (about 2 GB and a minute or two each).
+bench-peers: setup
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	$(PY) -m benchmarks.bench --peers

@@ -6,6 +6,9 @@
 (4) this service with dynamic batching on (the defaults);
 and (4) again at c=64 over its other protocols: the Open Inference Protocol with binary tensors
 (wrk) and TF Serving's gRPC Predict (benchmarks/grpc_load.py, a small asyncio client).
+With `--peers` (`make bench-peers`), (5) and on: MLServer and BentoML serving the same model
+with their own batching, as their docs show and with this service's two tricks
+(benchmarks/peers/, each in its own venv under benchmarks/.peers/).
 Load comes from wrk, a separate process, with the same request bodies for every server.
 Results: benchmarks/results/latest.json and latest.png, and a Markdown table on stdout.
 `--protocols-only` runs only the protocol rows and saves nothing (a quick check).
@@ -152,18 +155,36 @@ def measure_ceiling(version_path: Path) -> dict:
     }
 
 
-def start_server(cmd: list[str], env: dict, port: int, log_path: Path) -> subprocess.Popen:
-    """Start a server with its output in log_path; return once it answers HTTP."""
+def start_server(
+    cmd: list[str],
+    env: dict,
+    port: int,
+    log_path: Path,
+    ready_path: str = "/docs",
+    cwd: Path = ROOT,
+    new_session: bool = False,
+) -> subprocess.Popen:
+    """Start a server with its output in log_path; return once `ready_path` answers 200.
+
+    `new_session`: in a process group of its own (a peer's workers can be ended with it).
+    """
     import httpx
 
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=new_session,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/docs", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
@@ -274,7 +295,10 @@ def bench_server(
 
 
 def table(result: dict) -> str:
+    from benchmarks.peers import report as peer_report
+
     ceiling = result["ceiling"]
+    peers = result.get("peers") or {}
     rows = [
         f"Ceiling (1): SavedModel in-process, best batch {ceiling['best_batch']}: "
         f"{ceiling['images_per_s']:,.0f} images/s; batch 1: p50 {ceiling['batch1_p50_ms']:.2f} ms",
@@ -296,6 +320,7 @@ def table(result: dict) -> str:
                 f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                 f"{r['errors']} |"
             )
+        rows += peer_report.rows_for_load(peers, load)
     rows += ["", "| load | (3)/(1) | (4)/(1) | (4)/(2) |", "|---|---:|---:|---:|"]
     for load, ratio in result["ratios"].items():
         rows.append(
@@ -310,6 +335,9 @@ def table(result: dict) -> str:
     )
     if result.get("protocols"):
         rows += ["", protocols_table(result["protocols"])]
+    if peers:
+        rows += ["", peer_report.versus_table(result["servers"]["batched"], peers)]
+        rows += ["", peer_report.settings_table(peers)]
     return "\n".join(rows)
 
 
@@ -339,22 +367,28 @@ def chart(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.peers import report as peer_report
+
     loads = list(result["servers"]["batched"])
-    names = ["naive", "unbatched", "batched"]
+    bars = {name: result["servers"][name] for name in ["naive", "unbatched", "batched"]}
+    peers = result.get("peers") or {}
+    labels = peer_report.short_labels(peers)
+    bars.update({labels[key]: peer["loads"] for key, peer in peers.items()})
     x = np.arange(len(loads))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, name in enumerate(names):
+    width = 0.8 / len(bars)
+    fig, ax = plt.subplots(figsize=(8 + len(peers), 4.5))
+    for i, (name, by_load) in enumerate(bars.items()):
         ax.bar(
-            x + (i - 1) * 0.27,
-            [result["servers"][name][load]["images_per_s"] for load in loads],
-            0.27,
+            x + (i - (len(bars) - 1) / 2) * width,
+            [by_load[load]["images_per_s"] if load in by_load else 0 for load in loads],
+            width,
             label=name,
         )
     ax.axhline(result["ceiling"]["images_per_s"], color="k", ls="--", label="in-process ceiling")
     ax.set_xticks(x, [load.replace("x", " x") + " img" for load in loads])
     ax.set_ylabel("images/s")
     ax.set_title(f"Throughput on {result['machine']['cores']} cores ({result['date']})")
-    ax.legend()
+    ax.legend(fontsize="small" if peers else None)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -366,6 +400,11 @@ def main() -> int:
         "--protocols-only",
         action="store_true",
         help="only (4)'s rows per protocol at c=64; print them, save nothing",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
     )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -409,6 +448,11 @@ def main() -> int:
             print()
             print(protocols_table(protocols))
             return 0
+        if args.peers:
+            from benchmarks.peers import run as peers_run
+
+            # Installs (minutes, the first time) before anything is timed.
+            peer_versions = peers_run.prepare()
         print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
         ceiling = measure_ceiling(version_path)
         naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
@@ -436,6 +480,12 @@ def main() -> int:
             servers[key] = bench_server(
                 title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
             )
+        peers = {}
+        if args.peers:
+            tf_bodies = {n: bodies[n] for n in sorted({n for _, n in LOADS})}
+            peers = peers_run.bench_peers(
+                version_path, tf_bodies, workdir, args.seconds, LOADS, versions=peer_versions
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratios = {}
@@ -462,6 +512,8 @@ def main() -> int:
         "ratios": ratios,
         "protocols": protocols,
     }
+    if peers:
+        result["peers"] = peers
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, RESULTS / "latest.png")

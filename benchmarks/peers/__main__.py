@@ -1,0 +1,103 @@
+"""`python -m benchmarks.peers`: the peers alone, for setting them up and trying settings.
+
+  setup              install the peers' venvs (benchmarks/.peers/), nothing else
+  run [--seconds S] [--model DIR]
+                     the peers' rows (spec.ROWS) at bench.py's loads; prints, saves nothing
+  sweep [--seconds S] [--model DIR] [--all-loads] [--only KEY...]
+                     every setting in spec.SWEEP (or those named, from SWEEP or ROWS), at c=64
+                     with one image per request unless --all-loads; prints, saves nothing
+  lock [PEER...]     re-resolve requirements-PEER.in and rewrite requirements-PEER.lock
+
+The full comparison, with this service's rows in the same run and table, is
+`make bench-peers` (python -m benchmarks.bench --peers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.peers import report, spec, venvs
+
+
+def measure(variants, seconds: int, loads, model: Path | None = None) -> dict:
+    from artifact.quiet import quiet_tensorflow
+    from benchmarks import bench
+    from benchmarks.peers import run
+
+    quiet_tensorflow()
+    versions = run.prepare(variants)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    try:
+        version_path = model or bench.find_or_train_model(workdir)
+        print(f"Model {version_path}", flush=True)
+        bodies = bench.request_bodies(workdir)
+        return run.bench_peers(
+            version_path, bodies, workdir, seconds, loads, variants, versions=versions
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peers", description=__doc__.splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="install the peers' venvs")
+    run_parser = sub.add_parser("run", help="the peers' rows alone; saves nothing")
+    sweep_parser = sub.add_parser("sweep", help="every setting tried; saves nothing")
+    for p in (run_parser, sweep_parser):
+        p.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
+        p.add_argument(
+            "--model",
+            type=Path,
+            help="an exported version's folder (default: bench.py's: the newest under "
+            "models/fashion_mnist, or a small one trained now)",
+        )
+    sweep_parser.add_argument("--all-loads", action="store_true", help="bench.py's four loads")
+    sweep_parser.add_argument("--only", nargs="*", help="keys of spec.SWEEP or spec.ROWS to run")
+    lock_parser = sub.add_parser("lock", help="rewrite the peers' lock files")
+    lock_parser.add_argument(
+        "peers", nargs="*", help=f"of {', '.join(venvs.PEERS)}; all by default"
+    )
+    args = parser.parse_args(argv)
+    unknown = set(getattr(args, "only", None) or ()) - set(spec.BY_KEY)
+    if unknown:
+        parser.error(f"unknown key(s) {sorted(unknown)}: choose from {list(spec.BY_KEY)}")
+
+    if args.command == "setup":
+        for peer in venvs.PEERS:
+            venvs.ensure(peer)
+            print(f"{peer}: {venvs.venv_dir(peer)} {venvs.installed_versions(peer)}")
+        return 0
+    if args.command == "lock":
+        unknown = set(args.peers) - set(venvs.PEERS)
+        if unknown:
+            parser.error(f"unknown peer(s) {sorted(unknown)}: choose from {list(venvs.PEERS)}")
+        for peer in args.peers or venvs.PEERS:
+            venvs.relock(peer)
+        return 0
+    if shutil.which("wrk") is None:
+        print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
+        return 2
+    from benchmarks.bench import LOADS
+
+    if args.command == "run":
+        variants, loads = spec.ROWS, LOADS
+    else:
+        variants = [spec.BY_KEY[k] for k in dict.fromkeys(args.only)] if args.only else spec.SWEEP
+        loads = LOADS if args.all_loads else [(64, 1)]
+    peers = measure(variants, args.seconds, loads, args.model)
+    print()
+    print(report.peers_table(peers))
+    print()
+    print(report.settings_table(peers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The peers' rows in benchmarks/bench.py's table and chart, and their own small tables.
+
+Everything here reads the results' JSON (`result["peers"]`, as run.bench_peers returns it):
+no server, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+# The peers' rows follow this service's (2)-(4) in the table: (5), (6), ...
+FIRST_NUMBER = 5
+# The load the issue's targets compare at: c=64, one image per request.
+TARGET_LOAD = "c64x1"
+
+
+def labels(peers: dict) -> dict[str, str]:
+    """key -> "(5) MLServer 1.6.1, adaptive batching ...", numbered in run order."""
+    return {key: f"({FIRST_NUMBER + i}) {p['title']}" for i, (key, p) in enumerate(peers.items())}
+
+
+def short_labels(peers: dict) -> dict[str, str]:
+    """key -> a legend-sized label: "(5) MLServer", "(6) MLServer + tricks"."""
+    out = {}
+    for i, (key, row) in enumerate(peers.items()):
+        name = row["title"].split(" ")[0]
+        out[key] = f"({FIRST_NUMBER + i}) {name}" + (" + tricks" if row.get("tricks") else "")
+    return out
+
+
+def row(label: str, load: str, r: dict) -> str:
+    c, n = load[1:].split("x")
+    return (
+        f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
+        f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
+    )
+
+
+def rows_for_load(peers: dict, load: str) -> list[str]:
+    """The peers' rows of the main table at one load (those that ran it)."""
+    names = labels(peers)
+    return [
+        row(names[key], load, p["loads"][load]) for key, p in peers.items() if load in p["loads"]
+    ]
+
+
+def versus_table(service: dict, peers: dict, load: str = TARGET_LOAD) -> str:
+    """(4) against each peer at one load: throughput ratio and p99 ratio.
+
+    The issue's target: at least 3x each peer's throughput with a p99 no more than a quarter
+    of theirs, at c=64 with one image per request.
+    """
+    if load not in service:
+        return ""
+    ours = service[load]
+    c, n = load[1:].split("x")
+    out = [
+        f"(4) against the peers at c={c}, {n} img/req "
+        "(target: at least 3x their throughput, p99 at most 1/4 of theirs):",
+        "",
+        "| peer | peer req/s | (4) / peer throughput | (4) p99 / peer p99 |",
+        "|---|---:|---:|---:|",
+    ]
+    names = labels(peers)
+    for key, p in peers.items():
+        if load not in p["loads"]:
+            continue
+        theirs = p["loads"][load]
+        speedup = (
+            ours["requests_per_s"] / theirs["requests_per_s"]
+            if theirs["requests_per_s"]
+            else float("inf")
+        )
+        p99 = ours["p99_ms"] / theirs["p99_ms"] if theirs["p99_ms"] else float("inf")
+        out.append(
+            f"| {names[key]} | {theirs['requests_per_s']:,.0f} | {speedup:.1f}x | {p99:.2f} |"
+        )
+    return "\n".join(out)
+
+
+def settings_table(peers: dict) -> str:
+    """Each peer row's settings, versions and start-up, under the tables."""
+    out = ["Peers (benchmarks/peers/):", ""]
+    names = labels(peers)
+    for key, p in peers.items():
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(p.get("versions", {}).items()))
+        if "error" in p:
+            # The JSON keeps the whole message (a log's tail); its last line says what failed.
+            last = [line for line in p["error"].splitlines() if line.strip()][-1:] or ["?"]
+            out.append(f"- {names[key]}: settings {p['settings']}; FAILED: {last[0][:300]}")
+            continue
+        out.append(
+            f"- {names[key]}: settings {p['settings']}; up in {p['startup_s']:.0f} s; "
+            f"answers within {p['max_abs_diff']:.1g} of tf.saved_model.load's; {versions}"
+        )
+    return "\n".join(out)
+
+
+def peers_table(peers: dict) -> str:
+    """The peers' rows alone (`python -m benchmarks.peers run` and `sweep`)."""
+    out = [
+        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    loads = dict.fromkeys(load for p in peers.values() for load in p["loads"])
+    for load in loads:
+        out += rows_for_load(peers, load)
+    return "\n".join(out)

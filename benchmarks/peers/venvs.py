@@ -1,0 +1,168 @@
+"""Each peer's own virtualenv under benchmarks/.peers/ (git-ignored), installed from its lock.
+
+`ensure(peer)` creates benchmarks/.peers/<peer>/ with the interpreter running this code and
+installs benchmarks/peers/requirements-<peer>.lock into it, constrained by this project's
+requirements.lock (so a pin that drifted from the project's fails the install instead of
+giving the peer another TensorFlow). A stamp records what was installed: the next run
+reuses the venv until the lock changes. `relock(peer)` resolves the .in file afresh in a
+scratch venv and rewrites the .lock from its `pip freeze`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PEERS_DIR = ROOT / "benchmarks" / ".peers"
+PROJECT_LOCK = ROOT / "requirements.lock"
+PEERS = ("mlserver", "bentoml")
+# The command each venv must have for the benchmark to start the peer.
+COMMANDS = {"mlserver": "mlserver", "bentoml": "bentoml"}
+
+
+def lock_file(peer: str) -> Path:
+    return HERE / f"requirements-{peer}.lock"
+
+
+def in_file(peer: str) -> Path:
+    return HERE / f"requirements-{peer}.in"
+
+
+def venv_dir(peer: str, base: Path = PEERS_DIR) -> Path:
+    return base / peer
+
+
+def python(peer: str, base: Path = PEERS_DIR) -> Path:
+    return venv_dir(peer, base) / "bin" / "python"
+
+
+def command(peer: str, base: Path = PEERS_DIR) -> Path:
+    return venv_dir(peer, base) / "bin" / COMMANDS[peer]
+
+
+def fingerprint(peer: str) -> str:
+    """What an installed venv must match: the peer's lock and the project's lock."""
+    digest = hashlib.sha256()
+    for path in (lock_file(peer), PROJECT_LOCK):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def stamp(peer: str, base: Path = PEERS_DIR) -> Path:
+    return venv_dir(peer, base) / ".installed"
+
+
+def is_installed(peer: str, base: Path = PEERS_DIR) -> bool:
+    """The venv is there, has the peer's command and was installed from the current locks."""
+    path = stamp(peer, base)
+    return (
+        path.is_file()
+        and path.read_text().strip() == fingerprint(peer)
+        and command(peer, base).is_file()
+    )
+
+
+def install_command(peer: str, venv_python: Path, requirements: Path) -> list[str]:
+    """pip installing a requirements file into a venv, held to the project's pins."""
+    return [
+        str(venv_python),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-r",
+        str(requirements),
+        "-c",
+        str(PROJECT_LOCK),
+    ]
+
+
+def _create(directory: Path) -> Path:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # From inside a venv, `-m venv` builds on the base interpreter: the same Python 3.11.
+    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True)
+    return directory / "bin" / "python"
+
+
+def _pip(cmd: list[str], log_path: Path) -> None:
+    with open(log_path, "ab") as log:
+        result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        lines = [
+            line
+            for line in log_path.read_text(errors="replace").splitlines()
+            if "is ignored: it is neither a file nor a directory" not in line
+        ]
+        tail = "\n".join(lines[-30:])
+        raise RuntimeError(f"{' '.join(cmd)} failed (log: {log_path}):\n{tail}")
+
+
+def ensure(peer: str, base: Path = PEERS_DIR, log=print) -> Path:
+    """The peer's venv, installed from its lock if it is missing or stale; its python."""
+    if is_installed(peer, base):
+        return python(peer, base)
+    directory = venv_dir(peer, base)
+    log(
+        f"Installing {peer} and TensorFlow into {directory} from {lock_file(peer).name} "
+        "(a minute or two, 2 GB; once per lock change)...",
+        flush=True,
+    )
+    start = time.monotonic()
+    venv_python = _create(directory)
+    log_path = directory / "install.log"
+    _pip(install_command(peer, venv_python, lock_file(peer)), log_path)
+    if not command(peer, base).is_file():
+        raise RuntimeError(f"{command(peer, base)} missing after the install (log: {log_path})")
+    stamp(peer, base).write_text(fingerprint(peer) + "\n")
+    log(f"Installed {peer} in {time.monotonic() - start:.0f} s.", flush=True)
+    return venv_python
+
+
+def installed_versions(peer: str, base: Path = PEERS_DIR) -> dict[str, str]:
+    """A few versions from the venv, for the results: the peer, TensorFlow, numpy..."""
+    wanted = {peer, "tensorflow", "numpy", "protobuf", "uvloop", "uvicorn", "starlette"}
+    out = subprocess.run(
+        [str(python(peer, base)), "-m", "pip", "list", "--format", "freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return parse_freeze(out, wanted)
+
+
+def parse_freeze(text: str, wanted: set[str]) -> dict[str, str]:
+    """name -> version for the `name==version` lines whose name is wanted."""
+    versions = {}
+    for line in text.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and name.lower().replace("_", "-") in wanted:
+            versions[name.lower().replace("_", "-")] = version
+    return versions
+
+
+def relock(peer: str, log=print) -> Path:
+    """Resolve requirements-<peer>.in in a scratch venv and write its freeze as the .lock."""
+    scratch = PEERS_DIR / f".relock-{peer}"
+    try:
+        venv_python = _create(scratch)
+        _pip(install_command(peer, venv_python, in_file(peer)), scratch / "install.log")
+        freeze = subprocess.run(
+            [str(venv_python), "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    header = (
+        f"# Generated by `python -m benchmarks.peers lock` from {in_file(peer).name} "
+        "(pip freeze of a fresh venv).\n"
+    )
+    lock_file(peer).write_text(header + freeze)
+    log(f"Wrote {lock_file(peer)}", flush=True)
+    return lock_file(peer)
