@@ -129,15 +129,15 @@ class DataPlane:
         return PredictResult(name, prediction.version, prediction.outputs, class_labels)
 
     def _count(self, name, prediction, class_labels, route: str, count: int) -> None:
-        self.metrics.images_per_request.observe(count)
-        self.metrics.answered.labels(name, str(prediction.version), route).inc()
+        metrics = self.metrics
+        metrics.images_per_request.observe(count)
+        metrics.child(metrics.answered, name, str(prediction.version), route).inc()
         classes = prediction.outputs.get(CLASSES_KEY)
         if classes is not None:
             counts = np.bincount(classes, minlength=len(class_labels))
-            for class_id in np.flatnonzero(counts):
-                self.metrics.predictions.labels(name, class_labels[class_id]).inc(
-                    int(counts[class_id])
-                )
+            for class_id in np.flatnonzero(counts).tolist():
+                label = class_labels[class_id]
+                metrics.child(metrics.predictions, name, label).inc(int(counts[class_id]))
 
     async def model_status(
         self, name: str, version: int | None, label: str | None = None
