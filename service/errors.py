@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import orjson
 from fastapi.exceptions import RequestValidationError
@@ -74,6 +75,30 @@ class Overloaded(ServiceError):
 
 # What an overloaded service tells clients to wait before they try again (Retry-After).
 RETRY_AFTER_SECONDS = "1"
+
+
+class RefusalLog:
+    """Overload refusals logged as a rate: the first at once, then at most one line per
+    `interval` seconds saying how many were refused since the last line. A line for each
+    refused request would cost the most exactly when the service has least to spare, and
+    bury every other line; the metrics count each one (status 503, gRPC UNAVAILABLE)."""
+
+    def __init__(self, interval: float = 10.0):
+        self.interval = interval
+        self._count = 0
+        self._last: float | None = None
+
+    def refused(self, message: str) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.interval:
+            return
+        since = "" if self._last is None else f" in the last {now - self._last:.0f} s"
+        log.warning("overloaded: refused %d request(s)%s: %s", self._count, since, message)
+        self._count, self._last = 0, now
+
+
+overload_log = RefusalLog()
 
 
 class ClientClosedRequest(ServiceError):
@@ -164,11 +189,14 @@ def error_response(request: Request, err: Exception) -> Response:
     traceback and answered 500 without details. Logged values are escaped, so one request
     writes one line; bodies name no server folder.
     """
-    path = printable(request.url.path)
+    path = printable(request.scope["path"])
+    if isinstance(err, Overloaded):
+        overload_log.refused(err.message)
+        return _error_body(err.status, err.message, {"Retry-After": RETRY_AFTER_SECONDS})
     if isinstance(err, ServiceError):
         level = logging.INFO if err.status < 500 else logging.WARNING
         log.log(level, "%s %s -> %s: %s", request.method, path, err.status, printable(err.message))
-        headers = {"Retry-After": RETRY_AFTER_SECONDS} if isinstance(err, Overloaded) else None
+        headers = None
         # A client's mistake is about what it sent; the server's own failures (a version that
         # does not load, a reason it is not ready) may name its files: not their folders.
         message = err.message if err.status < 500 else redact_paths(err.message)

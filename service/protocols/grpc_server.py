@@ -43,6 +43,7 @@ from service.errors import (
     PayloadTooLarge,
     ServiceError,
     UpstreamError,
+    overload_log,
     redact_paths,
 )
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
@@ -120,6 +121,7 @@ def _rpc(method):
         metrics = self.dataplane.metrics
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
+        overloaded = False
         try:
             self.authorize(context, needed)
             response = await method(self, request, context)
@@ -135,14 +137,18 @@ def _rpc(method):
             code, message = err.code, err.message
         except ServiceError as err:
             code, message = status_code_of(err), err.message
+            overloaded = isinstance(err, Overloaded)
         except Exception as err:  # noqa: BLE001 - a bug: logged, answered INTERNAL without details
             log.error("gRPC %s failed", name, exc_info=err)
             code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}"
         finally:
-            metrics.grpc_requests.labels(name, code.name).inc()
-            metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
-        level = logging.INFO if code in CLIENT_CODES else logging.WARNING
-        log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
+            metrics.child(metrics.grpc_requests, name, code.name).inc()
+            metrics.child(metrics.grpc_latency, name).observe(time.perf_counter() - started)
+        if code == grpc.StatusCode.UNAVAILABLE and overloaded:
+            overload_log.refused(message)
+        else:
+            level = logging.INFO if code in CLIENT_CODES else logging.WARNING
+            log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
         if len(message) > MESSAGE_LIMIT:
             message = message[:MESSAGE_LIMIT] + "...TRUNCATED"
         await context.abort(code, message)

@@ -31,13 +31,16 @@ from fakes import (
 from helpers import error_message, png_bytes
 
 from artifact.images import MAX_PIXELS
-from service import codec, protocols
+from service import codec, errors, protocols
 from service.app import create_app
 from service.batching import BatchingBackend
 from service.server import guarded_protocol
 from service.settings import Settings
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
+OVERLOADED_WORDS = (
+    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
+)
 ZEROS = [[[0.0] * 28] * 28]
 
 
@@ -402,6 +405,31 @@ def test_a_full_queue_refuses_before_reading_the_body():
     assert head.startswith(b"http/1.1 503 ") and b"retry-after: 1" in head
     assert b"BATCH_MAX_QUEUE" in answer
     assert statuses == [200, 200]  # the accepted ones were answered
+
+
+class AlwaysFull(FakeBackend):
+    def overloaded(self) -> bool:
+        return True
+
+
+def test_overload_is_logged_as_a_rate_not_a_line_per_refusal(caplog, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(errors.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(errors, "overload_log", errors.RefusalLog(interval=10.0))
+    caplog.set_level(logging.INFO, logger="service")
+    with app_client(AlwaysFull()) as client:
+        for _ in range(50):
+            response = client.post(PREDICT, json={"instances": ZEROS})
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        first = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
+        clock[0] += 11
+        client.post("/predict", json={"instances": ZEROS})
+    lines = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
+    assert first == ["overloaded: refused 1 request(s): " + OVERLOADED_WORDS]
+    assert lines[1:] == [f"overloaded: refused 50 request(s) in the last 11 s: {OVERLOADED_WORDS}"]
+    assert [r.levelno for r in caplog.records if "overloaded" in r.getMessage()] == [
+        logging.WARNING
+    ] * 2
 
 
 def self_signed(tmp_path):
