@@ -18,9 +18,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
-.PHONY: setup data compose browser venv train serve test test-fast lint format bench bench-peers clean
+.PHONY: setup data compose browser tools venv train serve test test-fast lint format bench bench-peers clean
 
-setup: venv data compose browser
+setup: venv data compose browser tools
 
 venv: $(STAMP)
 
@@ -62,6 +62,15 @@ browser:
 	    echo "Chromium is missing, so the browser tests will be skipped: run 'sudo apt-get install chromium chromium-driver'"; \
 	  fi; }
 
+# wrk: the benchmark's load generator; tests/benchmarks run its script against a stand-in.
+tools:
+	@command -v wrk >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
+	  else \
+	    echo "wrk is missing, so its script's test will be skipped: run 'sudo apt-get install wrk'"; \
+	  fi; }
+
 train: setup
 	$(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
 
@@ -94,12 +103,10 @@ clean:
 
 # Side-by-side throughput: in-process ceiling, naive FastAPI, this service without and with batching.
 bench: setup
-	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	$(PY) -m benchmarks.bench
 
 # `make bench` plus the peers in the same run, table and chart: MLServer and BentoML serving
 # the same model with their own batching (benchmarks/peers/), each in its own venv under
 # benchmarks/.peers/, installed from its lock on first use (about 2 GB and a minute or two each).
 bench-peers: setup
-	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	$(PY) -m benchmarks.bench --peers

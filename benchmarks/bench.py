@@ -40,6 +40,9 @@ V2_PATH = "/v2/models/fashion_mnist/infer"
 # (concurrency, images per request)
 LOADS = [(1, 1), (16, 1), (64, 1), (16, 8)]
 PROTOCOL_CONCURRENCY = 64
+# The overload row: 8x the clients of the c=64 row, for at least this long.
+OVERLOAD_CONCURRENCY = 512
+OVERLOAD_MIN_SECONDS = 10
 
 
 def free_port() -> int:
@@ -79,8 +82,9 @@ def find_or_train_model(workdir: Path) -> Path:
     return version_dirs(export)[-1][1]
 
 
-def request_bodies(workdir: Path) -> dict[int, Path]:
-    """Real test images as TF Serving row-format JSON, one file per batch size."""
+def request_bodies(workdir: Path) -> dict[int | str, Path]:
+    """Real test images as TF Serving row-format JSON, one file per batch size, and one
+    image as the friendly /predict's integer pixels ("friendly")."""
     from artifact.contract import normalize_pixels
     from training.data import DEFAULT_DATA_DIR, load_split
 
@@ -88,9 +92,14 @@ def request_bodies(workdir: Path) -> dict[int, Path]:
     bodies = {}
     for n in sorted({n for _, n in LOADS}):
         path = workdir / f"body-{n}.json"
-        pixels = np.round(normalize_pixels(images[:n]), 4)
+        # As a client writes them: 0.0039, not float32's 0.003899999894201755.
+        pixels = np.round(normalize_pixels(images[:n]).astype(np.float64), 4)
         path.write_text(json.dumps({"instances": pixels.tolist()}))
         bodies[n] = path
+    # The friendly /predict with a person's pixels: integers 0-255.
+    friendly = workdir / "body-friendly.json"
+    friendly.write_text(json.dumps({"instances": images[:1].astype(int).tolist()}))
+    bodies["friendly"] = friendly
     return bodies
 
 
@@ -213,10 +222,15 @@ def run_wrk(
     seconds: int,
     path: str = PATH,
     header_length: int | None = None,
+    statuses: bool = False,
 ) -> dict:
+    """wrk against the server: req/s, p50/p99 ms, errors (with `statuses`, also the answers
+    counted by status, from post.lua)."""
     env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path}
     if header_length is not None:
         env["BENCH_HEADER_LENGTH"] = str(header_length)
+    if statuses:
+        env["BENCH_STATUSES"] = "1"
     cmd = [
         "wrk",
         "-t1",
@@ -235,12 +249,15 @@ def run_wrk(
         raise RuntimeError(f"could not read wrk's latency distribution:\n{out}")
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {
+    result = {
         "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
         "p50_ms": _ms(latency["50"]),
         "p99_ms": _ms(latency["99"]),
         "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
     }
+    if statuses:
+        result["statuses"] = json.loads(re.search(r"^BENCH_STATUSES (.*)$", out, re.M).group(1))
+    return result
 
 
 def run_grpc_load(address: str, images: Path, concurrency: int, seconds: int) -> dict:
@@ -255,6 +272,7 @@ def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> di
     c = PROTOCOL_CONCURRENCY
     results = {
         "v1_json": run_wrk(port, bodies[1], c, seconds),
+        "friendly_json": run_wrk(port, bodies["friendly"], c, seconds, "/predict"),
         "v2_binary": run_wrk(
             port, bodies["v2_binary"], c, seconds, V2_PATH, bodies["v2_header_length"]
         ),
@@ -267,6 +285,88 @@ def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> di
             flush=True,
         )
     return results
+
+
+def run_overload(port: int, body: Path, seconds: int) -> dict:
+    """wrk at OVERLOAD_CONCURRENCY, its answers counted by status, while 8 probe clients in
+    the same flood time the 200s and the 503s apart (benchmarks/probe.py)."""
+    import threading
+
+    from benchmarks.probe import probe
+
+    seconds = max(seconds, OVERLOAD_MIN_SECONDS)
+    flood: dict = {}
+
+    def run() -> None:
+        flood.update(run_wrk(port, body, OVERLOAD_CONCURRENCY, seconds, statuses=True))
+
+    wrk = threading.Thread(target=run)
+    wrk.start()
+    time.sleep(1.0)  # the probes time the flood, not its first second
+    probes = probe(port, PATH, body.read_bytes(), seconds - 2)
+    wrk.join()
+    counts = flood["statuses"]
+    result = {
+        "concurrency": OVERLOAD_CONCURRENCY,
+        "seconds": counts["seconds"],
+        "ok_per_s": counts["ok"] / counts["seconds"],
+        "refused_per_s": counts["refused"] / counts["seconds"],
+        "refused_without_retry_after": counts["refused_without_retry_after"]
+        + probes["refused_without_retry_after"],
+        "other_answers": counts["other"] + probes["other"],
+        "socket_errors": counts["socket_errors"],
+        "probes": probes,
+    }
+    print(
+        f"   c={OVERLOAD_CONCURRENCY} 1 img/req  {result['ok_per_s']:8.1f} good/s  "
+        f"{result['refused_per_s']:8.1f} 503/s  good p99 {probes['ok']['p99_ms'] or 0:.1f} ms  "
+        f"503 p99 {probes['refused']['p99_ms'] or 0:.1f} ms",
+        flush=True,
+    )
+    return result
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MB (VmRSS)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def measure_memory(version_path: Path, workdir: Path, base_env: dict, body: Path) -> dict:
+    """Resident memory of the service serving one version, then two (the same model copied
+    to versions 1 and 2), each version warmed by the same short load."""
+    base = workdir / "memory" / "fashion_mnist"
+    for version in (1, 2):
+        shutil.copytree(version_path, base / str(version))
+    weights = sum(
+        f.stat().st_size for f in version_path.rglob("*") if f.is_file() and "variables" in f.parts
+    )
+    result: dict = {"weights_mb": weights / 2**20}
+    for key, versions in (("one_version", [1]), ("two_versions", [1, 2])):
+        config = workdir / f"memory-{key}.config"
+        listed = " ".join(f"versions: {v}" for v in versions)
+        config.write_text(
+            f'model_config_list {{ config {{ name: "fashion_mnist" base_path: "{base}" '
+            f'model_platform: "tensorflow" model_version_policy {{ specific {{ {listed} }} }} }} }}'
+        )
+        env = {k: v for k, v in base_env.items() if k not in ("MODEL_NAME", "MODEL_BASE_PATH")}
+        env.update({"MODEL_CONFIG_FILE": str(config), "PORT": str(port := free_port())})
+        proc = start_server([sys.executable, "-m", "service"], env, port, workdir / f"{key}.log")
+        try:
+            for version in versions:
+                path = f"/v1/models/fashion_mnist/versions/{version}:predict"
+                run_wrk(port, body, 16, 3, path)
+            result[key + "_mb"] = rss_mb(proc.pid)
+        finally:
+            stop_server(proc)
+    result["second_version_mb"] = result["two_versions_mb"] - result["one_version_mb"]
+    print(
+        f"== memory: one version {result['one_version_mb']:.0f} MB, two "
+        f"{result['two_versions_mb']:.0f} MB (+{result['second_version_mb']:.0f} MB; "
+        f"weights {result['weights_mb']:.1f} MB)",
+        flush=True,
+    )
+    return result
 
 
 def bench_server(
@@ -335,15 +435,136 @@ def table(result: dict) -> str:
     )
     if result.get("protocols"):
         rows += ["", protocols_table(result["protocols"])]
+    if result.get("overload"):
+        rows += ["", overload_table(result["overload"], result["servers"]["batched"]["c64x1"])]
+    memory = result.get("memory")
+    if memory:
+        rows += [
+            "",
+            f"Memory (VmRSS after the same short load): one version "
+            f"{memory['one_version_mb']:,.0f} MB, two versions {memory['two_versions_mb']:,.0f} "
+            f"MB: the second adds {memory['second_version_mb']:,.0f} MB (its weights: "
+            f"{memory['weights_mb']:.1f} MB on disk).",
+        ]
     if peers:
         rows += ["", peer_report.versus_table(result["servers"]["batched"], peers)]
         rows += ["", peer_report.settings_table(peers)]
+    if result.get("targets"):
+        rows += ["", targets_table(result["targets"])]
     return "\n".join(rows)
+
+
+def targets(result: dict) -> list[dict]:
+    """The throughput, overload and memory targets, each as measured in this run."""
+    ceiling = result["ceiling"]["images_per_s"]
+    c64 = result["servers"]["batched"]["c64x1"]
+    c1 = result["servers"]["batched"]["c1x1"]["p50_ms"] - result["ceiling"]["batch1_p50_ms"]
+    out = [
+        {"what": ":predict c=64, JSON: share of the ceiling", "target": ">= 0.5",
+         "measured": c64["images_per_s"] / ceiling, "met": c64["images_per_s"] / ceiling >= 0.5},
+        {"what": ":predict c=64: p99 ms", "target": "< 50",
+         "measured": c64["p99_ms"], "met": c64["p99_ms"] < 50 and c64["errors"] == 0},
+        {"what": "c=1: ms over the model's batch-1 p50", "target": "<= 0.5",
+         "measured": c1, "met": c1 <= 0.5},
+    ]  # fmt: skip
+    protocols = result.get("protocols") or {}
+    if "friendly_json" in protocols:
+        share = protocols["friendly_json"]["requests_per_s"] / c64["requests_per_s"]
+        out.append(
+            {"what": "/predict JSON pixels c=64: share of :predict", "target": ">= 0.8",
+             "measured": share, "met": share >= 0.8}
+        )  # fmt: skip
+    for key, name in (("v2_binary", "V2 binary"), ("grpc", "gRPC Predict")):
+        if key in protocols:
+            share = protocols[key]["requests_per_s"] / ceiling
+            out.append(
+                {"what": f"{name} c=64: share of the ceiling", "target": ">= 0.6",
+                 "measured": share, "met": share >= 0.6}
+            )  # fmt: skip
+    overload = result.get("overload")
+    if overload:
+        share = overload["ok_per_s"] / c64["requests_per_s"]
+        good_p99 = overload["probes"]["ok"]["p99_ms"]
+        refused_p99 = overload["probes"]["refused"]["p99_ms"]
+        clean = (
+            overload["refused_without_retry_after"] == 0
+            and overload["other_answers"] == 0
+            and overload["socket_errors"] == 0
+        )
+        out += [
+            {"what": f"c={overload['concurrency']}: good answers/s, share of c=64",
+             "target": ">= 0.8", "measured": share, "met": share >= 0.8},
+            {"what": f"c={overload['concurrency']}: p99 ms of the good answers (probes)",
+             "target": "< 200", "measured": good_p99,
+             "met": good_p99 is not None and good_p99 < 200},
+            {"what": f"c={overload['concurrency']}: p99 ms of the 503s (probes), all with "
+             "Retry-After, nothing else", "target": "fast", "measured": refused_p99,
+             "met": clean and (refused_p99 is None or refused_p99 < good_p99)},
+        ]  # fmt: skip
+    memory = result.get("memory")
+    if memory:
+        out.append(
+            {"what": "memory: MB a second loaded version adds (MB of weights)",
+             "target": "<< one version's RSS", "measured": memory["second_version_mb"],
+             "met": memory["second_version_mb"] < memory["one_version_mb"] / 2}
+        )  # fmt: skip
+    for peer in (result.get("peers") or {}).values():
+        theirs = peer.get("loads", {}).get("c64x1")
+        if not theirs:
+            continue
+        speedup = c64["requests_per_s"] / max(theirs["requests_per_s"], 1e-9)
+        p99 = c64["p99_ms"] / max(theirs["p99_ms"], 1e-9)
+        out.append(
+            {"what": f"vs {peer['title']}: throughput x, p99 share", "target": ">= 3x, <= 0.25",
+             "measured": [speedup, p99], "met": speedup >= 3 and p99 <= 0.25}
+        )  # fmt: skip
+    return out
+
+
+def targets_table(rows: list[dict]) -> str:
+    def shown(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, list):
+            return ", ".join(shown(v) for v in value)
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:,.0f}"
+
+    out = ["Targets (issue 16 and the overload row of issue 12), this run:", "",
+           "| what | target | measured | met |", "|---|---|---:|---|"]  # fmt: skip
+    for row in rows:
+        met = "yes" if row["met"] else "**no**"
+        out.append(f"| {row['what']} | {row['target']} | {shown(row['measured'])} | {met} |")
+    return "\n".join(out)
+
+
+def overload_table(overload: dict, c64: dict) -> str:
+    probes = overload["probes"]
+
+    def ms(value) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    return "\n".join(
+        [
+            f"(4) overloaded: wrk c={overload['concurrency']} on :predict for "
+            f"{overload['seconds']:.0f} s, 1 img/req; latency by status from "
+            f"{probes['clients']} probe clients in the same flood:",
+            "",
+            "| good/s | share of c=64 | 503/s | 503 without Retry-After | other answers | "
+            "good p50 / p99 ms | 503 p50 / p99 ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {overload['ok_per_s']:,.0f} | {overload['ok_per_s'] / c64['requests_per_s']:.2f} "
+            f"| {overload['refused_per_s']:,.0f} | {overload['refused_without_retry_after']} | "
+            f"{overload['other_answers'] + overload['socket_errors']} | "
+            f"{ms(probes['ok']['p50_ms'])} / {ms(probes['ok']['p99_ms'])} | "
+            f"{ms(probes['refused']['p50_ms'])} / {ms(probes['refused']['p99_ms'])} |",
+        ]
+    )
 
 
 def protocols_table(protocols: dict) -> str:
     names = {
         "v1_json": "TF Serving REST, JSON (wrk)",
+        "friendly_json": "friendly /predict, JSON integer pixels (wrk)",
         "v2_binary": "Open Inference Protocol, binary tensors (wrk)",
         "grpc": "TF Serving gRPC Predict (benchmarks/grpc_load.py)",
     }
@@ -427,9 +648,14 @@ def main() -> int:
             "GRPC_PORT": "0",
         }
         protocols: dict = {}
+        overload: dict = {}
 
         def measure_protocols(port: int, grpc_port: int) -> None:
             protocols.update(bench_protocols(port, grpc_port, bodies, args.seconds))
+
+        def measure_protocols_and_overload(port: int, grpc_port: int) -> None:
+            measure_protocols(port, grpc_port)
+            overload.update(run_overload(port, bodies[1], args.seconds))
 
         if args.protocols_only:
             port, grpc_port = free_port(), free_port()
@@ -476,10 +702,11 @@ def main() -> int:
             extra = None
             if key == "batched":
                 env["GRPC_PORT"] = str(grpc_port := free_port())
-                extra = functools.partial(measure_protocols, grpc_port=grpc_port)
+                extra = functools.partial(measure_protocols_and_overload, grpc_port=grpc_port)
             servers[key] = bench_server(
                 title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
             )
+        memory = measure_memory(version_path, workdir, base_env, bodies[1])
         peers = {}
         if args.peers:
             tf_bodies = {n: bodies[n] for n in sorted({n for _, n in LOADS})}
@@ -511,9 +738,12 @@ def main() -> int:
         "servers": servers,
         "ratios": ratios,
         "protocols": protocols,
+        "overload": overload,
+        "memory": memory,
     }
     if peers:
         result["peers"] = peers
+    result["targets"] = targets(result)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, RESULTS / "latest.png")
