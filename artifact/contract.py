@@ -35,6 +35,8 @@ REPORT_FILE = "evaluation.json"
 # TF Serving replays this TFRecord of PredictionLog requests when it loads a version; so does
 # the in-process backend (the name and format are TF Serving's).
 WARMUP_FILE = "tf_serving_warmup_requests"
+# Retraining's verdict on a version, candidate against baseline, when it wrote one.
+BLESSING_FILE = "blessing.json"
 
 FASHION_MNIST_LABELS = (
     "T-shirt/top",
