@@ -195,6 +195,24 @@ def store_bytes(directory: str | Path) -> int:
 # --- writing (the service) --------------------------------------------------------------------
 
 
+def check_writable_dir(path: str | Path) -> None:
+    """Create the folder if needed and prove it writable (a file written, fsynced, removed).
+
+    Raises:
+        OSError: it cannot be created or written (read-only filesystem, a file in the way).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".probe-{writer_id()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"ok")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
 @dataclasses.dataclass(frozen=True)
 class Appended:
     """What one append did: how many images the open shard holds now, and the shard it closed."""
@@ -395,16 +413,8 @@ class FeedbackWriter:
             OSError: the folder cannot be created or written.
         """
         with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
             # Proves the folder writable now, not at the first request.
-            probe = self.directory / f".probe-{self.writer}"
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, b"ok")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                probe.unlink()
+            check_writable_dir(self.directory)
             self._recover_dead_writers()
             self._used = store_bytes(self.directory)
 

@@ -8,6 +8,7 @@ import sys
 
 from pydantic import ValidationError
 
+from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.config_watcher import initial_entries
 from service.settings import Settings
@@ -28,6 +29,17 @@ def main() -> int:
     except ConfigError as err:
         print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
         return 2
+    for variable, folder in (
+        ("FEEDBACK_DIR", settings.feedback_dir),
+        ("PREDICTION_LOG_DIR", settings.prediction_log_dir),
+    ):
+        if folder:
+            try:
+                check_writable_dir(folder)
+            except OSError as err:
+                print(f"error: {variable}: cannot write to {folder}: {err.strerror or err}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
     try:
         # Bound before anything slow, so a bad address is one line and exit code 2.
         sock = listening_socket(settings.host, settings.port)

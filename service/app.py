@@ -3,6 +3,7 @@ adapters, metrics and error handling out."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 
@@ -17,6 +18,7 @@ from service.dataplane import DataPlane
 from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
+from service.protocols.feedback import FeedbackAPI
 from service.protocols.operations import Operations
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
@@ -34,7 +36,19 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     """
     metrics = Metrics()
     traffic = Traffic(settings.canary_percent, settings.shadow_percent)
-    dataplane = DataPlane(backend, metrics, settings.max_images, traffic)
+    prediction_log = None
+    if settings.prediction_log_sampling_rate > 0:
+        # Imported only when logging is on: TF Serving's protos import TensorFlow.
+        from service.prediction_log import PredictionLogger
+
+        prediction_log = PredictionLogger(
+            settings.prediction_log_dir,
+            settings.prediction_log_sampling_rate,
+            settings.prediction_log_file_records,
+            settings.prediction_log_max_bytes,
+            metrics.registry,
+        )
+    dataplane = DataPlane(backend, metrics, settings.max_images, traffic, prediction_log)
     watcher = None
     if settings.model_config_file:
         watcher = ConfigWatcher(
@@ -61,12 +75,17 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
         gc.freeze()
         if watcher is not None:
             watcher.start()
+        if prediction_log is not None:
+            await asyncio.to_thread(prediction_log.start)
         try:
             yield
         finally:
             if watcher is not None:
                 await watcher.close()
             await dataplane.close()
+            await feedback.close()
+            if prediction_log is not None:
+                await asyncio.to_thread(prediction_log.close)
 
     app = FastAPI(
         title="Estimator serving",
@@ -77,7 +96,14 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     )
     tf_serving = TFServingREST(dataplane, settings.max_body_bytes, watcher)
     people = PeopleAPI(dataplane, settings.max_body_bytes)
-    for adapter in (Operations(dataplane), tf_serving, people):
+    feedback = FeedbackAPI(
+        dataplane,
+        settings.feedback_dir,
+        settings.feedback_shard_images,
+        settings.feedback_max_bytes,
+        settings.max_body_bytes,
+    )
+    for adapter in (Operations(dataplane), tf_serving, people, feedback):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):
