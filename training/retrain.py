@@ -62,7 +62,9 @@ RUN_PREFIX = "retrain-"
 EXIT_NOT_BLESSED = 3
 EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: try again later
 # Params that do not change the trained weights: a rerun that differs only in these resumes.
-_NOT_IN_RUN_ID = {"hooks", "check_numerics", "data_dir"}
+_NOT_IN_RUN_ID = ("hooks", "check_numerics", "data_dir")
+# What the run starts from, on top of the inputs.
+_START = ("baseline_version", "warm_start_from")
 
 
 def unit_fraction(text: str) -> float:
@@ -249,8 +251,15 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
         warm_start_from=start,
         baseline_version=baseline.version if baseline is not None else None,
     )
-    run_dir = model_dir / (RUN_PREFIX + _run_id(params, assembled))
+    inputs_key = _inputs_key(params, assembled, args.from_scratch)
+    run_dir = model_dir / (RUN_PREFIX + _run_id(inputs_key, params))
     print(blessing.format_sources(assembled.sources), flush=True)
+    if _trained_on_the_same_inputs(baseline, inputs_key):
+        print(
+            f"The serving version {baseline.version} was retrained on these very data with "
+            "these options (its blessing.json says so): nothing new to train on."
+        )
+        return 0
     print(
         f"Baseline: {_describe_baseline(baseline)}; "
         + (f"warm start from {start}" if start else "training from scratch")
@@ -291,13 +300,13 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
     train_seconds = time.perf_counter() - started
     return _judge_and_publish(
         args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
-        run_dir, params, train_seconds,
+        run_dir, params, train_seconds, inputs_key,
     )  # fmt: skip
 
 
 def _judge_and_publish(
     args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
-    run_dir: Path, params: dict, train_seconds: float,
+    run_dir: Path, params: dict, train_seconds: float, inputs_key: str,
 ) -> int:  # fmt: skip
     held_images = normalize_pixels(assembled.held_out_images)
     truth = assembled.held_out_labels
@@ -348,6 +357,7 @@ def _judge_and_publish(
                 "global_step": context["global_step"],
                 "warm_start_from": params["warm_start_from"],
                 "train_seconds": round(train_seconds, 1),
+                "inputs_sha256": inputs_key,
             },
             baseline_run=(
                 {k: baseline_report.get(k) for k in ("model_dir", "checkpoint", "global_step")}
@@ -473,15 +483,35 @@ def _estimator(run_dir: Path, params: dict, args, start: str | None):
     )
 
 
-def _run_id(params: dict, assembled: sources.Assembled) -> str:
-    """A hash of what shapes the trained weights: the same command on the same data (and the
-    same baseline) names the same run, which resumes."""
+def _inputs_key(params: dict, assembled: sources.Assembled, from_scratch: bool) -> str:
+    """A hash of the data and the options that shape the weights, whatever the run starts
+    from: a version trained on the same inputs needs no retrain."""
     key = {
-        "params": {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID},
+        "params": {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID + _START},
+        "from_scratch": from_scratch,
         "data": assembled.hashes,
         "holdout": {k: v for k, v in assembled.holdout.items() if k != "rule"},
     }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _run_id(inputs_key: str, params: dict) -> str:
+    """The inputs and the start: the same command on the same data from the same baseline
+    names the same run, which resumes."""
+    key = {"inputs": inputs_key, **{k: params[k] for k in _START}}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _trained_on_the_same_inputs(baseline: Baseline | None, inputs_key: str) -> bool:
+    if baseline is None:
+        return False
+    path = baseline.path / ASSETS_EXTRA / BLESSING_FILE
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    run = recorded.get("candidate_run") if isinstance(recorded, dict) else None
+    return isinstance(run, dict) and run.get("inputs_sha256") == inputs_key
 
 
 def _config_entry(config: str, export_dir: Path) -> ModelEntry:
