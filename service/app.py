@@ -75,6 +75,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
         gc.freeze()
         if watcher is not None:
             watcher.start()
+        await feedback.start()
         if prediction_log is not None:
             await asyncio.to_thread(prediction_log.start)
         try:

@@ -148,6 +148,18 @@ class FeedbackAPI:
             openapi_extra=FEEDBACK_DOC,
         )
 
+    async def start(self) -> None:
+        """Open the store of every model served, which recovers the open shards that dead
+        writers left (so the retrain job reads them); a store that fails is tried again at its
+        first request."""
+        if self.feedback_dir is None:
+            return
+        for name in self.dataplane.model_names():
+            try:
+                await self._writer(name)
+            except InsufficientStorage as err:
+                log.warning("%s", err)
+
     async def close(self) -> None:
         """Close every open shard, so the retrain job can read it."""
         for name, writer in list(self._writers.items()):
