@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -298,10 +299,13 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
     else:
         print(f"{run_dir} is already at step {step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
-    return _judge_and_publish(
+    code = _judge_and_publish(
         args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
         run_dir, params, train_seconds, inputs_key,
     )  # fmt: skip
+    # The data's copy (the size of the data set) is written again if the run is ever resumed.
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return code
 
 
 def _judge_and_publish(
@@ -330,6 +334,9 @@ def _judge_and_publish(
         outcome["candidate"] = classes
         return build_report(truth, classes, labels, **context)
 
+    # A candidate a killed run left half-staged (we hold the lock: nobody else stages here).
+    for leftover in run_dir.glob(publish.STAGING_PREFIX + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
     estimator = make_estimator(str(run_dir), {**params, "fine_tune_from": None})
     warmup = normalize_pixels(assembled.held_out_images[: max(WARMUP_BATCH_SIZES)])
     with publish.staged_version(
