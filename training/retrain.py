@@ -380,7 +380,12 @@ def _judge_and_publish(
                 "held_out": context["held_out"],
                 "holdout": assembled.holdout,
             },
-            publish={"mode": args.publish, "config": args.config, "version": None, "labels": []},
+            publish={
+                "mode": args.publish,
+                "config": args.config,
+                "version": None,
+                "label_changes": None,
+            },
         )
         print(blessing.format_blessing(verdict), flush=True)
         if not verdict.blessed:
@@ -406,7 +411,7 @@ def _judge_and_publish(
     print(f"Blessed: published {published}", flush=True)
     version = int(published.name)
     if args.publish != "version":
-        document["publish"]["labels"] = _label(args, entry, version)
+        document["publish"]["label_changes"] = _label(args, entry, version)
     _write_json(run_dir / BLESSING_FILE, document)
     return 0
 
