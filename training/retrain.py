@@ -209,8 +209,10 @@ def cmd_retrain(args) -> int:
     model_dir = Path(args.model_dir)
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
+        lock_file = os.open(model_dir / lock.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        os.close(lock_file)
     except OSError as err:
-        raise UsageError(f"--model-dir {model_dir}: cannot create it: {err.strerror}") from err
+        raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
     try:
         with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock):
             return _retrain(args, thresholds, hooks, model_dir)

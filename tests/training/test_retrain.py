@@ -266,6 +266,15 @@ BAD_INPUTS = [
 ]  # fmt: skip
 
 
+def test_a_model_dir_that_cannot_be_written_exits_2(repository, small_data_dir, tmp_path, capsys):
+    blocker = tmp_path / "runs"
+    blocker.write_text("a file where the runs folder goes")
+    assert call_main(*retrain_argv(small_data_dir, repository, blocker / "fashion_mnist")) == 2
+    assert_one_error_line(
+        capsys.readouterr().err, f"--model-dir {blocker / 'fashion_mnist'}: cannot write there"
+    )
+
+
 @pytest.mark.parametrize("extra, message", BAD_INPUTS)
 def test_bad_input_exits_2_with_one_line_and_changes_nothing(
     repository, small_data_dir, tmp_path, capsys, extra, message
