@@ -24,11 +24,6 @@ def main() -> int:
                 f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
             )
         return 2
-    try:
-        models = initial_entries(settings)
-    except ConfigError as err:
-        print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
-        return 2
     for variable, folder in (
         ("FEEDBACK_DIR", settings.feedback_dir),
         ("PREDICTION_LOG_DIR", settings.prediction_log_dir),
@@ -40,6 +35,11 @@ def main() -> int:
                 print(f"error: {variable}: cannot write to {folder}: {err.strerror or err}",
                       file=sys.stderr)  # fmt: skip
                 return 2
+    try:
+        models = initial_entries(settings)
+    except ConfigError as err:
+        print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
+        return 2
     try:
         # Bound before anything slow, so a bad address is one line and exit code 2.
         sock = listening_socket(settings.host, settings.port)

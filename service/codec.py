@@ -204,13 +204,3 @@ def image_file_pixels(data: bytes, where: str, invert: str) -> np.ndarray:
         return image_to_pixels(data, invert)
     except ImageError as err:
         raise BadInput(f"{where}: {err}") from err
-
-
-def decode_image_files(files: list[tuple[str, bytes]], invert: str) -> np.ndarray:
-    """Uploaded image files (name, bytes) to uint8 [n, 28, 28]; BadInput naming the file."""
-    return np.stack(
-        [
-            image_file_pixels(data, f"files[{i}] ({name})", invert)
-            for i, (name, data) in enumerate(files)
-        ]
-    )

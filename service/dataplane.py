@@ -57,11 +57,11 @@ class DataPlane:
         traffic: Traffic | None = None,
         on_prediction: Callable[[str, str, np.ndarray, PredictResult], None] | None = None,
     ):
+        self.on_prediction = on_prediction
         self.backend = backend
         self.metrics = metrics
         self.max_images = max_images
         self.traffic = traffic or Traffic(0, 0)
-        self.on_prediction = on_prediction
 
     @property
     def model_name(self) -> str:

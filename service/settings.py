@@ -92,17 +92,7 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
     )
     max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
-    intra_op_threads: int = Field(
-        0, ge=0, description="TensorFlow threads inside one op; 0 = one per core (best measured)."
-    )
-    inter_op_threads: int = Field(
-        1,
-        ge=0,
-        description="TensorFlow ops run in parallel; 1 was best measured here, 0 = TF's choice.",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the service and uvicorn."
-    )
+    # --- feedback and prediction logs (docs/retraining.md) -------------------------------
     feedback_dir: str | None = Field(
         None,
         description="Labeled feedback (POST /v1/models/{name}/feedback) is stored here as "
@@ -141,6 +131,17 @@ class Settings(BaseSettings):
         gt=0,
         description="Prediction logs: most bytes the folder may take; past it, sampled "
         "predictions are dropped (and counted).",
+    )
+    intra_op_threads: int = Field(
+        0, ge=0, description="TensorFlow threads inside one op; 0 = one per core (best measured)."
+    )
+    inter_op_threads: int = Field(
+        1,
+        ge=0,
+        description="TensorFlow ops run in parallel; 1 was best measured here, 0 = TF's choice.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the service and uvicorn."
     )
 
     @field_validator("backend", "device", "log_level", mode="before")

@@ -112,10 +112,23 @@ def export_model(
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
     _sweep_stale_staging(base)
-    with staged_version(
-        estimator, base, base.name, labels, build_report, checkpoint_path, warmup_images
-    ) as staged:
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=base))
+    try:
+        staged = Path(
+            estimator.export_saved_model(
+                str(staging), serving_input_receiver_fn(), checkpoint_path=checkpoint_path
+            ).decode()
+        )
+        extra = staged / ASSETS_EXTRA
+        extra.mkdir(exist_ok=True)
+        (extra / LABELS_FILE).write_text("\n".join(labels) + "\n", encoding="utf-8")
+        write_warmup_file(staged, build_warmup_requests(staged, base.name, warmup_images))
+        if build_report is not None:
+            report = build_report(staged)
+            (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return _publish(staged, base)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -129,7 +142,8 @@ def staged_version(
     warmup_images: np.ndarray | None = None,
 ) -> Iterator[Path]:
     """A complete version (SavedModel, labels, report, warmup requests) built in a hidden
-    folder under `where`, removed when the block ends unless it was renamed away.
+    folder under `where`, removed when the block ends unless it was renamed away: what
+    export_model builds, where the gated retrain wants it (its run dir, not the repository).
 
     Args:
         where: the folder to stage in (the repository, or a run dir).

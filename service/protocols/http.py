@@ -8,7 +8,6 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.convertors import Convertor, register_url_convertor
-from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -78,39 +77,6 @@ async def read_body(request: Request, limit: int) -> bytes:
             )
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-async def read_uploads(
-    request: Request, max_images: int, max_part_bytes: int
-) -> tuple[FormData, list[tuple[str, bytes]]]:
-    """A multipart body's files as (file name, bytes), in order, and its form (other fields).
-
-    Raises:
-        PayloadTooLarge: more than max_images files (MAX_IMAGES).
-        BadInput: a malformed body, or one with no file.
-    """
-    try:
-        form = await request.form(max_files=max_images + 1, max_part_size=max_part_bytes)
-    except Exception as err:  # multipart's parser raises several types for malformed bodies
-        detail = str(getattr(err, "detail", err))
-        if detail.startswith("Too many files"):
-            # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
-            raise PayloadTooLarge(
-                f"request has more than {max_images + 1} images; the limit is {max_images} per "
-                "request (MAX_IMAGES)"
-            ) from err
-        raise BadInput(f"malformed multipart body: {detail}") from err
-    uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
-    if not uploads:
-        raise BadInput("multipart body has no file; send one or more images as 'files'")
-    if len(uploads) > max_images:
-        raise PayloadTooLarge(
-            f"request has {len(uploads)} images; the limit is {max_images} per request (MAX_IMAGES)"
-        )
-    files = [
-        (upload.filename or f"files[{i}]", await upload.read()) for i, upload in enumerate(uploads)
-    ]
-    return form, files
 
 
 def with_body(request: Request, body: bytes) -> Request:

@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 from fastapi import APIRouter, Query
+from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from artifact.contract import (
@@ -23,15 +24,8 @@ from artifact.contract import (
 from artifact.images import INVERT_MODES
 from service import codec
 from service.dataplane import DataPlane
-from service.errors import BadInput
-from service.protocols.http import (
-    JSON,
-    json_response,
-    read_body,
-    read_uploads,
-    unless_disconnected,
-    with_body,
-)
+from service.errors import BadInput, PayloadTooLarge
+from service.protocols.http import JSON, json_response, read_body, unless_disconnected, with_body
 
 PREDICT_DOC = {
     "requestBody": {
@@ -129,7 +123,35 @@ class PeopleAPI:
         return codec.decode_pixel_instances(instances, invert)
 
     async def _uploaded_images(self, request: Request, invert: str):
-        _, files = await read_uploads(request, self.dataplane.max_images, self.max_body_bytes)
+        limit = self.dataplane.max_images
+        try:
+            form = await request.form(max_files=limit + 1, max_part_size=self.max_body_bytes)
+        except Exception as err:  # multipart's parser raises several types for malformed bodies
+            detail = str(getattr(err, "detail", err))
+            if detail.startswith("Too many files"):
+                # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
+                raise PayloadTooLarge(
+                    f"request has more than {limit + 1} images; the limit is {limit} per "
+                    "request (MAX_IMAGES)"
+                ) from err
+            raise BadInput(f"malformed multipart body: {detail}") from err
+        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+        if not uploads:
+            raise BadInput("multipart body has no file; send one or more images as 'files'")
+        self.dataplane.check_image_count(len(uploads))
+        files = [
+            (upload.filename or f"files[{i}]", await upload.read())
+            for i, upload in enumerate(uploads)
+        ]
+
+        def decode() -> np.ndarray:
+            return np.stack(
+                [
+                    codec.image_file_pixels(data, f"files[{i}] ({name})", invert)
+                    for i, (name, data) in enumerate(files)
+                ]
+            )
+
         # In a thread: decoding and resizing photos must not stall the event loop.
-        pixels = await asyncio.to_thread(codec.decode_image_files, files, invert)
+        pixels = await asyncio.to_thread(decode)
         return normalize_pixels(pixels), [name for name, _ in files]
