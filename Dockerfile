@@ -46,8 +46,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     MODEL_NAME=fashion_mnist \
     MODEL_BASE_PATH=/models
 RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nologin app \
- && mkdir -p /models /app/runs \
- && chown app:app /models /app/runs
+ && mkdir -p /models /app/runs /feedback \
+ && chown app:app /models /app/runs /feedback
 WORKDIR /app
 
 # --- trainer: `python -m training train` on Fashion-MNIST into /models ----------------------

@@ -74,6 +74,14 @@ tools:
 train: setup
 	$(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
 
+# The gated retrain (docs/retraining.md): a new version only when it is not worse than the one
+# serving; exit code 3 when it is not blessed. FEEDBACK_DIR adds the service's feedback;
+# RETRAIN_ARGS adds options, e.g. RETRAIN_ARGS="--extra-data new-images/ --epochs 1".
+.PHONY: retrain
+retrain: setup
+	$(PY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
+	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
+
 # Train with the defaults only when no version is exported yet, then serve.
 serve: setup
 	@if ! ls -d $(MODEL_BASE_PATH)/$(MODEL_NAME)/[0-9]* >/dev/null 2>&1; then \

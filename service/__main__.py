@@ -8,6 +8,7 @@ import sys
 
 from pydantic import ValidationError
 
+from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.config_watcher import initial_entries
 from service.errors import printable
@@ -25,6 +26,17 @@ def main() -> int:
                 f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
             )
         return 2
+    for variable, folder in (
+        ("FEEDBACK_DIR", settings.feedback_dir),
+        ("PREDICTION_LOG_DIR", settings.prediction_log_dir),
+    ):
+        if folder:
+            try:
+                check_writable_dir(folder)
+            except OSError as err:
+                print(f"error: {variable}: cannot write to {folder}: {err.strerror or err}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
     try:
         models = initial_entries(settings)
     except ConfigError as err:

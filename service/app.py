@@ -3,6 +3,7 @@ adapters, metrics and error handling out."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 
@@ -19,6 +20,7 @@ from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
 from service.openapi import document_responses
 from service.protocols.docs import DocsAPI
+from service.protocols.feedback import FeedbackAPI
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
@@ -67,7 +69,19 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     """
     metrics = Metrics()
     traffic = Traffic(settings.canary_percent, settings.shadow_percent)
-    dataplane = DataPlane(backend, metrics, settings.max_images, traffic)
+    prediction_log = None
+    if settings.prediction_log_sampling_rate > 0:
+        # Imported only when logging is on: TF Serving's protos import TensorFlow.
+        from service.prediction_log import PredictionLogger
+
+        prediction_log = PredictionLogger(
+            settings.prediction_log_dir,
+            settings.prediction_log_sampling_rate,
+            settings.prediction_log_file_records,
+            settings.prediction_log_max_bytes,
+            metrics.registry,
+        )
+    dataplane = DataPlane(backend, metrics, settings.max_images, traffic, prediction_log)
     watcher = None
     if settings.model_config_file:
         watcher = ConfigWatcher(
@@ -103,6 +117,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         gc.freeze()
         if watcher is not None:
             watcher.start()
+        await feedback.start()
+        if prediction_log is not None:
+            await asyncio.to_thread(prediction_log.start)
         try:
             if grpc_server is not None:
                 # After the data plane, whose batcher lives on this loop, and on this loop too.
@@ -114,6 +131,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
             if watcher is not None:
                 await watcher.close()
             await dataplane.close()
+            await feedback.close()
+            if prediction_log is not None:
+                await asyncio.to_thread(prediction_log.close)
 
     app = ServiceApp(
         title="Estimator serving",
@@ -142,9 +162,18 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         app.version,
         settings.body_timeout_seconds,
     )
+    feedback = FeedbackAPI(
+        dataplane,
+        settings.feedback_dir,
+        settings.feedback_shard_images,
+        settings.feedback_max_bytes,
+        settings.max_body_bytes,
+        settings.body_timeout_seconds,
+        settings.max_request_pixels,
+    )
     page = PageAPI(dataplane)
     docs = DocsAPI(app.openapi_url, app.title)
-    for adapter in (Operations(dataplane), tf_serving, v2, people, page, docs):
+    for adapter in (Operations(dataplane), tf_serving, v2, people, feedback, page, docs):
         app.include_router(adapter.router)
 
     async def handle_error(request: Request, err: Exception):

@@ -11,6 +11,8 @@ labels. It knows no HTTP and no JSON.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,6 +22,8 @@ from service.errors import NotFound, NotReady, Overloaded, check_image_count
 from service.metrics import Metrics
 from service.traffic import SHADOW, Traffic
 from service.types import ModelMetadata, Readiness, VersionStatus
+
+log = logging.getLogger("service")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +44,20 @@ class DataPlane:
         metrics: the app's Prometheus metrics.
         max_images: most images one request may hold (MAX_IMAGES).
         traffic: canary and shadow settings; none by default.
+        on_prediction: called after each successful prediction with the model name, the
+            signature name, the images and the result (prediction logging); it must not
+            block, and its errors are logged, never the request's.
     """
 
     def __init__(
-        self, backend: Backend, metrics: Metrics, max_images: int, traffic: Traffic | None = None
+        self,
+        backend: Backend,
+        metrics: Metrics,
+        max_images: int,
+        traffic: Traffic | None = None,
+        on_prediction: Callable[[str, str, np.ndarray, PredictResult], None] | None = None,
     ):
+        self.on_prediction = on_prediction
         self.backend = backend
         self.metrics = metrics
         self.max_images = max_images
@@ -126,7 +139,13 @@ class DataPlane:
                 prediction.outputs[CLASSES_KEY],
                 self.metrics,
             )
-        return PredictResult(name, prediction.version, prediction.outputs, class_labels)
+        result = PredictResult(name, prediction.version, prediction.outputs, class_labels)
+        if self.on_prediction is not None:
+            try:
+                self.on_prediction(name, signature_name, images, result)
+            except Exception:  # noqa: BLE001 - a logging failure must not fail the request
+                log.exception("the prediction callback failed")
+        return result
 
     def _count(self, name, prediction, class_labels, route: str, count: int) -> None:
         metrics = self.metrics
@@ -222,3 +241,8 @@ class DataPlane:
             version = self.backend.serving_version(name)
             if version is not None:
                 self.metrics.model_version.labels(name, self.device()).set(version)
+
+    def class_labels(self, name: str) -> tuple[str, ...] | None:
+        """The class labels of a model's serving version; None while no version serves."""
+        version = self.backend.serving_version(name)
+        return None if version is None else self.backend.class_labels(name, version)

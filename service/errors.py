@@ -107,6 +107,12 @@ class ClientClosedRequest(ServiceError):
     status = 499
 
 
+class InsufficientStorage(ServiceError):
+    """The feedback store has no room (FEEDBACK_MAX_BYTES, a full disk) or cannot be written."""
+
+    status = 507
+
+
 # The rest of TF Serving's gRPC-to-HTTP mapping (service/backends/tfserving.py).
 
 

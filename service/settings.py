@@ -105,6 +105,46 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
     )
     max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
+    # --- feedback and prediction logs (docs/retraining.md) -------------------------------
+    feedback_dir: str | None = Field(
+        None,
+        description="Labeled feedback (POST /v1/models/{name}/feedback) is stored here as "
+        "MNIST-format shards, a folder per model, for the retrain job; unset = feedback is off.",
+    )
+    feedback_shard_images: int = Field(
+        1000,
+        ge=1,
+        description="Feedback: close the current shard once it holds this many images (the "
+        "retrain job reads closed shards; a shard is also closed at shutdown).",
+    )
+    feedback_max_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Feedback: most bytes the store (every writer's shards) may take; a "
+        "request past it gets 507 and nothing of it is stored.",
+    )
+    prediction_log_sampling_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of successful predictions written to PREDICTION_LOG_DIR as TF "
+        "Serving's PredictionLog records (its logging_config); 0 = off.",
+    )
+    prediction_log_dir: str | None = Field(
+        None,
+        description="Prediction logs: TFRecord files of PredictionLog, a folder per model.",
+    )
+    prediction_log_file_records: int = Field(
+        10000,
+        ge=1,
+        description="Prediction logs: close the current file once it holds this many records.",
+    )
+    prediction_log_max_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Prediction logs: most bytes the folder may take; past it, sampled "
+        "predictions are dropped (and counted).",
+    )
     intra_op_threads: int = Field(
         0, ge=0, description="TensorFlow threads inside one op; 0 = one per core (best measured)."
     )
@@ -184,6 +224,20 @@ class Settings(BaseSettings):
         if value is not None and not value.strip():
             return None
         return value
+
+    @field_validator("feedback_dir", "prediction_log_dir")
+    @classmethod
+    def _optional_dir(cls, value: str | None) -> str | None:
+        return None if value is not None and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _prediction_log_has_a_dir(self) -> Settings:
+        if self.prediction_log_sampling_rate > 0 and not self.prediction_log_dir:
+            raise ValueError(
+                f"PREDICTION_LOG_SAMPLING_RATE={self.prediction_log_sampling_rate} needs "
+                "PREDICTION_LOG_DIR: where to write the logs"
+            )
+        return self
 
     @model_validator(mode="after")
     def _limits_agree(self) -> Settings:

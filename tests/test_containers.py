@@ -18,7 +18,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = "docker-compose"
-SERVICES = {"api", "tfserving", "api-tfserving", "trainer"}
+SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain"}
 TF_SERVING_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+$")
 TF_SERVING_GPU_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+-gpu$")
 
@@ -69,7 +69,7 @@ def env(service: dict) -> dict[str, str]:
     return {k: str(v) for k, v in (service.get("environment") or {}).items()}
 
 
-def test_compose_file_has_the_four_services(config):
+def test_compose_file_has_the_five_services(config):
     assert set(config["services"]) == SERVICES
 
 
@@ -113,6 +113,30 @@ def test_trainer_is_a_profile_that_writes_the_shared_repository(config):
     assert trainer["build"]["target"] == "trainer"
     assert mounts(trainer)["/models"] == (str(REPO_ROOT / "models"), "rw")
     assert mounts(trainer)["/app/runs"][0] in config["volumes"]
+
+
+def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(config):
+    services = config["services"]
+    retrain, trainer = services["retrain"], services["trainer"]
+    assert retrain["profiles"] == ["retrain"]
+    assert retrain["image"] == trainer["image"] and retrain["build"]["target"] == "trainer"
+    command = retrain["command"]
+    assert command[0] == "retrain"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--publish"] == "canary"
+    # Warm-starts from the trainer's runs, publishes where the APIs look, edits the config
+    # they read, and reads the feedback they write.
+    assert options["--model-dir"] == "/app/runs/fashion_mnist"
+    assert mounts(retrain)["/app/runs"] == mounts(trainer)["/app/runs"]
+    assert options["--export-dir"] == f"{env(services['api'])['MODEL_BASE_PATH']}/fashion_mnist"
+    assert options["--config"] == env(services["api"])["MODEL_CONFIG_FILE"]
+    assert mounts(retrain)["/models"] == (str(REPO_ROOT / "models"), "rw")
+    for name in ("api", "api-tfserving"):
+        feedback_dir = env(services[name])["FEEDBACK_DIR"]
+        assert feedback_dir == options["--feedback-dir"], name
+        assert mounts(services[name])[feedback_dir] == (mounts(retrain)[feedback_dir][0], "rw")
+    assert mounts(retrain)[options["--feedback-dir"]][1] == "ro"
+    assert mounts(retrain)[options["--feedback-dir"]][0] in config["volumes"]
 
 
 def test_gpu_override_uses_gpu_images_and_reserves_gpus(gpu_config):

@@ -1,4 +1,5 @@
-"""Command line: `python -m training {train,evaluate,export,predict,compare,promote} --help`."""
+"""Command line: `python -m training {train,evaluate,export,predict,compare,promote,retrain}
+--help`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import argparse  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
-from training import compare, evaluate, export, predict, promote, train  # noqa: E402
+from training import compare, evaluate, export, predict, promote, retrain, train  # noqa: E402
 from training.data import DataError  # noqa: E402
 from training.errors import NumericsError, UsageError  # noqa: E402
 
@@ -78,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
             "policy. The file is replaced atomically; what changed is printed.",
         )
     )
+    retrain.add_arguments(
+        sub.add_parser(
+            "retrain",
+            help="retrain on the data plus new labeled data (folders, the service's feedback), "
+            "gated: published only if it is not worse than the serving version",
+            description="Train a candidate warm-started from the serving version's checkpoint "
+            "on the base data, --extra-data folders and the service's feedback; evaluate it "
+            "and the serving version on the same held-out data; publish it as the next version "
+            "(and move a label) only if it passes the thresholds. Exit codes: 0 published, "
+            "1 crash, 2 bad input, 3 not blessed (nothing changed in the model repository), "
+            "75 another retrain holds the lock.",
+        )
+    )
     return parser
 
 
@@ -88,6 +102,7 @@ INTERRUPTED = {
     "predict": "no output written.",
     "compare": "the kinds done so far are in the work dir; the table was not written.",
     "promote": "the model config was left as it was.",
+    "retrain": "nothing was published; run the same command to resume from its last checkpoint.",
 }
 COMMANDS = {
     "train": train.cmd_train,
@@ -96,6 +111,7 @@ COMMANDS = {
     "predict": predict.cmd_predict,
     "compare": compare.cmd_compare,
     "promote": promote.cmd_promote,
+    "retrain": retrain.cmd_retrain,
 }
 
 

@@ -127,6 +127,15 @@ def read_labels(path: str | os.PathLike) -> np.ndarray:
     return parse_labels(read_bytes(path), path)
 
 
+def has_split(data_dir: str | os.PathLike, split: str) -> bool:
+    """Whether a directory holds a split's images file ('train' or 'test'), either spelling."""
+    try:
+        _find(Path(data_dir), SPLITS[split], "images")
+    except DataError:
+        return False
+    return True
+
+
 def load_split(data_dir: str | os.PathLike, split: str) -> tuple[IdxSplit, np.ndarray, np.ndarray]:
     """Find, validate and read one split ('train' or 'test') of an MNIST-format directory.
 

@@ -4,15 +4,22 @@ A version appears atomically: the SavedModel, its labels, its evaluation report 
 requests are built in a hidden staging directory beside the versions and renamed into place
 only when complete, so TF Serving and our service, which poll the folder, never see a
 half-written version.
+
+The gated retrain stages its candidate outside the repository (in its run dir), so that a
+candidate that is not blessed leaves the repository untouched, and publishes it with
+`publish_staged`: renamed in when the run dir is on the repository's filesystem, otherwise
+copied into a hidden staging directory beside the versions first and renamed from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +62,22 @@ def _sweep_stale_staging(base: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _publish(staged: Path, base: Path) -> Path:
-    """Rename a complete staged version to the next free integer; atomic on one filesystem."""
+def _publish(
+    staged: Path, base: Path, before_rename: Callable[[int, Path], None] | None = None
+) -> Path:
+    """Rename a complete staged version to the next free integer; atomic on one filesystem.
+
+    Args:
+        before_rename: called with the number about to be taken and the staged folder, before
+            each try (to write a file that names the version into it).
+    """
     while True:
         # Every version-named folder counts, loadable or not: a number is never reused.
         numbers = (parse_version(p.name) for p in base.iterdir())
         existing = [v for v in numbers if v is not None]
         target = base / str(max(existing, default=0) + 1)
+        if before_rename is not None:
+            before_rename(int(target.name), staged)
         try:
             staged.rename(target)
             return target
@@ -101,7 +117,34 @@ def export_model(
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
     _sweep_stale_staging(base)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=base))
+    with staged_version(
+        estimator, base, base.name, labels, build_report, checkpoint_path, warmup_images,
+        write_extras,
+    ) as staged:  # fmt: skip
+        return _publish(staged, base)
+
+
+@contextlib.contextmanager
+def staged_version(
+    estimator: tf.estimator.Estimator,
+    where: str | Path,
+    model_name: str,
+    labels: tuple[str, ...],
+    build_report: Callable[[Path], dict] | None = None,
+    checkpoint_path: str | None = None,
+    warmup_images: np.ndarray | None = None,
+    write_extras: Callable[[Path, dict | None], object] | None = None,
+) -> Iterator[Path]:
+    """A complete version (SavedModel, labels, report, warmup requests) built in a hidden
+    folder under `where`, removed when the block ends unless it was renamed away: what
+    export_model builds, where the gated retrain wants it (its run dir, not the repository).
+
+    Args:
+        where: the folder to stage in (the repository, or a run dir).
+        model_name: the name the warmup requests carry (the repository folder's name).
+        The rest: as export_model's.
+    """
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=where))
     try:
         staged = Path(
             estimator.export_saved_model(
@@ -111,15 +154,64 @@ def export_model(
         extra = staged / ASSETS_EXTRA
         extra.mkdir(exist_ok=True)
         (extra / LABELS_FILE).write_text("\n".join(labels) + "\n", encoding="utf-8")
-        write_warmup_file(staged, build_warmup_requests(staged, base.name, warmup_images))
+        write_warmup_file(staged, build_warmup_requests(staged, model_name, warmup_images))
         report = build_report(staged) if build_report is not None else None
         if report is not None:
             (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         if write_extras is not None:
             write_extras(extra, report)
-        return _publish(staged, base)
+        yield staged
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_staged(
+    staged: str | Path,
+    export_base: str | Path,
+    before_rename: Callable[[int, Path], None] | None = None,
+) -> Path:
+    """Move a complete version staged outside the repository in as the next version.
+
+    Atomic either way: renamed in directly when `staged` is on the repository's filesystem,
+    else copied into a hidden staging folder beside the versions and renamed from there. The
+    files are fsynced before the rename, so a version never appears with empty files.
+
+    Args:
+        staged: the complete version folder (staged_version's).
+        export_base: the model's directory in the repository (created when missing).
+        before_rename: as _publish's.
+    Returns:
+        The published version directory.
+    """
+    staged, base = Path(staged), Path(export_base)
+    base.mkdir(parents=True, exist_ok=True)
+    _sweep_stale_staging(base)
+    _fsync_tree(staged)
+    if os.stat(staged).st_dev == os.stat(base).st_dev:
+        return _publish(staged, base, before_rename)
+    copy = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=base))
+    try:
+        target = copy / staged.name
+        shutil.copytree(staged, target)
+        _fsync_tree(target)
+        return _publish(target, base, before_rename)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:

@@ -103,12 +103,15 @@ def report_context(
     data_dir, model_dir: Path, params: dict, train_seconds: float | None = None
 ) -> dict:
     """What an export's evaluation report records besides its metrics: the data, the run,
-    its step and params (the labels are in labels.txt), and how long training took."""
+    its step, the checkpoint exported (an absolute path: the retrain warm-starts from it) and
+    params (the labels are in labels.txt), and how long training took."""
+    checkpoint = tf.train.latest_checkpoint(str(model_dir))
     context = {
         "data_dir": str(data_dir),
         "split": "test",
         "global_step": latest_step(model_dir),
         "model_dir": str(model_dir),
+        "checkpoint": os.path.abspath(checkpoint) if checkpoint else None,
         "params": {k: v for k, v in params.items() if k != "labels"},
     }
     if train_seconds is not None:

@@ -83,10 +83,12 @@ def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> 
     )
 
 
-def add_arguments(train: argparse.ArgumentParser) -> None:
-    """The `train` subcommand's options."""
-    cli.add_data_arguments(train)
-    train.add_argument(
+def add_run_arguments(
+    p: argparse.ArgumentParser,
+    model_dir_help: str = "checkpoints and TensorBoard events; an existing run resumes",
+) -> None:
+    """--model, --model-dir and --export-dir (shared with `retrain`)."""
+    p.add_argument(
         "--model",
         choices=MODEL_KINDS,
         default="cnn",
@@ -94,35 +96,38 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
         "DNNClassifier over a numeric feature column; keras: the CNN as a Keras model through "
         "model_to_estimator (default: %(default)s)",
     )
-    train.add_argument(
+    p.add_argument(
         "--model-dir",
         default=cli.DEFAULT_MODEL_DIR,
-        help="checkpoints and TensorBoard events; an existing run resumes (default: %(default)s)",
+        help=f"{model_dir_help} (default: %(default)s)",
     )
-    train.add_argument(
+    p.add_argument(
         "--export-dir",
         default=cli.DEFAULT_EXPORT_DIR,
         help="model repository folder that receives a new integer version (default: %(default)s)",
     )
-    cli.add_budget_arguments(train, DEFAULT_EPOCHS)
-    add_model_arguments(train)
-    train.add_argument(
+
+
+def add_schedule_arguments(p: argparse.ArgumentParser) -> None:
+    """--eval-every-secs and --checkpoint-steps (shared with `retrain`)."""
+    p.add_argument(
         "--eval-every-secs",
         type=cli.positive_int,
         default=120,
         help="evaluate on the test set at most this often while training (default: %(default)s)",
     )
-    train.add_argument(
+    p.add_argument(
         "--checkpoint-steps",
         type=cli.positive_int,
         default=1000,
         help="save a checkpoint every N steps, the point a killed run resumes from "
         "(default: %(default)s)",
     )
-    train.add_argument(
-        "--no-export", action="store_true", help="train and evaluate only; export nothing"
-    )
-    train.add_argument(
+
+
+def add_hook_arguments(p: argparse.ArgumentParser) -> None:
+    """--hooks and --check-numerics (shared with `retrain`)."""
+    p.add_argument(
         "--hooks",
         type=cli.name_list,
         default=list(DEFAULT_HOOKS),
@@ -130,12 +135,25 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
         f"({'; '.join(f'{name}: {entry.description}' for name, entry in HOOKS.items())}; "
         f"'none' for none) (default: {','.join(DEFAULT_HOOKS)})",
     )
-    train.add_argument(
+    p.add_argument(
         "--check-numerics",
         action="store_true",
         help="check the logits and the loss for NaN/Inf at every step; the first one stops "
         "training with the tensor's name (the last checkpoint stays good)",
     )
+
+
+def add_arguments(train: argparse.ArgumentParser) -> None:
+    """The `train` subcommand's options."""
+    cli.add_data_arguments(train)
+    add_run_arguments(train)
+    cli.add_budget_arguments(train, DEFAULT_EPOCHS)
+    add_model_arguments(train)
+    add_schedule_arguments(train)
+    train.add_argument(
+        "--no-export", action="store_true", help="train and evaluate only; export nothing"
+    )
+    add_hook_arguments(train)
     tune = train.add_mutually_exclusive_group()
     tune.add_argument(
         "--warm-start-from",

@@ -93,3 +93,27 @@ def test_readiness_and_the_version_gauge_follow_the_backend():
     )
     dataplane.update_gauges()
     assert sample(dataplane.metrics, "model_version", model=MODEL_NAME, device="/CPU:0") == 2
+
+
+def test_the_prediction_callback_sees_each_successful_prediction_and_cannot_fail_it():
+    seen = []
+
+    def on_prediction(name, signature_name, images, result):
+        seen.append((name, signature_name, len(images), result.version))
+        if len(seen) == 2:
+            raise RuntimeError("a broken logger")
+
+    backend = FakeBackend(versions=(1, 3))
+    dataplane = DataPlane(backend, Metrics(), 4, on_prediction=on_prediction)
+
+    async def run():
+        await dataplane.start()
+        first = await dataplane.predict(MODEL_NAME, IMAGES[:2])
+        second = await dataplane.predict(MODEL_NAME, IMAGES[:1], version=1)  # the callback fails
+        with pytest.raises(NotFound):
+            await dataplane.predict(MODEL_NAME, IMAGES[:1], version=7)
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert (first.version, second.version) == (3, 1)
+    assert seen == [(MODEL_NAME, "serving_default", 2, 3), (MODEL_NAME, "serving_default", 1, 1)]

@@ -1,0 +1,351 @@
+"""`POST /v1/models/{name}/feedback`: images with their true labels, stored for the retrain job.
+
+The images come in /predict's encodings (service/codec.py): JSON `instances` of 28x28 pixel
+arrays (integers 0-255 or floats in [0, 1]) or `{"b64": ...}` image files, or a multipart
+upload of image files (`files`). Each has a true label: a class id or a label name of the
+serving version (`labels`, one per image; in a multipart body one `labels` field per file or
+one comma-separated field), and optionally the `model_version` that answered it.
+
+    {"instances": [<28x28>, {"b64": "..."}], "labels": ["Dress", 7], "model_version": "3"}
+
+The images are stored as the model received them (28x28, 0-255) in the model's feedback store
+(artifact/feedback.py: durable before the answer, rotated into closed shards the retrain job
+reads); the file I/O runs in a thread. Off (403 saying so) unless FEEDBACK_DIR is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import numpy as np
+from fastapi import APIRouter, Query
+from prometheus_client import Counter, Gauge
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from artifact.contract import NUM_CLASSES, PIXEL_MAX, normalize_pixels
+from artifact.feedback import (
+    FeedbackStoreFull,
+    FeedbackWriteError,
+    FeedbackWriter,
+    store_dir,
+)
+from artifact.images import INVERT_MODES
+from artifact.repository import parse_version
+from service import codec
+from service.dataplane import DataPlane
+from service.errors import (
+    BadInput,
+    Forbidden,
+    InsufficientStorage,
+    NotFound,
+    NotReady,
+    PayloadTooLarge,
+)
+from service.protocols.http import JSON, json_response, read_body, with_body
+
+log = logging.getLogger("service.feedback")
+
+FEEDBACK_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON: {
+                "schema": {
+                    "type": "object",
+                    "required": ["instances", "labels"],
+                    "properties": {
+                        "instances": {
+                            "type": "array",
+                            "description": "28x28 arrays of pixels (integers 0-255 or floats in "
+                            "[0, 1]), or {'b64': '<base64 PNG or JPEG>'}",
+                        },
+                        "labels": {
+                            "type": "array",
+                            "description": "each image's true class: a class id (0-9) or a "
+                            "label name of the serving version",
+                        },
+                        "model_version": {
+                            "description": "the version that answered (optional)",
+                        },
+                    },
+                },
+                "example": {"instances": [[[0] * 28] * 28], "labels": ["Dress"]},
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                        },
+                        "labels": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "one per file, or one comma-separated field",
+                        },
+                        "model_version": {"type": "string"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+class FeedbackAPI:
+    """The feedback route over a data plane, with one store writer per model.
+
+    Args:
+        dataplane: what serves the models (their names and labels; the metrics registry).
+        feedback_dir: FEEDBACK_DIR, or None when feedback is off.
+        shard_images: FEEDBACK_SHARD_IMAGES.
+        max_bytes: FEEDBACK_MAX_BYTES.
+        max_body_bytes: MAX_BODY_BYTES.
+        body_timeout: BODY_TIMEOUT_SECONDS.
+        max_request_pixels: MAX_REQUEST_PIXELS, the decoded pixels one request's image files
+            may hold (as /predict).
+    """
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        feedback_dir: str | None,
+        shard_images: int,
+        max_bytes: int,
+        max_body_bytes: int,
+        body_timeout: float = 30.0,
+        max_request_pixels: int = 48_000_000,
+    ):
+        self.dataplane = dataplane
+        self.feedback_dir = Path(feedback_dir) if feedback_dir else None
+        self.shard_images = shard_images
+        self.max_bytes = max_bytes
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.max_request_pixels = max_request_pixels
+        self._writers: dict[str, FeedbackWriter] = {}
+        self._opening = asyncio.Lock()
+        registry = dataplane.metrics.registry
+        self.stored = Counter(
+            "feedback_images_total",
+            "Labeled images stored for the retrain job, by model and true label.",
+            ["model", "label"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "feedback_refused_total",
+            "Feedback requests refused for want of room or a writable store (507), by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.store_bytes = Gauge(
+            "feedback_store_bytes",
+            "Bytes the feedback store takes, as this process last measured it, by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.router = APIRouter(tags=["feedback"])
+        self.router.add_api_route(
+            "/v1/models/{name:name}/feedback",
+            self.feedback,
+            methods=["POST"],
+            summary="Store images with their true labels for the retrain job (FEEDBACK_DIR)",
+            openapi_extra=FEEDBACK_DOC,
+        )
+
+    async def start(self) -> None:
+        """Open the store of every model served, which recovers the open shards that dead
+        writers left (so the retrain job reads them); a store that fails is tried again at its
+        first request."""
+        if self.feedback_dir is None:
+            return
+        for name in self.dataplane.model_names():
+            try:
+                await self._writer(name)
+            except InsufficientStorage as err:
+                log.warning("%s", err)
+
+    async def close(self) -> None:
+        """Close every open shard, so the retrain job can read it."""
+        for name, writer in list(self._writers.items()):
+            try:
+                closed = await asyncio.to_thread(writer.close)
+            except OSError as err:
+                log.warning("Closing the feedback shard of %s failed: %s", name, err)
+                continue
+            if closed is not None:
+                log.info("Feedback shard closed: %s", closed)
+
+    async def feedback(
+        self,
+        request: Request,
+        name: str,
+        invert: str = Query(
+            "auto",
+            description="Uploaded/base64 images: invert to light-on-dark; 'auto' when the "
+            "border is light",
+        ),
+    ):
+        if self.feedback_dir is None:
+            raise Forbidden(
+                "feedback is off on this service: set FEEDBACK_DIR to store labeled images "
+                "for the retrain job"
+            )
+        if name not in self.dataplane.model_names():
+            raise NotFound(f"Could not find any versions of model {name}")
+        if invert not in INVERT_MODES:
+            raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            images, labels, version = await self._multipart(with_body(request, body), invert)
+        else:
+            # In a thread: base64 photos must not stall the event loop.
+            images, labels, version = await asyncio.to_thread(self._json, body, invert)
+        names = self.dataplane.class_labels(name)
+        if names is None:
+            raise NotReady(f"model {name} has no serving version yet: its labels are not known")
+        class_ids = class_ids_of(labels, names, len(images))
+        pixels = np.rint(images * PIXEL_MAX).astype(np.uint8)
+        writer = await self._writer(name)
+        try:
+            appended = await asyncio.to_thread(
+                writer.append, pixels, class_ids, [version] * len(class_ids)
+            )
+        except (FeedbackStoreFull, FeedbackWriteError) as err:
+            self.refused.labels(name).inc()
+            raise InsufficientStorage(str(err)) from err
+        finally:
+            self.store_bytes.labels(name).set(writer.used_bytes)
+        for class_id, count in zip(*np.unique(class_ids, return_counts=True), strict=True):
+            self.stored.labels(name, names[int(class_id)]).inc(int(count))
+        if appended.closed is not None:
+            log.info("Feedback shard closed: %s", appended.closed)
+        return json_response(
+            {
+                "model_name": name,
+                "stored": len(class_ids),
+                "labels": [names[int(k)] for k in class_ids],
+                "model_version": None if version is None else str(version),
+            }
+        )
+
+    async def _writer(self, name: str) -> FeedbackWriter:
+        writer = self._writers.get(name)
+        if writer is not None:
+            return writer
+        async with self._opening:
+            if name not in self._writers:
+                writer = FeedbackWriter(
+                    store_dir(self.feedback_dir, name), self.shard_images, self.max_bytes
+                )
+                try:
+                    await asyncio.to_thread(writer.open)
+                except OSError as err:
+                    self.refused.labels(name).inc()
+                    raise InsufficientStorage(
+                        f"cannot open the feedback store {writer.directory}: "
+                        f"{err.strerror or err}; nothing was stored"
+                    ) from err
+                for path in writer.recovered:
+                    log.info("Recovered the open feedback shard of a dead writer: %s", path)
+                self._writers[name] = writer
+            return self._writers[name]
+
+    def _json(self, body: bytes, invert: str) -> tuple[np.ndarray, list, int | None]:
+        request = codec.loads(body)
+        instances = codec.pixel_instances(request)
+        # Counted before any image is decoded.
+        self.dataplane.check_image_count(len(instances))
+        if "labels" not in request:
+            raise BadInput('Request body must have "labels": one true label per instance')
+        labels = request["labels"]
+        if not isinstance(labels, list):
+            raise BadInput(f"labels: expected a list of class ids or label names, got {labels!r}")
+        version = model_version_of(request.get("model_version"))
+        images = codec.decode_pixel_instances(instances, invert, self.max_request_pixels)
+        return images, labels, version
+
+    async def _multipart(self, request: Request, invert: str):
+        limit = self.dataplane.max_images
+        try:
+            form = await request.form(max_files=limit + 1, max_part_size=self.max_body_bytes)
+        except Exception as err:  # multipart's parser raises several types for malformed bodies
+            detail = str(getattr(err, "detail", err))
+            if detail.startswith("Too many files"):
+                # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
+                raise PayloadTooLarge(
+                    f"request has more than {limit + 1} images; the limit is {limit} per "
+                    "request (MAX_IMAGES)"
+                ) from err
+            raise BadInput(f"malformed multipart body: {detail}") from err
+        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+        if not uploads:
+            raise BadInput("multipart body has no file; send one or more images as 'files'")
+        self.dataplane.check_image_count(len(uploads))
+        files = [
+            (f"files[{i}] ({upload.filename or 'no name'})", await upload.read())
+            for i, upload in enumerate(uploads)
+        ]
+        labels: list = []
+        for field in form.getlist("labels"):
+            if isinstance(field, str):
+                labels += [part.strip() for part in field.split(",")]
+        version = model_version_of(form.get("model_version"))
+
+        # In a thread: decoding and resizing photos must not stall the event loop.
+        pixels = await asyncio.to_thread(
+            codec.decode_image_files, files, invert, self.max_request_pixels
+        )
+        return normalize_pixels(pixels), labels, version
+
+
+def model_version_of(value) -> int | None:
+    """The optional `model_version`: a version number (int64) as a number or a string."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        version = parse_version(str(value))
+    elif isinstance(value, str):
+        version = parse_version(value.strip())
+    else:
+        version = None
+    if version is None:
+        raise BadInput(f"model_version: expected a version number (int64), got {value!r}")
+    return version
+
+
+def class_ids_of(labels: list, names: tuple[str, ...], count: int) -> np.ndarray:
+    """Each image's class id from a class id or a label name; BadInput naming the item."""
+    if len(labels) != count:
+        raise BadInput(
+            f"labels: {len(labels)} label(s) for {count} image(s); send one true label per image"
+        )
+    ids = []
+    for i, label in enumerate(labels):
+        where = f"labels[{i}]"
+        if isinstance(label, int) and not isinstance(label, bool):
+            if not 0 <= label < NUM_CLASSES:
+                raise BadInput(f"{where}: class id {label} is out of range 0-{NUM_CLASSES - 1}")
+            ids.append(label)
+        elif isinstance(label, str):
+            if label in names:
+                ids.append(names.index(label))
+            elif label.isascii() and label.isdigit():
+                # A class id sent as text (a form field is always text).
+                if int(label) >= NUM_CLASSES:
+                    raise BadInput(f"{where}: class id {label} is out of range 0-{NUM_CLASSES - 1}")
+                ids.append(int(label))
+            else:
+                raise BadInput(
+                    f"{where}: unknown label {label[:40]!r}; the model's labels are "
+                    f"{', '.join(names)} (or class ids 0-{NUM_CLASSES - 1})"
+                )
+        else:
+            raise BadInput(
+                f"{where}: expected a class id or a label name, got {type(label).__name__}"
+            )
+    return np.asarray(ids, np.uint8)

@@ -1,0 +1,174 @@
+"""Blessing: TFX-style value and change thresholds on exact metrics, the table, the report.
+No TensorFlow (the fast tier)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from training.blessing import (
+    NEW_SLICE,
+    OVERALL,
+    TEST_SLICE,
+    Thresholds,
+    blessing_json,
+    format_blessing,
+    format_sources,
+    judge,
+    metrics,
+)
+
+LABELS = tuple("abcdefghij")
+
+
+def confusion(hits: list[int], support: int = 10) -> np.ndarray:
+    """A confusion matrix where class k has `support` examples and hits[k] of them right
+    (the misses go to the next class)."""
+    matrix = np.zeros((10, 10), np.int64)
+    for k, right in enumerate(hits):
+        matrix[k, k] = right
+        matrix[k, (k + 1) % 10] = support - right
+    return matrix
+
+
+def slices(overall_hits, test_hits=None) -> dict[str, np.ndarray]:
+    test = confusion(test_hits if test_hits is not None else overall_hits)
+    return {OVERALL: confusion(overall_hits), TEST_SLICE: test, NEW_SLICE: np.zeros((10, 10))}
+
+
+def test_metrics_are_exact_and_leave_out_what_means_nothing():
+    matrix = confusion([7] * 9 + [0], support=3 * 3)
+    matrix[9] = 0  # class j has no example
+    matrix[:, 0] = 0  # and nothing is predicted as class a (its 7 hits gone too)
+    found = metrics({OVERALL: matrix, NEW_SLICE: np.zeros((10, 10))}, LABELS)
+    assert found["accuracy"] == 56 / 74  # exact: from the counts, not rounded
+    assert "recall/j" not in found and "accuracy/new data" not in found
+    assert found["recall/a"] == 0.0 and found["recall/b"] == 7 / 9
+    assert "precision/a" not in found and found["precision/b"] == 7 / 9
+
+
+# Each case: candidate hits per class, baseline hits (None: no baseline), thresholds,
+# expected verdict, the checks that fail.
+CASES = [
+    pytest.param([8] * 10, [8] * 10, Thresholds(), True, [], id="equal-is-not-worse"),
+    pytest.param([8] * 9 + [7], [8] * 10, Thresholds(), False, ["accuracy", "accuracy/test split"], id="one-image-worse-fails-at-drop-0"),
+    pytest.param([8] * 9 + [7], [8] * 10, Thresholds(max_accuracy_drop=0.01), True, [], id="within-the-allowed-drop"),
+    pytest.param([9] * 9 + [4], [8] * 10, Thresholds(max_class_recall_drop=0.3), False, ["recall/j"], id="a-class-recall-drop"),
+    pytest.param([9] * 9 + [4], [8] * 10, Thresholds(), True, [], id="recall-not-checked-by-default"),
+    pytest.param([5] * 10, None, Thresholds(), True, [], id="first-model-rubber-stamped"),
+    pytest.param([5] * 10, None, Thresholds(min_accuracy=0.6), False, ["accuracy"], id="first-model-value-threshold"),
+    pytest.param([9] * 10, [5] * 10, Thresholds(min_accuracy=0.95), False, ["accuracy"], id="better-but-under-the-value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("candidate, baseline, thresholds, blessed, failing", CASES)
+def test_thresholds(candidate, baseline, thresholds, blessed, failing):
+    verdict = judge(
+        metrics(slices(candidate), LABELS),
+        None if baseline is None else metrics(slices(baseline), LABELS),
+        thresholds,
+    )
+    assert verdict.blessed is blessed
+    assert [check.metric for check in verdict.failed] == failing
+
+
+def test_the_test_split_is_judged_on_its_own():
+    """Poisoned new data can raise the overall accuracy while the test split falls."""
+    candidate = metrics(slices([9] * 10, test_hits=[5] * 10), LABELS)
+    baseline = metrics(slices([8] * 10, test_hits=[8] * 10), LABELS)
+    verdict = judge(candidate, baseline, Thresholds())
+    assert not verdict.blessed
+    (failed,) = verdict.failed
+    assert failed.metric == "accuracy/test split"
+    assert failed.short_by == pytest.approx(0.3)
+    assert failed.describe() == (
+        "accuracy/test split: change -0.3000 < -0.0000 (candidate 0.5000, baseline 0.8000): "
+        "short by 0.3000"
+    )
+
+
+def test_the_table_shows_every_metric_side_by_side_and_the_failures():
+    verdict = judge(
+        metrics(slices([8] * 9 + [6]), LABELS),
+        metrics(slices([8] * 10), LABELS),
+        Thresholds(max_accuracy_drop=0.01, max_class_recall_drop=0.1),
+    )
+    table = format_blessing(verdict)
+    lines = table.splitlines()
+    assert lines[0].split() == ["metric", "candidate", "baseline", "change", "threshold", "result"]
+    assert lines[1].split() == [
+        "accuracy",
+        "0.7800",
+        "0.8000",
+        "-0.0200",
+        "change",
+        ">=",
+        "-0.0100",
+        "FAILED",
+        "by",
+        "0.0100",
+    ]
+    (recall_j,) = [line for line in lines if line.startswith("recall/j ")]
+    assert recall_j.split() == [
+        "recall/j",
+        "0.6000",
+        "0.8000",
+        "-0.2000",
+        "change",
+        ">=",
+        "-0.1000",
+        "FAILED",
+        "by",
+        "0.1000",
+    ]
+    (recall_a,) = [line for line in lines if line.startswith("recall/a ")]
+    assert recall_a.endswith("ok")
+    assert lines[-4] == "Not blessed: 3 threshold(s) failed:"
+    assert lines[-1].startswith("  recall/j: change -0.2000 < -0.1000")
+
+
+def test_with_no_baseline_the_table_says_so():
+    table = format_blessing(judge(metrics(slices([5] * 10), LABELS), None, Thresholds()))
+    assert "No version serves yet: only the value thresholds apply." in table
+    assert table.endswith("Blessed: 0 threshold(s) passed.")
+
+
+def test_blessing_json_holds_both_sides_the_thresholds_and_the_failures():
+    verdict = judge(
+        metrics(slices([8] * 9 + [7]), LABELS), metrics(slices([8] * 10), LABELS), Thresholds()
+    )
+    document = json.loads(json.dumps(blessing_json(verdict, versions={"candidate": None})))
+    assert document["blessed"] is False
+    assert document["candidate"]["accuracy"] == 0.79 and document["baseline"]["accuracy"] == 0.8
+    assert set(document["candidate"]) == set(document["baseline"])
+    assert all(isinstance(v, float) for v in document["candidate"].values())
+    assert document["thresholds"] == {
+        "min_accuracy": None,
+        "max_accuracy_drop": 0.0,
+        "max_class_recall_drop": None,
+    }
+    assert [c["metric"] for c in document["checks"]] == ["accuracy", "accuracy/test split"]
+    assert document["checks"][0]["short_by"] == pytest.approx(0.01)
+    assert document["failed"][0].startswith("accuracy: change -0.0100 < -0.0000")
+    assert document["versions"] == {"candidate": None}
+
+
+def test_the_sources_table_counts_where_examples_came_from():
+    rows = [
+        {"source": "test split", "read": 300, "duplicates": 0, "label_conflicts": 0, "held_out": 300, "trained": 0},
+        {"source": "feedback", "read": 1200, "duplicates": 5, "label_conflicts": 2, "held_out": 233, "trained": 962},
+    ]  # fmt: skip
+    lines = format_sources(rows).splitlines()
+    assert lines[0].split() == [
+        "source",
+        "read",
+        "duplicates",
+        "conflicts",
+        "held",
+        "out",
+        "trained",
+    ]
+    assert lines[2].split() == ["feedback", "1,200", "5", "2", "233", "962"]
+    assert lines[3].split() == ["total", "1,500", "5", "2", "533", "962"]

@@ -1,0 +1,689 @@
+"""`python -m training retrain`: a gated retrain, safe to run every night unattended.
+
+    python -m training retrain --data-dir D --model-dir runs/fashion_mnist \\
+        --export-dir models/fashion_mnist [--extra-data DIR ...] [--feedback-dir FEEDBACK_DIR] \\
+        [--config models/models.config --publish canary]
+
+1. Data (training/sources.py): the base test split (held out), the base train split, the
+   `--extra-data` folders and the closed shards of the service's feedback store; an image
+   seen before is counted once; the new data is split into trained and held out by a seeded
+   hash of each image.
+2. Baseline: the version serving now, the model config's `stable` label when it has one,
+   else the newest version the config's policy serves (the newest on disk without a config).
+3. Training, in a run folder of its own under --model-dir (named by a hash of everything
+   that shapes the model: the same command on the same data resumes it after a kill),
+   warm-started (tf.estimator.WarmStartSettings) from the checkpoint that produced the
+   baseline, which its evaluation.json records; `--from-scratch` starts anew.
+4. The candidate is exported into the run folder, never into the repository, and both it and
+   the baseline are evaluated through their SavedModels on the same held-out set; the
+   blessing (training/blessing.py) is printed and written as blessing.json.
+5. Blessed: the candidate is published atomically as the next version (with its
+   blessing.json), and `--publish canary|stable` moves the label with training.promote's
+   `promote`. Not blessed: nothing under the model repository changes.
+
+Exit codes: 0 published (or already published by an earlier run), 1 crash, 2 bad input,
+3 not blessed, 75 another retrain holds the lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from artifact import feedback
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, NUM_CLASSES, normalize_pixels
+from artifact.model_config import ConfigError, ModelEntry, Policy, parse_config
+from artifact.repository import list_versions, read_labels, read_report
+from artifact.saved_model import SavedModelPredictor
+from artifact.warmup import WARMUP_BATCH_SIZES
+from training import blessing, cli, data, finetune, lock, publish, runs, sources, train
+from training.errors import UsageError
+from training.estimator import make_estimator, trainable_variable_shapes
+from training.evaluation import build_report
+from training.plots import write_export_plots
+from training.promote import promote
+from training.runs import EVAL_BATCH_SIZE
+
+# A warm-started candidate needs fewer passes than a first model (train's default is 10).
+DEFAULT_EPOCHS = 2
+DEFAULT_HOLDOUT_FRACTION = 0.2
+PUBLISH_MODES = ("version", "canary", "stable")
+RUN_PREFIX = "retrain-"
+EXIT_NOT_BLESSED = 3
+EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: try again later
+# Params that do not change the trained weights: a rerun that differs only in these resumes.
+_NOT_IN_RUN_ID = ("hooks", "check_numerics", "data_dir")
+# What the run starts from, on top of the inputs.
+_START = ("baseline_version", "warm_start_from")
+
+
+def unit_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def holdout_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+unit_fraction.__name__ = "number in [0, 1]"
+holdout_fraction.__name__ = "number in [0, 1)"
+non_negative_float.__name__ = "non-negative number"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The `retrain` subcommand's options: train's, with the same meaning, plus its own."""
+    cli.add_data_arguments(p)
+    train.add_run_arguments(
+        p,
+        model_dir_help="runs folder: each retrain trains in a folder of its own under it "
+        "(retrain-<hash of the data and options>), which a killed retrain resumes; "
+        f"{lock.LOCK_FILE} there keeps one retrain at a time",
+    )
+    cli.add_budget_arguments(p, DEFAULT_EPOCHS)
+    train.add_model_arguments(p, seed=0)
+    train.add_schedule_arguments(p)
+    train.add_hook_arguments(p)
+    new = p.add_argument_group("new data")
+    new.add_argument(
+        "--extra-data",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of MNIST-format files (train- and/or t10k- images and labels) to add; "
+        "repeat for several",
+    )
+    new.add_argument(
+        "--feedback-dir",
+        metavar="DIR",
+        help="the service's FEEDBACK_DIR: the closed shards of DIR/<model name> are added",
+    )
+    new.add_argument(
+        "--holdout-fraction",
+        type=holdout_fraction,
+        default=DEFAULT_HOLDOUT_FRACTION,
+        help="share of the new images held out (never trained on) and added to the test "
+        "split to judge the candidate (default: %(default)s)",
+    )
+    new.add_argument(
+        "--holdout-seed",
+        type=int,
+        default=0,
+        help="seed of the held-out split; an image stays on its side from run to run as long "
+        "as the seed and fraction stay (default: %(default)s)",
+    )
+    start = p.add_argument_group("start")
+    start.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="train anew instead of warm-starting from the checkpoint of the serving version",
+    )
+    gate = p.add_argument_group("blessing (TFX's Evaluator thresholds)")
+    gate.add_argument(
+        "--min-accuracy",
+        type=unit_fraction,
+        default=None,
+        help="value threshold: the candidate's accuracy on the held-out set at least this",
+    )
+    gate.add_argument(
+        "--max-accuracy-drop",
+        type=unit_fraction,
+        default=0.0,
+        help="change threshold: the candidate's accuracy, overall and on the test split, at "
+        "most this below the serving version's (default: %(default)s, not worse)",
+    )
+    gate.add_argument(
+        "--max-class-recall-drop",
+        type=unit_fraction,
+        default=None,
+        help="change threshold: each class's recall at most this below the serving "
+        "version's (default: not checked)",
+    )
+    out = p.add_argument_group("publishing")
+    out.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TF Serving's model config (ModelServerConfig text) that lists --export-dir: its "
+        "stable label names the serving version, and --publish canary|stable edit it",
+    )
+    out.add_argument(
+        "--publish",
+        choices=PUBLISH_MODES,
+        default="version",
+        help="when blessed: version = the next version only; canary = and label it canary "
+        "(pinning stable to the serving version first when no label is set); stable = and "
+        "label it stable (default: %(default)s)",
+    )
+    out.add_argument(
+        "--wait-for-lock",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECS",
+        help="when another retrain runs on this --model-dir, wait this long for it before "
+        "giving up with exit code 75 (default: %(default)s, give up at once)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """The version serving now, and why it is the one."""
+
+    version: int
+    path: Path
+    chosen_by: str
+
+
+def cmd_retrain(args) -> int:
+    """Train a candidate, judge it against the serving version, publish it only if blessed."""
+    if args.publish != "version" and not args.config:
+        raise UsageError(
+            f"--publish {args.publish} moves a label in the model config: give --config"
+        )
+    thresholds = blessing.Thresholds(
+        args.min_accuracy, args.max_accuracy_drop, args.max_class_recall_drop
+    )
+    hooks = cli.hook_names(args.hooks)
+    model_dir = Path(args.model_dir)
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        lock_file = os.open(model_dir / lock.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        os.close(lock_file)
+    except OSError as err:
+        raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
+    try:
+        with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock):
+            return _retrain(args, thresholds, hooks, model_dir)
+    except lock.LockHeld as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_LOCKED
+
+
+def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
+    export_dir = Path(args.export_dir)
+    entry = _config_entry(args.config, export_dir) if args.config else None
+    model_name = entry.name if entry is not None else export_dir.name
+    baseline = _baseline(entry, export_dir)
+    labels = _labels(args, baseline)
+    assembled = sources.assemble(
+        _read_sources(args, model_name), args.holdout_fraction, args.holdout_seed
+    )
+    if len(assembled.train_images) == 0:
+        raise data.DataError(f"{args.data_dir}: no image left to train on")
+    baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
+    start = None
+    if baseline is not None and not args.from_scratch:
+        start = _start_checkpoint(baseline, baseline_report)
+        _check_kind(args, baseline, baseline_report)
+    steps_per_epoch = math.ceil(len(assembled.train_images) / args.batch_size)
+    max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
+    base_params = baseline_report.get("params") or {}
+    if start is not None and "pixel_mean" in base_params:
+        # The linear and dnn normalizers are graph constants: keep the ones the weights know.
+        stats = (base_params["pixel_mean"], base_params["pixel_std"])
+    else:
+        stats = train.pixel_stats(assembled.train_images)
+    params = train.model_params(args, args.model, max_steps, stats)
+    params.update(
+        data_dir=str(args.data_dir),
+        labels=list(labels),
+        hooks=list(hooks),
+        check_numerics=args.check_numerics,
+        warm_start_from=start,
+        baseline_version=baseline.version if baseline is not None else None,
+    )
+    inputs_key = _inputs_key(params, assembled, args.from_scratch)
+    run_dir = model_dir / (RUN_PREFIX + _run_id(inputs_key, params))
+    print(blessing.format_sources(assembled.sources), flush=True)
+    if _trained_on_the_same_inputs(baseline, inputs_key):
+        print(
+            f"The serving version {baseline.version} was retrained on these very data with "
+            "these options (its blessing.json says so): nothing new to train on."
+        )
+        return 0
+    print(
+        f"Baseline: {_describe_baseline(baseline)}; "
+        + (f"warm start from {start}" if start else "training from scratch")
+        + f"; run dir {run_dir}",
+        flush=True,
+    )
+    step = runs.latest_step(run_dir) if (run_dir / runs.PARAMS_FILE).is_file() else 0
+    if step >= max_steps:
+        published = runs.exported_version_of(export_dir, run_dir, step)
+        if published is not None:
+            print(f"{run_dir} at step {step} is already published as {published}.")
+            if args.publish != "version":
+                _label(args, entry, int(published.name))
+            return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runs.check_resumable(run_dir, params)
+    runs.write_params(run_dir, params)
+    data_dir = run_dir / "data"
+    train_split = data.write_idx(
+        data_dir, "train", assembled.train_images, assembled.train_labels, compress=False
+    )
+    held_split = data.write_idx(
+        data_dir, "test", assembled.held_out_images, assembled.held_out_labels, compress=False
+    )
+    started = time.perf_counter()
+    if step < max_steps:
+        estimator = _estimator(run_dir, params, args, start if step == 0 else None)
+        print(
+            f"Training on {train_split.count:,} images ({steps_per_epoch} steps/epoch) to step "
+            f"{max_steps}" + (f", resuming at step {step}" if step else ""),
+            flush=True,
+        )
+        train._train_and_evaluate(
+            estimator, args, train_split, held_split, max_steps, run_dir, None
+        )
+    else:
+        print(f"{run_dir} is already at step {step} >= {max_steps}: nothing to train.")
+    train_seconds = time.perf_counter() - started
+    code = _judge_and_publish(
+        args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
+        run_dir, params, train_seconds, inputs_key,
+    )  # fmt: skip
+    # The data's copy (the size of the data set) is written again if the run is ever resumed.
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return code
+
+
+def _judge_and_publish(
+    args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
+    run_dir: Path, params: dict, train_seconds: float, inputs_key: str,
+) -> int:  # fmt: skip
+    held_images = normalize_pixels(assembled.held_out_images)
+    truth = assembled.held_out_labels
+    slices = {
+        name: assembled.held_out_slices == name
+        for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
+    }
+    context = runs.report_context(args.data_dir, run_dir, params, train_seconds)
+    context.update(
+        split="held out: the test split and the held-out share of the new data",
+        held_out={
+            "examples": len(truth),
+            "sha256": assembled.hashes["held_out"],
+            "slices": {name: int(mask.sum()) for name, mask in slices.items()},
+        },
+    )
+    outcome: dict = {}
+
+    def build(staged: Path) -> dict:
+        classes, _ = SavedModelPredictor(staged).predict_batched(held_images, EVAL_BATCH_SIZE)
+        outcome["candidate"] = classes
+        return build_report(truth, classes, labels, **context)
+
+    # A candidate a killed run left half-staged (we hold the lock: nobody else stages here).
+    for leftover in run_dir.glob(publish.STAGING_PREFIX + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    estimator = make_estimator(str(run_dir), {**params, "fine_tune_from": None})
+    warmup = normalize_pixels(assembled.held_out_images[: max(WARMUP_BATCH_SIZES)])
+    with publish.staged_version(
+        estimator, run_dir, model_name, labels, build, context["checkpoint"], warmup,
+        # The page's plots, as a trained version has them.
+        write_extras=lambda extra, report: write_export_plots(extra, report, str(run_dir)),
+    ) as staged:  # fmt: skip
+        candidate = blessing.metrics(_confusions(truth, outcome["candidate"], slices), labels)
+        baseline_metrics = None
+        if baseline is not None:
+            baseline_classes = _predict_baseline(baseline, held_images)
+            baseline_metrics = blessing.metrics(
+                _confusions(truth, baseline_classes, slices), labels
+            )
+        verdict = blessing.judge(candidate, baseline_metrics, thresholds)
+        document = blessing.blessing_json(
+            verdict,
+            model=model_name,
+            versions={
+                "candidate": None,
+                "baseline": baseline.version if baseline is not None else None,
+                "baseline_chosen_by": baseline.chosen_by if baseline is not None else None,
+            },
+            candidate_run={
+                "run_dir": os.path.abspath(run_dir),
+                "checkpoint": context["checkpoint"],
+                "global_step": context["global_step"],
+                "warm_start_from": params["warm_start_from"],
+                "train_seconds": round(train_seconds, 1),
+                "inputs_sha256": inputs_key,
+            },
+            baseline_run=(
+                {k: baseline_report.get(k) for k in ("model_dir", "checkpoint", "global_step")}
+                if baseline is not None
+                else None
+            ),
+            data={
+                "sources": assembled.sources,
+                "train": {
+                    "examples": len(assembled.train_labels),
+                    "sha256": assembled.hashes["train"],
+                },
+                "held_out": context["held_out"],
+                "holdout": assembled.holdout,
+            },
+            publish={
+                "mode": args.publish,
+                "config": args.config,
+                "version": None,
+                "label_changes": None,
+            },
+        )
+        print(blessing.format_blessing(verdict), flush=True)
+        if not verdict.blessed:
+            _write_json(run_dir / BLESSING_FILE, document)
+            print(
+                f"Not published: the model repository {args.export_dir} is unchanged; the "
+                f"report is {run_dir / BLESSING_FILE}.",
+                flush=True,
+            )
+            return EXIT_NOT_BLESSED
+        if args.publish == "canary" and baseline is not None and "stable" not in entry.labels:
+            # Without a stable label the newest version takes all the traffic: pin the one
+            # serving now before the candidate appears, so that it gets the canary's share only.
+            for line in promote(args.config, entry.name, label="stable", version=baseline.version):
+                print(line)
+
+        def name_version(version: int, folder: Path) -> None:
+            document["versions"]["candidate"] = version
+            document["publish"]["version"] = version
+            _write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
+
+        published = publish.publish_staged(staged, args.export_dir, name_version)
+    print(f"Blessed: published {published}", flush=True)
+    version = int(published.name)
+    if args.publish != "version":
+        document["publish"]["label_changes"] = _label(args, entry, version)
+    _write_json(run_dir / BLESSING_FILE, document)
+    return 0
+
+
+def _confusions(truth, predicted, slices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Confusion matrices [true, predicted] overall and per slice."""
+
+    def confusion(mask) -> np.ndarray:
+        matrix = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+        np.add.at(matrix, (np.asarray(truth)[mask].astype(np.int64), predicted[mask]), 1)
+        return matrix
+
+    everything = np.ones(len(truth), bool)
+    return {blessing.OVERALL: confusion(everything)} | {
+        name: confusion(mask) for name, mask in slices.items()
+    }
+
+
+def _predict_baseline(baseline: Baseline, images: np.ndarray) -> np.ndarray:
+    try:
+        predictor = SavedModelPredictor(baseline.path)
+    except (OSError, ValueError, KeyError, tf.errors.OpError) as err:
+        detail = (getattr(err, "message", None) or str(err)).strip().splitlines()[0]
+        raise UsageError(
+            f"cannot load the serving version {baseline.version} ({baseline.path}) to compare "
+            f"with: {detail}"
+        ) from err
+    classes, _ = predictor.predict_batched(images, EVAL_BATCH_SIZE)
+    return classes
+
+
+def _write_json(path: Path, document: dict) -> None:
+    """Written beside itself and renamed: a reader sees the old file or the new one."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(document, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _label(args, entry: ModelEntry, version: int) -> list[str]:
+    """Point --publish's label at the version (the policy first, when it does not serve it)."""
+    changes = []
+    try:
+        current = {e.name: e for e in parse_config(Path(args.config).read_text(), args.config)}
+        policy = current[entry.name].policy
+        if policy.kind == "specific" and version not in policy.versions:
+            wider = Policy("specific", versions=tuple(sorted({*policy.versions, version})))
+            changes += promote(args.config, entry.name, policy=wider)
+        changes += promote(args.config, entry.name, label=args.publish, version=version)
+    except (ConfigError, UsageError, OSError, KeyError) as err:
+        raise UsageError(
+            f"version {version} is published, but the label {args.publish} could not be "
+            f"moved: {err}; move it with `python -m training promote --config {args.config} "
+            f"--model {entry.name} --label {args.publish} --version {version}`"
+        ) from err
+    for line in changes or [f"{entry.name}: label {args.publish} already names {version}"]:
+        print(line)
+    if changes:
+        print(f"Wrote {args.config}; the label applies once version {version} is AVAILABLE.")
+    return changes
+
+
+def _estimator(run_dir: Path, params: dict, args, start: str | None):
+    warm_start = None
+    if start is not None:
+        shapes = trainable_variable_shapes(make_estimator(str(run_dir), params))
+        warm_start = finetune.warm_start_settings(start, ".*", shapes)
+    return make_estimator(
+        str(run_dir),
+        params,
+        seed=args.seed,
+        save_checkpoints_steps=args.checkpoint_steps,
+        warm_start_from=warm_start,
+    )
+
+
+def _inputs_key(params: dict, assembled: sources.Assembled, from_scratch: bool) -> str:
+    """A hash of the data and the options that shape the weights, whatever the run starts
+    from: a version trained on the same inputs needs no retrain."""
+    key = {
+        "params": {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID + _START},
+        "from_scratch": from_scratch,
+        "data": assembled.hashes,
+        "holdout": {k: v for k, v in assembled.holdout.items() if k != "rule"},
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _run_id(inputs_key: str, params: dict) -> str:
+    """The inputs and the start: the same command on the same data from the same baseline
+    names the same run, which resumes."""
+    key = {"inputs": inputs_key, **{k: params[k] for k in _START}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _trained_on_the_same_inputs(baseline: Baseline | None, inputs_key: str) -> bool:
+    if baseline is None:
+        return False
+    path = baseline.path / ASSETS_EXTRA / BLESSING_FILE
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    run = recorded.get("candidate_run") if isinstance(recorded, dict) else None
+    return isinstance(run, dict) and run.get("inputs_sha256") == inputs_key
+
+
+def _config_entry(config: str, export_dir: Path) -> ModelEntry:
+    """The model config's entry whose base_path is --export-dir."""
+    path = Path(config)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"--config {path}: cannot read it: {err}") from err
+    try:
+        entries = parse_config(text, path)
+    except ConfigError as err:
+        raise UsageError(str(err)) from err
+    target = export_dir.resolve()
+    for entry in entries:
+        if entry.base_path.resolve() == target:
+            return entry
+    listed = ", ".join(f"{e.name} at {e.base_path}" for e in entries)
+    raise UsageError(
+        f"--config {path}: no model there has its base_path at --export-dir {export_dir} "
+        f"(it lists: {listed})"
+    )
+
+
+def _baseline(entry: ModelEntry | None, export_dir: Path) -> Baseline | None:
+    on_disk = dict(list_versions(export_dir))
+    if not on_disk:
+        return None
+    if entry is not None:
+        stable = entry.labels.get("stable")
+        if stable is not None:
+            if stable not in on_disk:
+                raise UsageError(
+                    f"--config: the stable label names version {stable}, which is not in "
+                    f"{export_dir} (on disk: {', '.join(map(str, on_disk))})"
+                )
+            return Baseline(stable, on_disk[stable], "the stable label")
+        served = entry.aspired(on_disk)
+        if served:
+            version = max(served)
+            return Baseline(
+                version,
+                on_disk[version],
+                f"the newest version the policy ({entry.policy.describe()}) serves",
+            )
+    version = max(on_disk)
+    return Baseline(version, on_disk[version], "the newest version on disk")
+
+
+def _describe_baseline(baseline: Baseline | None) -> str:
+    if baseline is None:
+        return "none (no version on disk: only the value thresholds apply)"
+    return f"version {baseline.version}, {baseline.chosen_by}"
+
+
+def _labels(args, baseline: Baseline | None) -> tuple[str, ...]:
+    """The baseline's class labels (the service answers and takes feedback with them)."""
+    exported = read_labels(baseline.path) if baseline is not None else None
+    if exported is None:
+        return cli.labels(args)
+    if args.labels != "auto" and cli.labels(args) != exported:
+        raise UsageError(
+            f"--labels {args.labels}: the serving version {baseline.version} answers with "
+            f"{', '.join(exported)}; leave --labels out to keep them"
+        )
+    return exported
+
+
+def _start_checkpoint(baseline: Baseline, report: dict) -> str:
+    """The checkpoint that produced the baseline, read whole; UsageError when it is gone."""
+    hint = "restore it, or retrain --from-scratch"
+    checkpoint = report.get("checkpoint")
+    if not checkpoint and report.get("model_dir") and report.get("global_step") is not None:
+        # Versions exported before the report recorded its checkpoint.
+        checkpoint = str(Path(report["model_dir"]) / f"model.ckpt-{report['global_step']}")
+    if not checkpoint:
+        raise UsageError(
+            f"the serving version {baseline.version} ({baseline.path}) does not say which "
+            f"checkpoint produced it (no evaluation.json, or no checkpoint in it): {hint}"
+        )
+    if not Path(checkpoint + ".index").is_file():
+        raise UsageError(
+            f"the serving version {baseline.version} was exported from checkpoint "
+            f"{checkpoint}, which is gone: {hint}"
+        )
+    try:
+        return finetune.resolve_checkpoint(
+            checkpoint, f"the checkpoint of the serving version {baseline.version}"
+        )
+    except UsageError as err:
+        raise UsageError(f"{err}: {hint}") from err
+
+
+def _check_kind(args, baseline: Baseline, report: dict) -> None:
+    kind = (report.get("params") or {}).get("model", "cnn")
+    if kind != args.model:
+        raise UsageError(
+            f"--model {args.model}: the serving version {baseline.version} is a {kind} model; "
+            f"warm-starting needs the same kind: use --model {kind}, or --from-scratch"
+        )
+
+
+def _read_sources(args, model_name: str) -> list[sources.Source]:
+    """Every source of labeled images, in priority order (training/sources.py)."""
+    _, test_images, test_labels = data.load_split(args.data_dir, "test")
+    _, train_images, train_labels = data.load_split(args.data_dir, "train")
+    base = str(args.data_dir)
+    found = [
+        sources.Source("test split", base, test_images, test_labels, sources.HELD_OUT),
+        sources.Source("train split", base, train_images, train_labels, sources.TRAINED),
+    ]
+    for folder in args.extra_data:
+        if not Path(folder).is_dir():
+            raise data.DataError(f"--extra-data {folder}: folder not found")
+        splits = [split for split in data.SPLITS if data.has_split(folder, split)]
+        if not splits:
+            raise data.DataError(
+                f"--extra-data {folder}: holds no MNIST-format train- or t10k- images file"
+            )
+        parts = [data.load_split(folder, split)[1:] for split in splits]
+        found.append(
+            sources.Source(
+                "extra data",
+                str(folder),
+                np.concatenate([p[0] for p in parts]),
+                np.concatenate([p[1] for p in parts]),
+                sources.NEW,
+                {"splits": splits},
+            )
+        )
+    if args.feedback_dir:
+        found.append(_feedback_source(Path(args.feedback_dir), model_name))
+    return found
+
+
+def _feedback_source(root: Path, model_name: str) -> sources.Source:
+    if not root.is_dir():
+        raise data.DataError(f"--feedback-dir {root}: folder not found")
+    store = feedback.store_dir(root, model_name)
+    try:
+        shards = feedback.read_closed_shards(store)
+    except feedback.FeedbackFormatError as err:
+        raise data.DataError(str(err)) from err
+    images = [s.images for s in shards] or [np.zeros((0, 28, 28), np.uint8)]
+    labels = [s.labels for s in shards] or [np.zeros(0, np.uint8)]
+    answered: dict[str, int] = {}
+    for shard in shards:
+        for version in shard.versions:
+            key = "unknown" if version is None else str(version)
+            answered[key] = answered.get(key, 0) + 1
+    return sources.Source(
+        "feedback",
+        str(store),
+        np.concatenate(images),
+        np.concatenate(labels),
+        sources.NEW,
+        {"shards": len(shards), "answered_by_version": answered},
+    )
