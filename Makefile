@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Wheels the Kubernetes manifest tests read the TFJob and InferenceService schemas from.
+CRD_SDKS := $(VENV)/crd-sdks
+CRD_SDKS_STAMP := $(CRD_SDKS)/.downloaded
 DATA_DIR ?= /usr/share/datasets/fashion-mnist
 DATA_FILES := $(DATA_DIR)/train-images-idx3-ubyte.gz $(DATA_DIR)/train-labels-idx1-ubyte.gz \
               $(DATA_DIR)/t10k-images-idx3-ubyte.gz $(DATA_DIR)/t10k-labels-idx1-ubyte.gz
@@ -15,11 +18,11 @@ PORT ?= 8000
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup data compose venv train serve test lint format bench clean
+.PHONY: setup data compose venv train serve test k8s lint format bench clean
 
 setup: venv data compose
 
-venv: $(STAMP)
+venv: $(STAMP) $(CRD_SDKS_STAMP)
 
 # Reinstalled only when the pinned requirements or the project metadata change.
 $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
@@ -27,6 +30,11 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock -r requirements-dev.lock
 	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $@
+
+# Downloaded (hash-checked), never installed: tests/deploy/crd_schemas.py reads their models.
+$(CRD_SDKS_STAMP): deploy/kubernetes/crd-sdks.txt $(STAMP)
+	$(PY) -m pip download --quiet --no-deps --require-hashes -r $< -d $(CRD_SDKS)
 	@touch $@
 
 data:
@@ -62,6 +70,16 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest
+
+# Render every kustomization into build/kubernetes/ (to read) and run the manifest tests.
+k8s: venv
+	@mkdir -p build/kubernetes
+	@for dir in $$(find deploy/kubernetes -name kustomization.yaml -exec dirname {} \; | sort); do \
+	  grep -q '^kind: Component' $$dir/kustomization.yaml && continue; \
+	  out=build/kubernetes/$$(echo $${dir#deploy/kubernetes/} | tr / -).yaml; \
+	  $(VENV)/bin/kubectl kustomize $$dir > $$out && echo "$$out"; \
+	done
+	$(PY) -m pytest tests/deploy -q
 
 lint: venv
 	$(PY) -m ruff check .
