@@ -179,9 +179,7 @@ def _read_models(wheel: Path, models_dir: str) -> dict[str, _Model]:
                 }
                 if len(tables) == 2:
                     # Generated setters refuse None for required fields.
-                    required = set(
-                        re.findall(r"client_side_validation and (\w+) is None", source)
-                    )
+                    required = set(re.findall(r"client_side_validation and (\w+) is None", source))
                     models[node.name] = _Model(
                         tables["openapi_types"], tables["attribute_map"], required
                     )
@@ -217,8 +215,7 @@ def _sdk_schema(crd: Crd, kubernetes_version: str) -> dict:
 
     def model_schema(model: _Model) -> dict:
         properties = {
-            model.json_keys[attr]: type_schema(type_name)
-            for attr, type_name in model.types.items()
+            model.json_keys[attr]: type_schema(type_name) for attr, type_name in model.types.items()
         }
         schema = {"type": "object", "properties": properties, "additionalProperties": False}
         required = sorted(model.json_keys[attr] for attr in model.required)
