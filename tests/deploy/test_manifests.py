@@ -634,3 +634,25 @@ def test_gpu_overlays_put_gpu_images_on_gpus(directory):
                     if repository(c["image"]) == API_IMAGE:
                         assert env(c)["DEVICE"] == "gpu"
     assert gpu_containers >= 1
+
+
+def test_service_monitor_scrapes_the_api_and_tfserving_metrics():
+    objects = render(KUBE_DIR / "overlays" / "prometheus-operator")
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [
+        o for o in objects
+        if o["kind"] == "Service" and selector.items() <= o["metadata"]["labels"].items()
+    ]  # fmt: skip
+    assert [s["metadata"]["name"] for s in services] == ["api"]
+    endpoints = {e["port"]: e["path"] for e in monitor["spec"]["endpoints"]}
+    assert endpoints["http"] == "/metrics"
+    # TF Serving's path, as models/monitoring.config serves it.
+    monitoring = (MODELS_DIR / "monitoring.config").read_text()
+    assert f'path: "{endpoints["rest"]}"' in monitoring
+    tfserving = render(KUBE_DIR / "overlays" / "tfserving")
+    assert any(
+        o["kind"] == "Service" and selector.items() <= o["metadata"]["labels"].items()
+        and "rest" in {p["name"] for p in o["spec"]["ports"]}
+        for o in tfserving
+    )  # fmt: skip
