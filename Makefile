@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Wheels the Kubernetes manifest tests read the TFJob and InferenceService schemas from.
+CRD_SDKS := $(VENV)/crd-sdks
+CRD_SDKS_STAMP := $(CRD_SDKS)/.downloaded
 DATA_DIR ?= /usr/share/datasets/fashion-mnist
 DATA_FILES := $(DATA_DIR)/train-images-idx3-ubyte.gz $(DATA_DIR)/train-labels-idx1-ubyte.gz \
               $(DATA_DIR)/t10k-images-idx3-ubyte.gz $(DATA_DIR)/t10k-labels-idx1-ubyte.gz
@@ -18,11 +21,11 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
-.PHONY: setup data compose browser tools venv train serve test test-fast lint format bench bench-peers clean
+.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean
 
 setup: venv data compose browser tools
 
-venv: $(STAMP)
+venv: $(STAMP) $(CRD_SDKS_STAMP)
 
 # Reinstalled only when the pinned requirements or the project metadata change.
 $(STAMP): $(LOCKS) pyproject.toml
@@ -31,6 +34,11 @@ $(STAMP): $(LOCKS) pyproject.toml
 	$(PY) -m pip install --quiet -r requirements-service.lock -r requirements-training.lock \
 	  -r requirements-dev.lock
 	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $@
+
+# Downloaded (hash-checked), never installed: tests/deploy/crd_schemas.py reads their models.
+$(CRD_SDKS_STAMP): deploy/kubernetes/crd-sdks.txt $(STAMP)
+	$(PY) -m pip download --quiet --no-deps --require-hashes -r $< -d $(CRD_SDKS)
 	@touch $@
 
 data:
@@ -97,6 +105,16 @@ test: setup
 # No TensorFlow, no model, no server process beyond loopback helpers: well under a minute.
 test-fast: venv compose
 	$(PY) -m pytest -m "not slow"
+
+# Render every kustomization into build/kubernetes/ (to read) and run the manifest tests.
+k8s: venv
+	@mkdir -p build/kubernetes
+	@for dir in $$(find deploy/kubernetes -name kustomization.yaml -exec dirname {} \; | sort); do \
+	  grep -q '^kind: Component' $$dir/kustomization.yaml && continue; \
+	  out=build/kubernetes/$$(echo $${dir#deploy/kubernetes/} | tr / -).yaml; \
+	  $(VENV)/bin/kubectl kustomize $$dir > $$out && echo "$$out"; \
+	done
+	$(PY) -m pytest tests/deploy -q
 
 lint: venv
 	$(PY) -m ruff check .
