@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 
@@ -14,6 +15,7 @@ from service.config_watcher import initial_entries
 from service.errors import printable
 from service.security import TokenFileError, read_tokens
 from service.settings import Settings
+from service.workers import die_with_supervisor, supervise, worker_index
 
 
 def main() -> int:
@@ -48,9 +50,13 @@ def main() -> int:
         except TokenFileError as err:
             print(f"error: AUTH_TOKENS_FILE: {err}", file=sys.stderr)
             return 2
+    worker = worker_index()
+    if worker is not None:
+        die_with_supervisor()
     try:
-        # Bound before anything slow, so a bad address is one line and exit code 2.
-        sock = listening_socket(settings.host, settings.port)
+        # Bound before anything slow, so a bad address is one line and exit code 2. A worker
+        # shares the port with the others (the supervisor checked nobody else holds it).
+        sock = listening_socket(settings.host, settings.port, share=worker is not None)
     except OSError as err:
         print(
             f"error: HOST, PORT: cannot listen on {settings.host}:{settings.port}: "
@@ -61,7 +67,7 @@ def main() -> int:
     if settings.grpc_port:
         try:
             # gRPC binds its own socket once the model serves; a port taken is found now.
-            listening_socket(settings.host, settings.grpc_port).close()
+            listening_socket(settings.host, settings.grpc_port, share=worker is not None).close()
         except OSError as err:
             sock.close()
             print(
@@ -70,9 +76,16 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
+    who = "" if worker is None else f" [worker {worker}]"
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s",
     )
+    if settings.workers > 1 and worker is None:
+        sock.close()  # the workers bind their own, beside each other
+        # Stopping: each worker's drain and shutdown, and a margin before it is killed.
+        stop_seconds = settings.drain_seconds + settings.shutdown_timeout_seconds + 10
+        return supervise(settings.workers, stop_seconds)
     # A URL can carry a newline (%0A): uvicorn's access log writes it escaped, one line each.
     logging.getLogger("uvicorn.access").addFilter(EscapeControlCharacters())
     # TensorFlow is imported here, quietly, before any module that needs it.
@@ -94,9 +107,7 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
     if settings.backend == "tensorflow":
         try:
             # Before uvicorn starts, so a missing GPU is one clear line and exit code 2.
-            configure_tensorflow(
-                settings.device, settings.intra_op_threads, settings.inter_op_threads
-            )
+            configure_tensorflow(settings.device, *settings.tensorflow_threads(os.cpu_count()))
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -143,12 +154,15 @@ class EscapeControlCharacters(logging.Filter):
         return True
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves); uvicorn listens."""
+def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:
+    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves); uvicorn listens.
+    With `share`, other sockets may bind the port too (SO_REUSEPORT: the workers)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if share:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()

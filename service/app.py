@@ -94,7 +94,12 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         from service.protocols.grpc_server import GRPCServer
 
         grpc_server = GRPCServer(
-            dataplane, settings.host, settings.grpc_port, settings.grpc_max_message_bytes, tokens
+            dataplane,
+            settings.host,
+            settings.grpc_port,
+            settings.grpc_max_message_bytes,
+            tokens,
+            share_port=settings.workers > 1,
         )
 
     @contextlib.asynccontextmanager

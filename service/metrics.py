@@ -1,10 +1,17 @@
-"""Prometheus metrics, one registry per app (tests build many apps in one process)."""
+"""Prometheus metrics, one registry per app (tests build many apps in one process).
+
+With WORKERS > 1 every worker process writes its values to files in PROMETHEUS_MULTIPROC_DIR
+(prometheus_client's multiprocess mode, set up by the supervisor, service/workers.py) and
+/metrics, whichever worker answers it, adds up all of them.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -15,6 +22,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # Chosen by prometheus_client when it is imported: the supervisor sets the variable.
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         # prometheus_client's labels() checks and locks on every call: the hot path looks each
         # child up once and keeps it (child()).
         self._children: dict[tuple, object] = {}
@@ -24,14 +33,19 @@ class Metrics:
             ["route", "method", "status"],
             registry=self.registry,
         )
-        # A plain count the middleware keeps; the gauge reads it when scraped (no lock per
-        # request). What an autoscaler scales on: the work each replica holds right now.
+        # What an autoscaler scales on: the work each replica holds right now. One process
+        # keeps a plain count the gauge reads when scraped (no lock per request); workers
+        # must write theirs where the others can add it up.
         self.in_flight = 0
-        Gauge(
+        in_flight = Gauge(
             "http_requests_in_flight",
             "HTTP requests being answered right now (the scrape that reads this included).",
             registry=self.registry,
-        ).set_function(lambda: self.in_flight)
+            multiprocess_mode="livesum",
+        )
+        self.in_flight_gauge = in_flight if self.multiprocess else None
+        if not self.multiprocess:
+            in_flight.set_function(lambda: self.in_flight)
         self.latency = Histogram(
             "http_request_duration_seconds",
             "Time from request start to the end of the response, by route template.",
@@ -69,6 +83,7 @@ class Metrics:
             "The version answering requests that name no version, per model.",
             ["model", "device"],
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
         self.answered = Counter(
             "predict_requests_by_version_total",
@@ -97,6 +112,14 @@ class Metrics:
             registry=self.registry,
         )
 
+    def exposition(self) -> bytes:
+        """The text /metrics answers: this process's registry, or every worker's values."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)
+
     def child(self, metric, *labels):
         """The metric's child for these label values, looked up once."""
         key = (id(metric), *labels)
@@ -120,7 +143,11 @@ class MetricsMiddleware:
         started = time.perf_counter()
         status = 500
         metrics = self.metrics
-        metrics.in_flight += 1
+        gauge = metrics.in_flight_gauge
+        if gauge is None:
+            metrics.in_flight += 1
+        else:
+            gauge.inc()
 
         async def send_with_status(message):
             nonlocal status
@@ -131,7 +158,10 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            metrics.in_flight -= 1
+            if gauge is None:
+                metrics.in_flight -= 1
+            else:
+                gauge.dec()
             route = scope.get("route")
             # The template without convertors: /v1/models/{name}:predict.
             template = getattr(route, "path_format", None) or "unmatched"

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +14,25 @@ import numpy as np
 from artifact.contract import SIGNATURE_NAME
 from artifact.model_config import ModelEntry
 from service.types import ModelMetadata, Prediction, VersionStatus
+
+
+@dataclasses.dataclass
+class Reservation:
+    """What one request needs to run off the event loop: the batcher's thread calls `run`
+    (blocking) with the merged images of requests whose `key`s are equal; `release` (on the
+    loop, once) lets go of what was held for the request, such as its version.
+
+    Args:
+        key: requests with equal keys may share one model call.
+        run: images -> Prediction, called on a thread that is not the event loop.
+        release: called on the event loop when the request is answered, failed or dropped.
+        cancel: stops a run in progress when the service shuts down, where that is possible.
+    """
+
+    key: tuple
+    run: Callable[[np.ndarray], Prediction]
+    release: Callable[[], None] = lambda: None
+    cancel: Callable[[], None] = lambda: None
 
 
 class Backend(abc.ABC):
@@ -81,6 +104,38 @@ class Backend(abc.ABC):
     ) -> Prediction:
         """Run float32 images [n, 28, 28] through a signature. Raises ServiceError subclasses."""
 
+    async def reserve(
+        self,
+        name: str,
+        version: int | None = None,
+        signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
+    ) -> Reservation:
+        """Hold what a prediction needs so that a thread can run it without the event loop
+        (service/batching.py). Raises what predict() raises for an unknown model, version,
+        label or signature, where the backend can tell before running.
+
+        By default the run goes back to this loop and awaits predict(): correct for any
+        backend, and what one without a cheaper way (TF Serving's client) gets.
+        """
+        loop = asyncio.get_running_loop()
+        inflight: list[concurrent.futures.Future] = []
+
+        def run(images: np.ndarray) -> Prediction:
+            call = self.predict(name, images, version, signature_name, label)
+            future = asyncio.run_coroutine_threadsafe(call, loop)
+            inflight.append(future)
+            try:
+                return future.result()
+            finally:
+                inflight.remove(future)
+
+        def cancel() -> None:
+            for future in list(inflight):
+                future.cancel()
+
+        return Reservation((name, version, signature_name, label), run, cancel=cancel)
+
     async def predict_shadow(
         self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME
     ) -> Prediction:
@@ -110,7 +165,11 @@ class Backend(abc.ABC):
 
 
 class DelegatingBackend(Backend):
-    """A backend that wraps another and passes every call through; override what differs."""
+    """A backend that wraps another and passes every call through; override what differs.
+
+    reserve() is not passed through: the default runs this wrapper's own predict(), so a
+    wrapper that changes predict() is never bypassed.
+    """
 
     def __init__(self, inner: Backend):
         super().__init__(inner.model_name)

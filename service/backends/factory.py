@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from artifact.model_config import ModelEntry
 from service.backends.base import Backend
 from service.backends.inprocess import InProcessBackend
@@ -29,11 +31,12 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
             settings.tfserving_deadline_seconds,
             default_model=default,
         )
+    intra_op_threads, inter_op_threads = settings.tensorflow_threads(os.cpu_count())
     backend = InProcessBackend(
         models,
         device=settings.device,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
+        intra_op_threads=intra_op_threads,
+        inter_op_threads=inter_op_threads,
         poll_seconds=settings.model_poll_seconds,
         allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models,
         default_model=default,

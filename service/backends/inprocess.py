@@ -22,7 +22,7 @@ from artifact.model_config import ModelEntry
 from artifact.repository import version_labels
 from artifact.saved_model import SavedModelPredictor, contract_problems
 from artifact.warmup import read_warmup_requests
-from service.backends.base import Backend
+from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.errors import BadInput, NotFound
 from service.registry import ModelRegistry, VersionRegistry, servable_not_found
@@ -238,6 +238,31 @@ class InProcessBackend(Backend):
         label: str | None = None,
     ) -> Prediction:
         return await self._run(self._executor, name, images, version, signature_name, label)
+
+    async def reserve(
+        self,
+        name: str,
+        version: int | None = None,
+        signature_name: str = SIGNATURE_NAME,
+        label: str | None = None,
+    ) -> Reservation:
+        """The version leased now, on the loop; the batcher's thread runs the SavedModel
+        directly (TensorFlow releases the GIL while it computes)."""
+        lease = self._model(name, version).acquire(version, label)
+        predictor = lease.servable.predictor
+        if signature_name not in predictor.signatures:
+            lease.release()
+            raise BadInput(
+                f'Serving signature name: "{signature_name}" not found in signature def; '
+                f"this model has {sorted(predictor.signatures)}"
+            )
+
+        def run(images: np.ndarray) -> Prediction:
+            return Prediction(lease.version, predictor.run(images, signature_name))
+
+        # The predictor's identity too: a version number reloaded is another model.
+        key = (name, lease.version, signature_name, id(predictor))
+        return Reservation(key, run, lease.release)
 
     async def predict_shadow(
         self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME

@@ -147,6 +147,7 @@ class FeedbackAPI:
             "Bytes the feedback store takes, as this process last measured it, by model.",
             ["model"],
             registry=registry,
+            multiprocess_mode="livemostrecent",
         )
         self.router = APIRouter(tags=["feedback"])
         self.router.add_api_route(

@@ -377,6 +377,7 @@ class GRPCServer:
         host, port: where to listen (HOST, GRPC_PORT).
         max_message_bytes: largest message received or sent (GRPC_MAX_MESSAGE_BYTES).
         tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
+        share_port: listen beside the other workers on the same port (SO_REUSEPORT).
     """
 
     def __init__(
@@ -386,9 +387,11 @@ class GRPCServer:
         port: int,
         max_message_bytes: int,
         tokens: dict[bytes, frozenset[str]] | None = None,
+        share_port: bool = False,
     ):
         self.dataplane = dataplane
         self.tokens = tokens
+        self.share_port = share_port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.max_message_bytes = max_message_bytes
         self.port = port
@@ -404,8 +407,9 @@ class GRPCServer:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
-                # gRPC shares a port with any other process's server by default: refuse.
-                ("grpc.so_reuseport", 0),
+                # gRPC shares a port with any other process's server by default: only the
+                # service's own workers may.
+                ("grpc.so_reuseport", int(self.share_port)),
             ]
         )
         servicer = _Servicer(self.dataplane, self.tokens)

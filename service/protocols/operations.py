@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
-from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.dataplane import DataPlane
@@ -43,5 +42,5 @@ class Operations:
     async def metrics(self):
         self.dataplane.update_gauges()
         return PlainTextResponse(
-            generate_latest(self.dataplane.metrics.registry), media_type=CONTENT_TYPE_LATEST
+            self.dataplane.metrics.exposition(), media_type=CONTENT_TYPE_LATEST
         )
