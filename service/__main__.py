@@ -115,7 +115,9 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds),
+        http=guarded_protocol(
+            settings.max_header_bytes, settings.header_timeout_seconds, app.state.refusal
+        ),
         log_level=settings.log_level,
         timeout_keep_alive=settings.keepalive_timeout_seconds,
         limit_concurrency=settings.max_connections,

@@ -12,9 +12,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artifact.model_config import ConfigError
+from service import errors
 from service.backends.base import Backend
 from service.config_watcher import ConfigWatcher
-from service.dataplane import DataPlane
+from service.dataplane import OVERLOADED, DataPlane
 from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
@@ -27,6 +28,7 @@ from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
 from service.security import SecurityMiddleware, read_tokens
+from service.server import EarlyRefusal
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -188,12 +190,22 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(error_class, handle_error)
 
+    fast_routes = tf_serving.fast_routes() + v2.fast_routes() + people.fast_routes()
+
+    def refused(template: str) -> None:
+        metrics.child(metrics.requests, template, "POST", "503").inc()
+        errors.overload_log.refused(OVERLOADED)
+
+    # For the server's protocol (service/server.py): predictions refused before the app.
+    app.state.refusal = EarlyRefusal(
+        dataplane.overloaded, [route for route, _ in fast_routes], OVERLOADED, refused
+    )
     # Innermost first; all of them in front of FastAPI's own stack (ServiceApp).
     app.outer_middleware = [
         (
             FastLane,
             {
-                "routes": tf_serving.fast_routes() + v2.fast_routes() + people.fast_routes(),
+                "routes": fast_routes,
                 "error_response": error_response,
             },
         ),  # fmt: skip

@@ -36,6 +36,11 @@ class PredictResult:
     labels: tuple[str, ...]
 
 
+OVERLOADED = (
+    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
+)
+
+
 class DataPlane:
     """Limits, routing, backend calls, metrics and typed results for every protocol.
 
@@ -91,10 +96,11 @@ class DataPlane:
             Overloaded: 503, with a Retry-After.
         """
         if self.backend.overloaded():
-            raise Overloaded(
-                "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); "
-                "retry shortly"
-            )
+            raise Overloaded(OVERLOADED)
+
+    def overloaded(self) -> bool:
+        """Whether admit() would refuse now."""
+        return self.backend.overloaded()
 
     async def predict(
         self,

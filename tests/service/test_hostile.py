@@ -446,6 +446,86 @@ def test_overload_is_logged_as_a_rate_not_a_line_per_refusal(caplog, monkeypatch
     ] * 2
 
 
+def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(head, body) of each whole response in a byte stream (bodies by content-length)."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+        answers.append((head.lower(), rest[:length]))
+        data = rest[length:]
+    return answers
+
+
+@pytest.fixture
+def refusing():
+    backend = AlwaysFull()
+    app = create_app(Settings(model_name=MODEL_NAME), backend)
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    with threaded_server(app, http=protocol) as (url, _):
+        yield url, backend
+
+
+def test_a_full_queue_is_answered_by_the_protocol_and_the_connection_lives_on(refusing):
+    url, backend = refusing
+    body = orjson.dumps({"instances": ZEROS})
+    requests = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )  # fmt: skip
+    (refused, refused_body), (health, _), (_, metrics) = http_answers(raw_exchange(url, requests))
+    assert refused.startswith(b"http/1.1 503 ")
+    assert b"retry-after: 1" in refused and b"x-content-type-options: nosniff" in refused
+    assert orjson.loads(refused_body) == {"error": OVERLOADED_WORDS}
+    # Its body was read and dropped: the next request on the connection was answered.
+    assert health.startswith(b"http/1.1 200 ")
+    assert backend.calls == []
+    counted = 'http_requests_total{method="POST",route="/v1/models/{name}:predict",status="503"}'
+    assert f"{counted} 1.0".encode() in metrics
+    # Counted by the protocol's refusal: the app, which times what it answers, never saw it.
+    assert b'http_request_duration_seconds_count{route="/v1/models/{name}:predict"}' not in metrics
+
+
+@pytest.mark.parametrize(
+    "request_line, headers",
+    [
+        pytest.param(f"POST {PREDICT} HTTP/1.0", "", id="http-1.0: answered, then closed"),
+        pytest.param("POST /predict?invert=no HTTP/1.1", "Connection: close\r\n",
+                     id="the friendly route"),
+        pytest.param(f"POST /v2/models/{MODEL_NAME}/infer HTTP/1.1", "Connection: close\r\n",
+                     id="the open inference protocol"),
+    ],
+)  # fmt: skip
+def test_every_refusal_says_the_same(refusing, request_line, headers):
+    url, backend = refusing
+    body = b'{"instances": []}'
+    request = (
+        f"{request_line}\r\nHost: x\r\n{headers}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    ((head, answer),) = http_answers(raw_exchange(url, request))
+    assert head.split(b"\r\n")[0].startswith(b"http/1.1 503 ")
+    assert b"retry-after: 1" in head
+    assert orjson.loads(answer) == {"error": OVERLOADED_WORDS}
+    assert backend.calls == []
+
+
+def test_a_cross_origin_prediction_is_left_to_the_app_and_its_cors_rules(refusing):
+    url, _ = refusing
+    body = b'{"instances": []}'
+    request = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    ((head, answer),) = http_answers(raw_exchange(url, request))
+    # No origin is allowed here: the app's 403, where the protocol would have said 503.
+    assert head.startswith(b"http/1.1 403 ") and b"cross-origin" in answer.lower()
+
+
 def self_signed(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization

@@ -136,12 +136,17 @@ def test_sigterm_under_load_drains_loses_no_accepted_request_and_exits_0(servers
     lock = threading.Lock()
     stop = threading.Event()
     ready_during_drain: list[int] = []
+    closing: list[str] = []  # connection headers of requests sent after /readyz turned 503
 
     def load() -> None:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             while not stop.is_set():
+                draining = bool(ready_during_drain) and ready_during_drain[-1] == 503
                 try:
-                    status = str(client.post(f"{MODEL}:predict", json=ZEROS).status_code)
+                    response = client.post(f"{MODEL}:predict", json=ZEROS)
+                    status = str(response.status_code)
+                    if draining:
+                        closing.append(response.headers.get("connection", ""))
                 except httpx.ConnectError:
                     status = "refused"  # the listener closed: never accepted, nothing lost
                     stop.set()
@@ -171,4 +176,7 @@ def test_sigterm_under_load_drains_loses_no_accepted_request_and_exits_0(servers
     assert len(outcomes) > served_during_drain  # requests kept coming in during the drain
     lost = [o for o in outcomes if o not in ("200", "refused")]
     assert lost == [], f"{len(lost)} of {len(outcomes)} requests failed: {lost[:5]}"
+    # Draining, answers close their connections: none is kept alive for the server to close
+    # under a client's next request when the listener closes.
+    assert closing and set(closing) == {"close"}, closing
     assert "draining" in server.log()
