@@ -102,9 +102,10 @@ serve: setup
 test: setup
 	$(PY) -m pytest
 
-# No TensorFlow, no model, no server process beyond loopback helpers: well under a minute.
+# No TensorFlow, no model, no server process beyond loopback helpers: well under a minute,
+# on both cores (pytest-xdist; the full suite stays serial, its live servers measure load).
 test-fast: venv compose
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n 2
 
 # Render every kustomization into build/kubernetes/ (to read) and run the manifest tests.
 k8s: venv
