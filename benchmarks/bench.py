@@ -4,9 +4,11 @@
 (2) a naive FastAPI endpoint (benchmarks/naive_app.py): the baseline users would write;
 (3) this service with batching off (BATCH_MAX_SIZE=1);
 (4) this service with dynamic batching on (the defaults);
-and (4) again at c=64 over its other protocols: the Open Inference Protocol with binary tensors
-(wrk) and TF Serving's gRPC Predict (benchmarks/grpc_load.py, a small asyncio client).
-With `--peers` (`make bench-peers`), (5) and on: MLServer and BentoML serving the same model
+(5) the same with WORKERS=2: two processes sharing the ports, one per core;
+and (4) and (5) again at c=64 over their other protocols: the Open Inference Protocol with
+binary tensors (wrk) and TF Serving's gRPC Predict (benchmarks/grpc_load.py, a small asyncio
+client), and overloaded (c=512, with probe clients timing answers by status).
+With `--peers` (`make bench-peers`), (6) and on: MLServer and BentoML serving the same model
 with their own batching, as their docs show and with this service's two tricks
 (benchmarks/peers/, each in its own venv under benchmarks/.peers/).
 Load comes from wrk, a separate process, with the same request bodies for every server.
@@ -43,6 +45,13 @@ PROTOCOL_CONCURRENCY = 64
 # The overload row: 8x the clients of the c=64 row, for at least this long.
 OVERLOAD_CONCURRENCY = 512
 OVERLOAD_MIN_SECONDS = 10
+# Each server's row label; (5) is (4) as two processes, one per core (service/workers.py).
+SERVER_NAMES = {
+    "naive": "(2) naive FastAPI",
+    "unbatched": "(3) service, batching off",
+    "batched": "(4) service, batching on",
+    "workers": "(5) service, WORKERS=2",
+}
 
 
 def free_port() -> int:
@@ -406,14 +415,11 @@ def table(result: dict) -> str:
         "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    names = {
-        "naive": "(2) naive FastAPI",
-        "unbatched": "(3) service, batching off",
-        "batched": "(4) service, batching on",
-    }
     for load in result["servers"]["batched"]:
         c, n = load[1:].split("x")
-        for key, label in names.items():
+        for key, label in SERVER_NAMES.items():
+            if key not in result["servers"]:
+                continue
             r = result["servers"][key][load]
             rows.append(
                 f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
@@ -421,11 +427,13 @@ def table(result: dict) -> str:
                 f"{r['errors']} |"
             )
         rows += peer_report.rows_for_load(peers, load)
-    rows += ["", "| load | (3)/(1) | (4)/(1) | (4)/(2) |", "|---|---:|---:|---:|"]
+    rows += ["", "| load | (3)/(1) | (4)/(1) | (5)/(1) | (4)/(2) |", "|---|---:|---:|---:|---:|"]
     for load, ratio in result["ratios"].items():
+        workers = ratio.get("workers_vs_ceiling")
         rows.append(
             f"| {load} | {ratio['unbatched_vs_ceiling']:.2f} | "
-            f"{ratio['batched_vs_ceiling']:.2f} | {ratio['batched_vs_naive']:.1f}x |"
+            f"{ratio['batched_vs_ceiling']:.2f} | "
+            f"{'-' if workers is None else f'{workers:.2f}'} | {ratio['batched_vs_naive']:.1f}x |"
         )
     c1 = result["servers"]["batched"]["c1x1"]["p50_ms"]
     rows.append("")
@@ -433,10 +441,13 @@ def table(result: dict) -> str:
     rows.append(
         f"At c=1, (4) p50 {c1:.2f} ms vs (1) batch-1 p50 {base:.2f} ms: +{c1 - base:.2f} ms"
     )
-    if result.get("protocols"):
-        rows += ["", protocols_table(result["protocols"])]
-    if result.get("overload"):
-        rows += ["", overload_table(result["overload"], result["servers"]["batched"]["c64x1"])]
+    for server in ("batched", "workers"):
+        protocols, overload = extras(result, server)
+        if protocols:
+            rows += ["", protocols_table(protocols, SERVER_NAMES[server])]
+        if overload:
+            c64 = result["servers"][server]["c64x1"]
+            rows += ["", overload_table(overload, c64, SERVER_NAMES[server])]
     memory = result.get("memory")
     if memory:
         rows += [
@@ -454,11 +465,20 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
-def targets(result: dict) -> list[dict]:
-    """The throughput, overload and memory targets, each as measured in this run."""
+def extras(result: dict, server: str) -> tuple[dict, dict]:
+    """A server's rows by protocol and its overload row ((4)'s keep their original keys)."""
+    if server == "batched":
+        return result.get("protocols") or {}, result.get("overload") or {}
+    return (result.get(f"protocols_{server}") or {}), (result.get(f"overload_{server}") or {})
+
+
+def targets(result: dict, server: str = "batched") -> list[dict]:
+    """The throughput, overload and memory targets, each as measured in this run by `server`
+    ((4), the defaults, is the one compared with the peers and measured for memory)."""
     ceiling = result["ceiling"]["images_per_s"]
-    c64 = result["servers"]["batched"]["c64x1"]
-    c1 = result["servers"]["batched"]["c1x1"]["p50_ms"] - result["ceiling"]["batch1_p50_ms"]
+    c64 = result["servers"][server]["c64x1"]
+    c1 = result["servers"][server]["c1x1"]["p50_ms"] - result["ceiling"]["batch1_p50_ms"]
+    protocols, overload = extras(result, server)
     out = [
         {"what": ":predict c=64, JSON: share of the ceiling", "target": ">= 0.5",
          "measured": c64["images_per_s"] / ceiling, "met": c64["images_per_s"] / ceiling >= 0.5},
@@ -467,7 +487,6 @@ def targets(result: dict) -> list[dict]:
         {"what": "c=1: ms over the model's batch-1 p50", "target": "<= 0.5",
          "measured": c1, "met": c1 <= 0.5},
     ]  # fmt: skip
-    protocols = result.get("protocols") or {}
     if "friendly_json" in protocols:
         share = protocols["friendly_json"]["requests_per_s"] / c64["requests_per_s"]
         out.append(
@@ -481,7 +500,6 @@ def targets(result: dict) -> list[dict]:
                 {"what": f"{name} c=64: share of the ceiling", "target": ">= 0.6",
                  "measured": share, "met": share >= 0.6}
             )  # fmt: skip
-    overload = result.get("overload")
     if overload:
         share = overload["ok_per_s"] / c64["requests_per_s"]
         good_p99 = overload["probes"]["ok"]["p99_ms"]
@@ -501,6 +519,9 @@ def targets(result: dict) -> list[dict]:
              "Retry-After, nothing else", "target": "fast", "measured": refused_p99,
              "met": clean and (refused_p99 is None or refused_p99 < good_p99)},
         ]  # fmt: skip
+    if server != "batched":
+        prefix = SERVER_NAMES[server].split(",")[-1].strip()
+        return [{**row, "what": f"{prefix}: {row['what']}"} for row in out]
     memory = result.get("memory")
     if memory:
         out.append(
@@ -537,7 +558,7 @@ def targets_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def overload_table(overload: dict, c64: dict) -> str:
+def overload_table(overload: dict, c64: dict, server: str = "(4) service, batching on") -> str:
     probes = overload["probes"]
 
     def ms(value) -> str:
@@ -545,7 +566,7 @@ def overload_table(overload: dict, c64: dict) -> str:
 
     return "\n".join(
         [
-            f"(4) overloaded: wrk c={overload['concurrency']} on :predict for "
+            f"{server}, overloaded: wrk c={overload['concurrency']} on :predict for "
             f"{overload['seconds']:.0f} s, 1 img/req; latency by status from "
             f"{probes['clients']} probe clients in the same flood:",
             "",
@@ -561,7 +582,7 @@ def overload_table(overload: dict, c64: dict) -> str:
     )
 
 
-def protocols_table(protocols: dict) -> str:
+def protocols_table(protocols: dict, server: str = "(4) service, batching on") -> str:
     names = {
         "v1_json": "TF Serving REST, JSON (wrk)",
         "friendly_json": "friendly /predict, JSON integer pixels (wrk)",
@@ -569,7 +590,7 @@ def protocols_table(protocols: dict) -> str:
         "grpc": "TF Serving gRPC Predict (benchmarks/grpc_load.py)",
     }
     rows = [
-        f"(4) by protocol, c={PROTOCOL_CONCURRENCY}, 1 img/req:",
+        f"{server}, by protocol, c={PROTOCOL_CONCURRENCY}, 1 img/req:",
         "",
         "| protocol | req/s | p50 ms | p99 ms | errors |",
         "|---|---:|---:|---:|---:|",
@@ -591,7 +612,8 @@ def chart(result: dict, path: Path) -> None:
     from benchmarks.peers import report as peer_report
 
     loads = list(result["servers"]["batched"])
-    bars = {name: result["servers"][name] for name in ["naive", "unbatched", "batched"]}
+    bars = {SERVER_NAMES[key]: result["servers"][key] for key in SERVER_NAMES
+            if key in result["servers"]}  # fmt: skip
     peers = result.get("peers") or {}
     labels = peer_report.short_labels(peers)
     bars.update({labels[key]: peer["loads"] for key, peer in peers.items()})
@@ -647,15 +669,15 @@ def main() -> int:
             "MAX_IMAGES": "1024",
             "GRPC_PORT": "0",
         }
-        protocols: dict = {}
-        overload: dict = {}
+        protocols: dict = {"batched": {}, "workers": {}}
+        overload: dict = {"batched": {}, "workers": {}}
 
-        def measure_protocols(port: int, grpc_port: int) -> None:
-            protocols.update(bench_protocols(port, grpc_port, bodies, args.seconds))
+        def measure_protocols(port: int, grpc_port: int, server: str = "batched") -> None:
+            protocols[server].update(bench_protocols(port, grpc_port, bodies, args.seconds))
 
-        def measure_protocols_and_overload(port: int, grpc_port: int) -> None:
-            measure_protocols(port, grpc_port)
-            overload.update(run_overload(port, bodies[1], args.seconds))
+        def measure_protocols_and_overload(port: int, grpc_port: int, server: str) -> None:
+            measure_protocols(port, grpc_port, server)
+            overload[server].update(run_overload(port, bodies[1], args.seconds))
 
         if args.protocols_only:
             port, grpc_port = free_port(), free_port()
@@ -672,7 +694,7 @@ def main() -> int:
                 extra=functools.partial(measure_protocols, grpc_port=grpc_port),
             )
             print()
-            print(protocols_table(protocols))
+            print(protocols_table(protocols["batched"]))
             return 0
         if args.peers:
             from benchmarks.peers import run as peers_run
@@ -687,6 +709,7 @@ def main() -> int:
             ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(version_path)}),
             ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
             ("batched", "(4) this service, batching on", service, {}),
+            ("workers", "(5) this service, WORKERS=2", service, {"WORKERS": "2"}),
         ]
         servers = {}
         for key, title, command, extra_env in runs:
@@ -700,9 +723,11 @@ def main() -> int:
                 "UVICORN_LOG_LEVEL": "warning",
             }
             extra = None
-            if key == "batched":
+            if key in ("batched", "workers"):
                 env["GRPC_PORT"] = str(grpc_port := free_port())
-                extra = functools.partial(measure_protocols_and_overload, grpc_port=grpc_port)
+                extra = functools.partial(
+                    measure_protocols_and_overload, grpc_port=grpc_port, server=key
+                )
             servers[key] = bench_server(
                 title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
             )
@@ -724,6 +749,8 @@ def main() -> int:
             / ceiling["images_per_s"],
             "batched_vs_naive": servers["batched"][load]["images_per_s"]
             / servers["naive"][load]["images_per_s"],
+            "workers_vs_ceiling": servers["workers"][load]["images_per_s"]
+            / ceiling["images_per_s"],
         }
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -737,13 +764,15 @@ def main() -> int:
         "ceiling": ceiling,
         "servers": servers,
         "ratios": ratios,
-        "protocols": protocols,
-        "overload": overload,
+        "protocols": protocols["batched"],
+        "overload": overload["batched"],
+        "protocols_workers": protocols["workers"],
+        "overload_workers": overload["workers"],
         "memory": memory,
     }
     if peers:
         result["peers"] = peers
-    result["targets"] = targets(result)
+    result["targets"] = targets(result) + targets(result, "workers")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, RESULTS / "latest.png")

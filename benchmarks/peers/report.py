@@ -6,19 +6,19 @@ no server, no TensorFlow.
 
 from __future__ import annotations
 
-# The peers' rows follow this service's (2)-(4) in the table: (5), (6), ...
-FIRST_NUMBER = 5
+# The peers' rows follow this service's (2)-(5) in the table: (6), (7), ...
+FIRST_NUMBER = 6
 # The load the issue's targets compare at: c=64, one image per request.
 TARGET_LOAD = "c64x1"
 
 
 def labels(peers: dict) -> dict[str, str]:
-    """key -> "(5) MLServer 1.6.1, adaptive batching ...", numbered in run order."""
+    """key -> "(6) MLServer 1.6.1, adaptive batching ...", numbered in run order."""
     return {key: f"({FIRST_NUMBER + i}) {p['title']}" for i, (key, p) in enumerate(peers.items())}
 
 
 def short_labels(peers: dict) -> dict[str, str]:
-    """key -> a legend-sized label: "(5) MLServer", "(6) MLServer + tricks"."""
+    """key -> a legend-sized label: "(6) MLServer", "(7) MLServer + tricks"."""
     out = {}
     for i, (key, row) in enumerate(peers.items()):
         name = row["title"].split(" ")[0]

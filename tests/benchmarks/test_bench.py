@@ -155,6 +155,26 @@ def test_a_target_missed_is_reported_as_missed(changes, failing):
     assert [what for what, ok in met(rows).items() if not ok] == failing
 
 
+def test_workers_targets_are_their_own_rows_without_memory_or_peers():
+    measured = result(
+        servers__workers={"c1x1": load(500, 3, p50=1.6), "c64x1": load(3000, 40)},
+        protocols_workers={"friendly_json": load(2900, 45)},
+        overload_workers={**result()["overload"], "ok_per_s": 2000.0},
+    )
+    rows = bench.targets(measured, "workers")
+    assert all(row["what"].startswith("WORKERS=2: ") for row in rows)
+    assert not any("memory" in row["what"] or " vs " in row["what"] for row in rows)
+    assert [what for what, ok in met(rows).items() if not ok] == [
+        "WORKERS=2: :predict c=64, JSON: share of the ceiling",  # 3000 of 7000
+        "WORKERS=2: c=512: good answers/s, share of c=64",  # 2000 of 3000
+    ]
+    text = bench.table(
+        {**measured, "ratios": {}, "ceiling": {**measured["ceiling"], "best_batch": 256}}
+    )
+    assert "(5) service, WORKERS=2, by protocol, c=64" in text
+    assert "(5) service, WORKERS=2, overloaded: wrk c=512" in text
+
+
 def test_the_overload_and_memory_lines_in_the_table():
     text = bench.overload_table(result()["overload"], load(3600, 40))
     assert "| 2,900 | 0.81 | 3,000 | 0 | 0 | 90.0 / 150.0 | 0.5 / 20.0 |" in text

@@ -401,12 +401,15 @@ def peer_row(variant: spec.Variant, rps: float, p99: float) -> dict:
 def full_result(peers: dict) -> dict:
     servers = {
         name: {load: load_result(rps, 20.0, n) for load, n in LOADS.items()}
-        for name, rps in (("naive", 200.0), ("unbatched", 900.0), ("batched", 3000.0))
-    }
+        for name, rps in (
+            ("naive", 200.0), ("unbatched", 900.0), ("batched", 3000.0), ("workers", 3600.0)
+        )
+    }  # fmt: skip
     ratios = {
-        load: {"unbatched_vs_ceiling": 0.1, "batched_vs_ceiling": 0.3, "batched_vs_naive": 15.0}
+        load: {"unbatched_vs_ceiling": 0.1, "batched_vs_ceiling": 0.3, "batched_vs_naive": 15.0,
+               "workers_vs_ceiling": 0.36}
         for load in LOADS
-    }
+    }  # fmt: skip
     return {
         "date": "2025-01-01 00:00",
         "machine": {"cores": 2},
@@ -447,22 +450,24 @@ def test_the_peers_rows_join_each_load_of_the_main_table():
             "(2) naive FastAPI",
             "(3) service, batching off",
             "(4) service, batching on",
-            f"(5) {spec.ROWS[0].title}",
-            f"(6) {spec.ROWS[1].title}",
-            f"(7) {spec.ROWS[2].title}",
+            "(5) service, WORKERS=2",
+            f"(6) {spec.ROWS[0].title}",
+            f"(7) {spec.ROWS[1].title}",
+            f"(8) {spec.ROWS[2].title}",
         ], load
-    assert "| c=16, 8 img/req | (7) BentoML 1.4.40" in text and "| 750 | 6,000 |" in text
+    assert "| c=16, 8 img/req | (8) BentoML 1.4.40" in text and "| 750 | 6,000 |" in text
+    assert "| c64x1 | 0.10 | 0.30 | 0.36 | 15.0x |" in text
 
 
 def test_the_table_compares_the_service_with_each_peer_at_c64():
     text = bench.table(full_result(sample_peers()))
     assert "(4) against the peers at c=64, 1 img/req" in text
     # 3000 req/s and p99 20 ms against 1000 req/s, 80 ms: 3.0x and a quarter.
-    assert f"| (5) {spec.ROWS[0].title} | 1,000 | 3.0x | 0.25 |" in text
-    assert f"| (7) {spec.ROWS[2].title} | 750 | 4.0x | 0.10 |" in text
+    assert f"| (6) {spec.ROWS[0].title} | 1,000 | 3.0x | 0.25 |" in text
+    assert f"| (8) {spec.ROWS[2].title} | 750 | 4.0x | 0.10 |" in text
     # The failed peer says why, in the settings list, and has no rows.
-    assert "(8) BentoML" in text and "FAILED" in text and "ImportError" in text
-    assert "| (8)" not in text
+    assert "(9) BentoML" in text and "FAILED" in text and "ImportError" in text
+    assert "| (9)" not in text
 
 
 def test_settings_list_says_versions_startup_and_the_check():
@@ -475,7 +480,7 @@ def test_a_result_without_peers_reads_as_before():
     result = full_result({})
     del result["peers"]
     text = bench.table(result)
-    assert "(5)" not in text and "against the peers" not in text
+    assert "(6)" not in text and "against the peers" not in text
 
 
 def test_the_chart_has_a_bar_per_peer(tmp_path):
@@ -485,10 +490,10 @@ def test_the_chart_has_a_bar_per_peer(tmp_path):
     assert path.stat().st_size > 10_000
     labels = report.short_labels(sample_peers())
     assert list(labels.values()) == [
-        "(5) MLServer",
-        "(6) MLServer + tricks",
-        "(7) BentoML",
-        "(8) BentoML + tricks",
+        "(6) MLServer",
+        "(7) MLServer + tricks",
+        "(8) BentoML",
+        "(9) BentoML + tricks",
     ]
 
 
