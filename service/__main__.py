@@ -126,7 +126,13 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )
-    server = DrainingServer(config, settings.drain_seconds, app.state.dataplane.start_draining)
+    grpc_server = app.state.grpc_server
+    server = DrainingServer(
+        config,
+        settings.drain_seconds,
+        app.state.dataplane.start_draining,
+        on_shutdown=grpc_server.begin_stop if grpc_server is not None else None,
+    )
 
     def stop_at_start(problem: str) -> None:
         app.state.startup_error = problem

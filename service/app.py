@@ -102,6 +102,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
             settings.grpc_max_message_bytes,
             tokens,
             share_port=settings.workers > 1,
+            grace=settings.shutdown_timeout_seconds,
         )
 
     @contextlib.asynccontextmanager

@@ -278,12 +278,20 @@ class DrainingServer(uvicorn.Server):
         config: uvicorn's configuration.
         drain_seconds: how long the listener stays open after SIGTERM.
         on_drain: called at once on SIGTERM (the app turns /readyz 503).
+        on_shutdown: called when the listener closes, after the drain (gRPC stops with HTTP).
     """
 
-    def __init__(self, config: uvicorn.Config, drain_seconds: float, on_drain: Callable[[], None]):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain_seconds: float,
+        on_drain: Callable[[], None],
+        on_shutdown: Callable[[], None] | None = None,
+    ):
         super().__init__(config)
         self.drain_seconds = drain_seconds
         self.on_drain = on_drain
+        self.on_shutdown = on_shutdown
         self._drain_until: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
@@ -308,6 +316,11 @@ class DrainingServer(uvicorn.Server):
             cycle = connection.cycle
             if cycle is not None and not cycle.response_complete:
                 cycle.keep_alive = False
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
     async def on_tick(self, counter: int) -> bool:
         if self._drain_until is not None and time.monotonic() >= self._drain_until:

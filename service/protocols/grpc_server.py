@@ -55,8 +55,8 @@ log = logging.getLogger("service.grpc")
 METADATA_FIELD = "signature_def"
 # TF Serving cuts longer messages (model_servers/grpc_status_util.cc).
 MESSAGE_LIMIT = 1024
-# As uvicorn's: in-flight calls may finish when the service stops.
-SHUTDOWN_GRACE_SECONDS = 30.0
+# In-flight calls may finish when the service stops (SHUTDOWN_TIMEOUT_SECONDS, as HTTP's).
+SHUTDOWN_GRACE_SECONDS = 20.0
 # A client whose deadline passes cancels the call before the server's copy of the deadline
 # (set when the call arrived, so later by the request's transit time) passes too.
 DEADLINE_SLACK_SECONDS = 0.1
@@ -378,6 +378,8 @@ class GRPCServer:
         max_message_bytes: largest message received or sent (GRPC_MAX_MESSAGE_BYTES).
         tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
         share_port: listen beside the other workers on the same port (SO_REUSEPORT).
+        grace: how long in-flight calls may take to finish once it stops
+            (SHUTDOWN_TIMEOUT_SECONDS).
     """
 
     def __init__(
@@ -388,8 +390,11 @@ class GRPCServer:
         max_message_bytes: int,
         tokens: dict[bytes, frozenset[str]] | None = None,
         share_port: bool = False,
+        grace: float = SHUTDOWN_GRACE_SECONDS,
     ):
         self.dataplane = dataplane
+        self.grace = grace
+        self._stopping: asyncio.Future | None = None
         self.tokens = tokens
         self.share_port = share_port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -426,8 +431,16 @@ class GRPCServer:
         self._server = server
         log.info("TensorFlow Serving's gRPC API on %s", self.address)
 
-    async def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+    def begin_stop(self) -> None:
+        """Refuse new calls from now on; those in flight get `grace` seconds to finish. Called
+        when HTTP's shutdown begins, so both protocols' in-flight work ends within the same
+        SHUTDOWN_TIMEOUT_SECONDS, not one after the other."""
+        if self._server is not None and self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(self.grace))
+
+    async def stop(self) -> None:
         """Refuse new calls, let those in flight finish (up to `grace` seconds), close."""
-        if self._server is not None:
-            await self._server.stop(grace)
+        self.begin_stop()
+        if self._stopping is not None:
+            await self._stopping
             self._server = None

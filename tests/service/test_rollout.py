@@ -9,11 +9,13 @@ import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from service_harness import (
     MODEL_NAME,
     add_version,
     copy_repository,
+    free_port,
     run_service,
     start_server,
     wait_for,
@@ -138,6 +140,43 @@ def test_no_request_fails_across_a_version_swap_a_label_move_and_a_policy_change
     assert len(outcomes) >= 300, len(outcomes)
     failures = [o for o in outcomes if not o.startswith("2")]
     assert failures == [], f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+
+
+def test_grpc_model_spec_labels_resolve_through_the_model_config(servers, repository):
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from test_protocols import predict_request  # TF Serving's request, as the protocol tests
+
+    grpc_port = free_port()
+    server, path = serve_config(
+        servers,
+        repository,
+        config_text("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2}),
+        GRPC_PORT=str(grpc_port),
+    )
+    pixels = np.zeros((1, 28, 28), np.float32)
+
+    def predict(**spec) -> predict_pb2.PredictResponse:
+        return stub.Predict(predict_request(pixels, **spec), timeout=30)
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert predict(version_label="canary").model_spec.version.value == 2
+        assert predict(version_label="stable").model_spec.version.value == 1
+        assert predict().model_spec.version.value == 1  # no version, no label: stable
+        # The label moves in the config: gRPC follows it, as HTTP does.
+        write_config(
+            path, config_text("specific { versions: 1 versions: 2 }", {"stable": 2, "canary": 2})
+        )
+        wait_for(
+            lambda: predict(version_label="stable").model_spec.version.value == 2,
+            "stable to move to 2",
+            server,
+        )
+        with pytest.raises(grpc.RpcError) as unknown:
+            predict(version_label="nightly")
+        assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Unrecognized servable version label: nightly" in unknown.value.details()
 
 
 def test_a_bad_config_reload_is_refused_whole_and_the_previous_one_keeps_serving(
