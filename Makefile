@@ -86,7 +86,7 @@ train: setup
 # serving; exit code 3 when it is not blessed. FEEDBACK_DIR adds the service's feedback;
 # RETRAIN_ARGS adds options, e.g. RETRAIN_ARGS="--extra-data new-images/ --epochs 1".
 .PHONY: retrain
-retrain: setup
+retrain: venv data
 	$(PY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 

@@ -7,6 +7,11 @@ the next retrain takes it over (and says so). The file is emptied, not deleted, 
 deleting a locked file lets a third process lock a new file of the same name while a second
 still waits on the old one.
 
+Retrains with different run folders may still publish into the same repository, so the
+repository's model folder is locked too (`hold_directory`): a flock on the folder itself,
+which writes nothing there (a retrain that is not blessed changes nothing in the repository,
+not even a lock file).
+
 No TensorFlow here (the fast tier tests it).
 """
 
@@ -56,6 +61,57 @@ def describe(holder: dict | None) -> str:
     return text
 
 
+def _flock(fd: int, wait_seconds: float, refusal, waiting_note, note) -> None:
+    """An exclusive flock on fd, waiting up to wait_seconds (polling, saying so once).
+
+    Args:
+        refusal: () -> the message of the LockHeld raised when the wait runs out.
+        waiting_note: () -> the line noted when the wait begins.
+    """
+    deadline = time.monotonic() + wait_seconds
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                waited = f" (waited {wait_seconds:g} s)" if wait_seconds else ""
+                raise LockHeld(refusal() + waited) from None
+            if not waiting:
+                note(waiting_note())
+                waiting = True
+            time.sleep(POLL_SECONDS)
+
+
+@contextlib.contextmanager
+def hold_directory(path: str | Path, wait_seconds: float = 0.0, note=print) -> Iterator[Path]:
+    """An exclusive flock on a folder (its nearest existing one when it does not exist yet)
+    for the block; nothing is written in it. Yields the folder locked.
+
+    Raises:
+        LockHeld: another process holds it after wait_seconds.
+    """
+    folder = Path(path).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _flock(
+            fd,
+            wait_seconds,
+            lambda: (
+                f"another retrain is publishing into {folder} (from another --model-dir, "
+                "whose retrain.lock names it): try again later"
+            ),
+            lambda: f"Waiting up to {wait_seconds:g} s for another retrain on {folder}",
+            note,
+        )
+        yield folder
+    finally:
+        os.close(fd)  # drops the flock
+
+
 @contextlib.contextmanager
 def hold(path: str | Path, wait_seconds: float = 0.0, note=print) -> Iterator[dict]:
     """Hold the lock file at path for the block; yields what it records about this process.
@@ -70,24 +126,16 @@ def hold(path: str | Path, wait_seconds: float = 0.0, note=print) -> Iterator[di
     path = Path(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + wait_seconds
-        waiting = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = _holder(fd)
-                if time.monotonic() >= deadline:
-                    raise LockHeld(
-                        f"another retrain holds {path}: {describe(holder)}; it publishes "
-                        "when it is done: try again later"
-                        + (f" (waited {wait_seconds:g} s)" if wait_seconds else "")
-                    ) from None
-                if not waiting:
-                    note(f"Waiting up to {wait_seconds:g} s for {describe(holder)} ({path})")
-                    waiting = True
-                time.sleep(POLL_SECONDS)
+        _flock(
+            fd,
+            wait_seconds,
+            lambda: (
+                f"another retrain holds {path}: {describe(_holder(fd))}; it publishes "
+                "when it is done: try again later"
+            ),
+            lambda: f"Waiting up to {wait_seconds:g} s for {describe(_holder(fd))} ({path})",
+            note,
+        )
         stale = _holder(fd)
         if stale is not None:
             note(f"Taking over a stale lock {path} of {describe(stale)}, which is gone")

@@ -215,7 +215,10 @@ def cmd_retrain(args) -> int:
     except OSError as err:
         raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
     try:
-        with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock):
+        with (
+            lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock),
+            lock.hold_directory(args.export_dir, args.wait_for_lock),
+        ):
             return _retrain(args, thresholds, hooks, model_dir)
     except lock.LockHeld as err:
         print(f"error: {err}", file=sys.stderr)

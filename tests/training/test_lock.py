@@ -112,3 +112,27 @@ def test_a_stale_lock_of_a_killed_holder_is_taken_over(tmp_path):
     assert len(notes) == 1
     assert notes[0].startswith(f"Taking over a stale lock {path} of pid {first.pid}")
     assert notes[0].endswith("which is gone")
+
+
+def test_a_folder_is_locked_without_writing_in_it(tmp_path):
+    repository = tmp_path / "models" / "fashion_mnist"
+    repository.mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    with lock.hold_directory(repository) as held:
+        assert held == repository
+        refused = pytest.raises(
+            lock.LockHeld, match=f"another retrain is publishing into {repository}"
+        )
+        with refused, lock.hold_directory(repository):
+            pass
+    with lock.hold_directory(repository):  # released
+        pass
+    assert sorted(tmp_path.rglob("*")) == before  # not a file written
+
+
+def test_a_folder_not_made_yet_locks_its_nearest_parent(tmp_path):
+    with lock.hold_directory(tmp_path / "models" / "new_model") as held:
+        assert held == tmp_path
+        with pytest.raises(lock.LockHeld), lock.hold_directory(tmp_path / "models"):
+            pass
+    assert not (tmp_path / "models").exists()

@@ -393,3 +393,19 @@ def test_the_kubernetes_cronjob_command_runs_on_the_shipped_model_config(
     assert entry.policy.describe() == "latest 2"
     assert config.read_text().startswith(shipped.split("\n", 1)[0])  # its comments are kept
     assert list((models / "runs" / "fashion_mnist").glob("retrain-*/model.ckpt-60.index"))
+
+
+def test_a_retrain_into_a_repository_another_retrain_publishes_into_waits_its_turn(
+    repository, small_data_dir, tmp_path, capsys
+):
+    """Different run folders, the same repository: the second is refused (exit 75) before it
+    trains, and nothing is written under the repository."""
+    before = tree(repository)
+    with lock.hold_directory(repository / MODEL_NAME):  # as the first retrain holds it
+        code = call_main(*retrain_argv(small_data_dir, repository, tmp_path / "other-runs"))
+    assert code == lock_exit_code()
+    assert_one_error_line(
+        capsys.readouterr().err, f"another retrain is publishing into {repository / MODEL_NAME}"
+    )
+    assert tree(repository) == before
+    assert run_dirs(tmp_path / "other-runs") == []
