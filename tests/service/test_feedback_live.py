@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
-import signal
 import threading
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -218,7 +217,7 @@ def test_killing_the_service_mid_write_loses_no_acknowledged_feedback(
     # The next service to start recovers what the dead one left open, then closes its own.
     restarted = start_server(tmp_path / "second.log", **settings)
     servers.append(restarted)
-    assert restarted.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    assert restarted.stop() == 0, restarted.log()  # drained and closed: exit 0
     shards = read_closed_shards(store)
     stored = ids_of(shards)
     assert len(stored) == len(set(stored))  # nothing twice

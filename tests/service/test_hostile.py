@@ -580,3 +580,42 @@ def test_tls_settings_go_together(tmp_path):
     cert, _ = self_signed(tmp_path)
     with pytest.raises(ValueError, match="TLS_CERT_FILE and TLS_KEY_FILE go together"):
         Settings(tls_cert_file=str(cert))
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(guarded):
+    host, port = guarded.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert b"connection: close" not in answer.lower()  # kept alive...
+        while sock.recv(65536):  # ...until KEEPALIVE_TIMEOUT_SECONDS (1 s here) of silence
+            pass
+        # EOF: the server closed it (a recv that timed out would have raised).
+
+
+def test_connections_past_max_connections_get_503_and_the_rest_are_served():
+    app = create_app(Settings(), FakeBackend())
+    with threaded_server(app, http=guarded_protocol(16 * 1024, 10.0), limit_concurrency=2) as (
+        url,
+        _,
+    ):
+        host, port = url.split("//")[1].split(":")
+        held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+        try:
+            # Two connections open (MAX_CONNECTIONS=2): a third is answered 503 at once.
+            answer = raw_exchange(
+                url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", one_response=True
+            )
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(
+            lambda: raw_exchange(url, b"GET /healthz HTTP/1.0\r\n\r\n").startswith(
+                b"HTTP/1.1 200 "
+            ),
+            "a connection to be served once the others left",
+        )
