@@ -126,9 +126,18 @@ class EarlyRefusal:
         return False
 
 
+class _NoWaiter:
+    """The message event of a request no app reads: uvicorn sets it when the connection goes."""
+
+    def set(self) -> None:
+        pass
+
+
 # The cycle of a request the protocol answered itself: finished, so uvicorn drops the rest of
 # its body as it comes and treats the connection as idle.
-_ANSWERED = types.SimpleNamespace(response_complete=True, keep_alive=True, disconnected=False)
+_ANSWERED = types.SimpleNamespace(
+    response_complete=True, keep_alive=True, disconnected=False, message_event=_NoWaiter()
+)
 
 # How long a connection with no request yet stays open once the server shuts down.
 FRESH_CONNECTION_GRACE = 1.0

@@ -488,6 +488,21 @@ def test_a_full_queue_is_answered_by_the_protocol_and_the_connection_lives_on(re
     assert b'http_request_duration_seconds_count{route="/v1/models/{name}:predict"}' not in metrics
 
 
+def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog):
+    app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    caplog.set_level(logging.ERROR)
+    with threaded_server(app, http=protocol) as (url, server):
+        body = orjson.dumps({"instances": ZEROS})
+        request = (
+            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        for _ in range(3):  # kept alive, then the client closes it
+            assert raw_exchange(url, request, one_response=True).startswith(b"HTTP/1.1 503 ")
+        wait_until(lambda: not server.server_state.connections, "the connections to close")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 @pytest.mark.parametrize(
     "request_line, headers",
     [
