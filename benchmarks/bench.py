@@ -481,24 +481,28 @@ def targets(result: dict, server: str = "batched") -> list[dict]:
     protocols, overload = extras(result, server)
     out = [
         {"what": ":predict c=64, JSON: share of the ceiling", "target": ">= 0.5",
-         "measured": c64["images_per_s"] / ceiling, "met": c64["images_per_s"] / ceiling >= 0.5},
+         "measured": c64["images_per_s"] / ceiling,
+         "met": c64["images_per_s"] / ceiling >= 0.5 and c64["errors"] == 0},
         {"what": ":predict c=64: p99 ms", "target": "< 50",
          "measured": c64["p99_ms"], "met": c64["p99_ms"] < 50 and c64["errors"] == 0},
         {"what": "c=1: ms over the model's batch-1 p50", "target": "<= 0.5",
          "measured": c1, "met": c1 <= 0.5},
     ]  # fmt: skip
     if "friendly_json" in protocols:
-        share = protocols["friendly_json"]["requests_per_s"] / c64["requests_per_s"]
+        # Against :predict measured right beside it, when it was.
+        beside = protocols.get("v1_json", c64)
+        friendly = protocols["friendly_json"]
+        share = friendly["requests_per_s"] / beside["requests_per_s"]
         out.append(
             {"what": "/predict JSON pixels c=64: share of :predict", "target": ">= 0.8",
-             "measured": share, "met": share >= 0.8}
+             "measured": share, "met": share >= 0.8 and friendly["errors"] == 0}
         )  # fmt: skip
     for key, name in (("v2_binary", "V2 binary"), ("grpc", "gRPC Predict")):
         if key in protocols:
             share = protocols[key]["requests_per_s"] / ceiling
             out.append(
                 {"what": f"{name} c=64: share of the ceiling", "target": ">= 0.6",
-                 "measured": share, "met": share >= 0.6}
+                 "measured": share, "met": share >= 0.6 and protocols[key]["errors"] == 0}
             )  # fmt: skip
     if overload:
         share = overload["ok_per_s"] / c64["requests_per_s"]
@@ -550,7 +554,7 @@ def targets_table(rows: list[dict]) -> str:
             return ", ".join(shown(v) for v in value)
         return f"{value:.2f}" if abs(value) < 10 else f"{value:,.0f}"
 
-    out = ["Targets (issue 16 and the overload row of issue 12), this run:", "",
+    out = ["Targets (throughput, overload, memory, peers), as measured in this run:", "",
            "| what | target | measured | met |", "|---|---|---:|---|"]  # fmt: skip
     for row in rows:
         met = "yes" if row["met"] else "**no**"

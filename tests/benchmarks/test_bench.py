@@ -143,6 +143,9 @@ def test_every_target_is_met_by_a_result_that_meets_them():
          [":predict c=64, JSON: share of the ceiling", "c=1: ms over the model's batch-1 p50"]),
         ({"protocols__friendly_json": load(2800, 45)},
          ["/predict JSON pixels c=64: share of :predict"]),
+        ({"protocols__grpc": {**load(4300, 30), "errors": 3}}, ["gRPC Predict c=64: share of the ceiling"]),
+        ({"protocols__v1_json": load(4000, 30)},
+         ["/predict JSON pixels c=64: share of :predict"]),  # 2900 of the 4000 beside it
         ({"overload__ok_per_s": 2800.0}, ["c=512: good answers/s, share of c=64"]),
         ({"overload__refused_without_retry_after": 1},
          ["c=512: p99 ms of the 503s (probes), all with Retry-After, nothing else"]),
