@@ -291,6 +291,36 @@ def test_a_drawn_stroke_is_classified(browser, server):
     assert page_errors(browser) == []
 
 
+DISPATCH_FILES = """
+const [kind, name, b64] = arguments;
+const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+const files = new DataTransfer();
+files.items.add(new File([bytes], name, {type: 'image/png'}));
+if (kind === 'drop') {
+  document.getElementById('dropzone').dispatchEvent(
+    new DragEvent('drop', {dataTransfer: files, bubbles: true, cancelable: true}));
+} else {
+  document.body.dispatchEvent(
+    new ClipboardEvent('paste', {clipboardData: files, bubbles: true, cancelable: true}));
+}
+"""
+
+
+@pytest.mark.parametrize("kind", ["drop", "paste"])
+def test_a_dropped_or_pasted_image_is_classified(browser, server, test_images, kind):
+    """The drop zone's and the clipboard's handlers, fed a real DataTransfer of a PNG file."""
+    path, expected = test_images[0]
+    open_page(browser, server)
+    payload = base64.b64encode(path.read_bytes()).decode()
+    browser.execute_script(DISPATCH_FILES, kind, path.name, payload)
+    wait(browser, lambda d: len(cards(d)) == 1, f"the {kind}ped image's result card")
+    (card,) = cards(browser)
+    assert card.find_element(By.CLASS_NAME, "card-title").text == path.name
+    assert card.find_element(By.CLASS_NAME, "predicted-label").text == expected["label"]
+    np.testing.assert_array_equal(model_input(browser, card), expected["pixels"])
+    assert page_errors(browser) == []
+
+
 def test_a_text_file_is_refused_in_words(browser, server, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("This is not an image.\n")
@@ -434,4 +464,45 @@ def test_a_service_that_is_not_ready_says_so(browser, unready_server, test_image
     )
     assert cards(browser) == []
     screenshot(browser, "not-ready-desktop")
+    assert page_errors(browser) == []
+
+
+@pytest.fixture
+def labeled_server(repository, tmp_path) -> Iterator[Server]:
+    """The same repository served through TF Serving's model config, with labels."""
+    config = tmp_path / "models.config"
+    config.write_text(
+        "model_config_list {\n  config {\n"
+        f'    name: "fashion_mnist"\n    base_path: "{repository}"\n'
+        '    model_platform: "tensorflow"\n'
+        "    model_version_policy { specific { versions: 1 versions: 2 } }\n"
+        '    version_labels { key: "stable" value: 1 }\n'
+        '    version_labels { key: "canary" value: 2 }\n'
+        "  }\n}\n"
+    )
+    srv = start_server(tmp_path / "server.log", MODEL_CONFIG_FILE=str(config))
+    yield srv
+    srv.stop()
+
+
+def test_the_versions_table_shows_labels_when_the_config_has_them(browser, labeled_server):
+    open_page(browser, labeled_server)
+    wait(
+        browser,
+        lambda d: (
+            "Labels" in [th.text for th in d.find_elements(By.CSS_SELECTOR, "#versions thead th")]
+        ),
+        "the Labels column",
+    )
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#versions thead th")]
+    column = {name: i - 1 for i, name in enumerate(headers)}  # the version is a row header
+    rows = {
+        row.get_attribute("data-version"): row.find_elements(By.TAG_NAME, "td")
+        for row in browser.find_elements(By.CSS_SELECTOR, "#versions tbody tr")
+    }
+    assert rows["1"][column["Labels"]].text == "stable"
+    assert rows["2"][column["Labels"]].text == "canary"
+    # `stable` answers requests that name no version.
+    assert rows["1"][column["State"]].text == "AVAILABLE (serving)"
+    assert rows["2"][column["State"]].text == "AVAILABLE"
     assert page_errors(browser) == []
