@@ -334,3 +334,29 @@ def test_the_same_config_gives_the_same_statuses_in_process_and_through_tf_servi
             )
     finally:
         standin.stop()
+
+
+def test_two_models_from_one_config_are_served_side_by_side(servers, repository):
+    """TF Serving's several models in one process: each its own versions, status and metrics."""
+    shutil.copytree(repository / MODEL_NAME, repository / "second")
+    shutil.rmtree(repository / "second" / "2")
+    text = config_text("all {}").replace(
+        "}\n}\n",
+        '}\n  config {\n    name: "second"\n    base_path: "second"\n'
+        '    model_platform: "tensorflow"\n  }\n}\n',
+    )
+    server, _ = serve_config(servers, repository, text)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert versions_of(client) == {"2": "AVAILABLE", "1": "AVAILABLE"}
+        second = client.get("/v1/models/second").json()["model_version_status"]
+        assert [(s["version"], s["state"]) for s in second] == [("1", "AVAILABLE")]
+        assert answered_by(client) == "2"
+        assert answered_by(client, "/v1/models/second:predict") == "1"
+        assert answered_by(client, "/v1/models/second/versions/1:predict") == "1"
+        missing = client.post("/v1/models/second/versions/2:predict", json={"instances": ZEROS})
+        assert missing.status_code == 404
+        assert "Specific(second, 2)" in missing.json()["error"]
+        assert client.get("/readyz").json()["status"] == "ready"
+        metrics = client.get("/metrics").text
+        for name in (MODEL_NAME, "second"):
+            assert f'model="{name}"' in metrics, name
