@@ -2,7 +2,7 @@
 5xx and no status or content type the OpenAPI schema does not list.
 
 Bounded and repeatable: a fixed number of examples per operation, derandomized (the same
-requests every run), each operation its own test.
+requests every run); every operation runs in one test, which lists each failing operation.
 """
 
 from __future__ import annotations
