@@ -70,13 +70,14 @@ browser:
 	    echo "Chromium is missing, so the browser tests will be skipped: run 'sudo apt-get install chromium chromium-driver'"; \
 	  fi; }
 
-# wrk: the benchmark's load generator; tests/benchmarks run its script against a stand-in.
+# The benchmark's load generators: wrk (HTTP/1.1) and h2load (nghttp2-client: HTTP/2, for
+# gRPC); tests/benchmarks run both against stand-ins.
 tools:
-	@command -v wrk >/dev/null || { \
+	@{ command -v wrk && command -v h2load; } >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nghttp2-client >/dev/null; \
 	  else \
-	    echo "wrk is missing, so its script's test will be skipped: run 'sudo apt-get install wrk'"; \
+	    echo "wrk or h2load is missing, so their tests will be skipped: run 'sudo apt-get install wrk nghttp2-client'"; \
 	  fi; }
 
 train: setup

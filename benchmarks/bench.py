@@ -6,8 +6,9 @@
 (4) this service with dynamic batching on (the defaults);
 (5) the same with WORKERS=2: two processes sharing the ports, one per core;
 and (4) and (5) again at c=64 over their other protocols: the Open Inference Protocol with
-binary tensors (wrk) and TF Serving's gRPC Predict (benchmarks/grpc_load.py, a small asyncio
-client), and overloaded (c=512, with probe clients timing answers by status).
+binary tensors (wrk) and TF Serving's gRPC Predict (h2load, nghttp2's HTTP/2 load generator,
+posting a framed PredictRequest on one connection), and overloaded (c=512, with probe clients
+timing answers by status).
 With `--peers` (`make bench-peers`), (6) and on: MLServer and BentoML serving the same model
 with their own batching, as their docs show and with this service's two tricks
 (benchmarks/peers/, each in its own venv under benchmarks/.peers/).
@@ -113,8 +114,8 @@ def request_bodies(workdir: Path) -> dict[int | str, Path]:
 
 
 def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
-    """One real test image as a V2 binary request (and its JSON's length) and as a .npy for
-    the gRPC client."""
+    """One real test image as a V2 binary request (and its JSON's length) and as a gRPC
+    PredictRequest message (the 5-byte length prefix and the proto, as gRPC frames it)."""
     from artifact.contract import normalize_pixels
     from training.data import DEFAULT_DATA_DIR, load_split
 
@@ -136,9 +137,16 @@ def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
     ).encode()
     v2 = workdir / "body-v2-binary.bin"
     v2.write_bytes(header + blob)
-    npy = workdir / "images-1.npy"
-    np.save(npy, image)
-    return {"v2_binary": v2, "v2_header_length": len(header), "grpc_images": npy}
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "fashion_mnist"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+    message = request.SerializeToString()
+    grpc_body = workdir / "body-grpc.bin"
+    grpc_body.write_bytes(b"\x00" + len(message).to_bytes(4, "big") + message)
+    return {"v2_binary": v2, "v2_header_length": len(header), "grpc": grpc_body}
 
 
 def measure_ceiling(version_path: Path) -> dict:
@@ -269,11 +277,59 @@ def run_wrk(
     return result
 
 
-def run_grpc_load(address: str, images: Path, concurrency: int, seconds: int) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.grpc_load", "--address", address]
-    cmd += ["--images", str(images), "-c", str(concurrency), "-d", str(seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def grpc_codes(port: int) -> dict[str, float]:
+    """The service's own count of Predict calls by gRPC status code (/metrics)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    codes: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "grpc_requests_total" and sample.labels["method"] == "Predict":
+                codes[sample.labels["code"]] = sample.value
+    return codes
+
+
+def run_grpc_h2load(port: int, grpc_port: int, body: Path, concurrency: int, seconds: int) -> dict:
+    """h2load posting a framed PredictRequest on one HTTP/2 connection with `concurrency`
+    streams (as one TF Serving client channel does): req/s, p50/p99 ms from its per-request
+    log, errors. gRPC answers a failed call with HTTP 200 and a status in the trailers, which
+    h2load does not read, so failures are counted from the service's own metrics: every code
+    but OK and CANCELLED (the calls h2load drops when its time is up)."""
+    url = f"http://127.0.0.1:{grpc_port}/tensorflow.serving.PredictionService/Predict"
+    headers = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+
+    def h2load(duration: int, log: Path | None = None) -> str:
+        cmd = ["h2load", "-D", str(duration), "-c", "1", "-m", str(concurrency), "-d", str(body)]
+        cmd += [*headers, *([f"--log-file={log}"] if log else []), url]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    h2load(1)  # warm up
+    before = grpc_codes(port)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "requests.log"
+        out = h2load(seconds, log)
+        # Per request: start (µs since the epoch), HTTP status, elapsed µs.
+        rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
+    after = grpc_codes(port)
+    elapsed_ms = np.array([int(row[2]) / 1000 for row in rows if row[1] == "200"])
+    counts = re.search(
+        r"requests: .* (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out
+    )
+    failed = sum(int(n) for n in counts.groups()[1:]) if counts else 0
+    non2xx = sum(1 for row in rows if row[1] != "200")
+    grpc_errors = sum(
+        after.get(code, 0) - before.get(code, 0)
+        for code in after
+        if code not in ("OK", "CANCELLED")
+    )
+    return {
+        "requests_per_s": float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out).group(1)),
+        "p50_ms": float(np.percentile(elapsed_ms, 50)) if len(elapsed_ms) else float("nan"),
+        "p99_ms": float(np.percentile(elapsed_ms, 99)) if len(elapsed_ms) else float("nan"),
+        "errors": failed + non2xx + int(grpc_errors),
+    }
 
 
 def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> dict:
@@ -285,7 +341,7 @@ def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> di
         "v2_binary": run_wrk(
             port, bodies["v2_binary"], c, seconds, V2_PATH, bodies["v2_header_length"]
         ),
-        "grpc": run_grpc_load(f"127.0.0.1:{grpc_port}", bodies["grpc_images"], c, seconds),
+        "grpc": run_grpc_h2load(port, grpc_port, bodies["grpc"], c, seconds),
     }
     for key, r in results.items():
         print(
@@ -591,7 +647,7 @@ def protocols_table(protocols: dict, server: str = "(4) service, batching on") -
         "v1_json": "TF Serving REST, JSON (wrk)",
         "friendly_json": "friendly /predict, JSON integer pixels (wrk)",
         "v2_binary": "Open Inference Protocol, binary tensors (wrk)",
-        "grpc": "TF Serving gRPC Predict (benchmarks/grpc_load.py)",
+        "grpc": "TF Serving gRPC Predict (h2load, one connection)",
     }
     rows = [
         f"{server}, by protocol, c={PROTOCOL_CONCURRENCY}, 1 img/req:",
@@ -654,9 +710,12 @@ def main() -> int:
         help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
     )
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
-        return 2
+    for tool, package in (("wrk", "wrk"), ("h2load", "nghttp2-client")):
+        if shutil.which(tool) is None:
+            print(
+                f"error: {tool} is not installed (apt-get install {package}; `make bench` does it)"
+            )
+            return 2
     from artifact.quiet import quiet_tensorflow
 
     quiet_tensorflow()

@@ -183,3 +183,44 @@ def test_the_overload_and_memory_lines_in_the_table():
     assert "| 2,900 | 0.81 | 3,000 | 0 | 0 | 90.0 / 150.0 | 0.5 / 20.0 |" in text
     table = bench.targets_table(bench.targets(result(overload__ok_per_s=2800.0)))
     assert "| c=512: good answers/s, share of c=64 | >= 0.8 | 0.78 | **no** |" in table
+
+
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load is not installed: make tools")
+@pytest.mark.parametrize("fail_every", [0, 4], ids=["all-ok", "every-fourth-fails"])
+def test_the_grpc_row_counts_calls_and_failures(tmp_path, monkeypatch, fail_every):
+    """h2load against a real gRPC server: its rate and latencies read, and the calls that
+    fail (HTTP 200 with a gRPC status in the trailers) counted from the server's codes."""
+    import collections
+    from concurrent import futures
+
+    import grpc
+
+    codes: collections.Counter = collections.Counter()
+    calls = itertools.count(1)
+
+    def predict(request: bytes, context) -> bytes:
+        if fail_every and next(calls) % fail_every == 0:
+            codes["INVALID_ARGUMENT"] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no")
+        codes["OK"] += 1
+        return b"\x08\x01"
+
+    handler = grpc.method_handlers_generic_handler(
+        "tensorflow.serving.PredictionService",
+        {"Predict": grpc.unary_unary_rpc_method_handler(predict)},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[handler])
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setattr(bench, "grpc_codes", lambda port: dict(codes))
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"\x00\x00\x00\x00\x02\x08\x01")
+    try:
+        result = bench.run_grpc_h2load(0, grpc_port, body, concurrency=4, seconds=1)
+    finally:
+        server.stop(0)
+    assert result["requests_per_s"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
+    if fail_every:
+        assert result["errors"] > 0
+    else:
+        assert result["errors"] == 0
