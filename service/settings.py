@@ -92,10 +92,10 @@ class Settings(BaseSettings):
         "(0 = run what is queued at once, TF Serving's advice on CPU).",
     )
     batch_max_queue: int = Field(
-        128,
+        64,
         ge=1,
         description="Dynamic batching: most requests waiting (per worker); beyond it, 503 at "
-        "once. 128 keeps the wait under overload to about two batch times.",
+        "once. 64 (one full batch) keeps the wait of the requests served under overload short.",
     )
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
