@@ -634,3 +634,47 @@ def test_connections_past_max_connections_get_503_and_the_rest_are_served():
             ),
             "a connection to be served once the others left",
         )
+
+
+def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypatch):
+    """A real disconnect (the socket closed while the first of five uploads decodes): the
+    service notices, and the four files left are never decoded."""
+    decoded: list[str] = []
+    seen: dict[str, threading.Event] = {}
+    first_started, finished = threading.Event(), threading.Event()
+    original_files, original_pixels = codec.decode_image_files, codec.image_file_pixels
+
+    def decode_image_files(files, invert, budget, cancelled=None):
+        seen["cancelled"] = cancelled
+        try:
+            return original_files(files, invert, budget, cancelled)
+        finally:
+            finished.set()
+
+    def image_file_pixels(data, where, invert):
+        decoded.append(where)
+        if len(decoded) == 1:
+            first_started.set()
+            seen["cancelled"].wait(30)  # held until the service has seen the client leave
+        return original_pixels(data, where, invert)
+
+    monkeypatch.setattr(codec, "decode_image_files", decode_image_files)
+    monkeypatch.setattr(codec, "image_file_pixels", image_file_pixels)
+    app = create_app(Settings(), FakeBackend())
+    with threaded_server(app) as (url, _):
+        png = png_bytes(np.zeros((28, 28), np.uint8))
+        files = [("files", (f"{i}.png", png, "image/png")) for i in range(5)]
+        request = httpx.Request("POST", url + "/predict", files=files)
+        body = request.read()
+        head = (
+            f"POST /predict HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: {request.headers['content-type']}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + body)
+            assert first_started.wait(30), "the first file never started decoding"
+        wait_until(lambda: seen["cancelled"].is_set(), "the service to see the client leave")
+        wait_until(finished.is_set, "the decoding to end")
+    assert decoded == ["files[0] (0.png)"]  # and not files[1] to files[4]
