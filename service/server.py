@@ -197,18 +197,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._message_open = True
+        if not self._in_headers:
+            # A request that began in the same read as the previous one's end (pipelined):
+            # its headers are counted from the next read on, not left uncounted.
+            self._in_headers = True
+            self._header_bytes = 0
         if self._header_timer is None:
             # The next request on a kept-alive connection: its headers get the same time.
             self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
     def on_message_complete(self) -> None:
         self._message_open = False
-        if self.cycle is not None and self.cycle.response_complete:
+        answered = self.cycle is not None and self.cycle.response_complete
+        if answered:
             # Answered before its body was all read (a refusal): the next request's headers
             # are counted from their first byte.
             self._in_headers = True
             self._header_bytes = 0
         super().on_message_complete()
+        if (
+            answered
+            and not self.pipeline
+            and self.timeout_keep_alive_task is None
+            and not self.transport.is_closing()
+        ):
+            # The body's reads cancelled the keep-alive timer the answer had armed: the
+            # connection is idle again, and must not stay open forever.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -221,6 +238,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._cancel_header_timer()
+        if self.transport.is_closing():
+            return  # a request pipelined behind one whose answer closed the connection
         refusal = self.refusal
         # Never ahead of a pipelined request still being answered: answers keep their order.
         idle = self.cycle is None or self.cycle.response_complete
@@ -232,14 +251,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._answer_refusal(refusal)
             return
         super().on_headers_complete()
-        if _draining(self.server_state):
-            self.cycle.keep_alive = False
+        cycle = self.cycle
+        if _draining(self.server_state) and cycle is not None and cycle is not _ANSWERED:
+            cycle.keep_alive = False
 
     def _answer_refusal(self, refusal: EarlyRefusal) -> None:
         keep_alive = (
             self.parser.get_http_version() == "1.1"
             and self.parser.should_keep_alive()
             and not _draining(self.server_state)
+            # A client waiting for 100 Continue may or may not send its body now: closing
+            # is the one way its next request is not read as this one's body.
+            and not self.expect_100_continue
         )
         defaults = b"".join(name + b": " + value + b"\r\n"
                             for name, value in self.server_state.default_headers)  # fmt: skip
@@ -322,11 +345,14 @@ class DrainingServer(uvicorn.Server):
         # next answer, or when the server shuts down.
         self.server_state.draining = True
         for connection in self.server_state.connections:
-            cycle = connection.cycle
-            if cycle is not None and not cycle.response_complete:
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and cycle is not _ANSWERED and not cycle.response_complete:
                 cycle.keep_alive = False
 
     async def shutdown(self, sockets=None) -> None:
+        # Also when the drain was skipped (Ctrl-C, a second SIGTERM): no answer from now on
+        # keeps its connection alive.
+        self._stop_keeping_alive()
         if self.on_shutdown is not None:
             self.on_shutdown()
         await super().shutdown(sockets)

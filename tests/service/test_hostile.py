@@ -678,3 +678,45 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
         wait_until(lambda: seen["cancelled"].is_set(), "the service to see the client leave")
         wait_until(finished.is_set, "the decoding to end")
     assert decoded == ["files[0] (0.png)"]  # and not files[1] to files[4]
+
+
+def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_closed():
+    app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    with threaded_server(app, http=protocol, timeout_keep_alive=1) as (url, server):
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(
+                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode()
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 503 ")
+            sock.sendall(b"0123456789")  # the body, after the answer (it read the headers only)
+            while sock.recv(65536):  # the keep-alive timeout (1 s) closes it: EOF, not a hang
+                pass
+        wait_until(lambda: not server.server_state.connections, "the connection to be gone")
+
+
+def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection(refusing):
+    url, _ = refusing
+    request = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+    ).encode()
+    # Read until the server closes: it does not wait for a body the client may never send.
+    answer = raw_exchange(url, request, read_timeout=10)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
+
+
+def test_headers_of_a_request_pipelined_behind_a_body_are_counted_too(guarded):
+    """The second request begins in the same read as the first one's body ends; its 1 MB
+    header is counted from the next read on, so it is refused, not buffered."""
+    body = b'{"instances": []}'
+    first = (
+        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    answer = raw_exchange(guarded, first + second)
+    assert b"HTTP/1.1 431 " in answer and b"MAX_HEADER_BYTES" in answer
