@@ -9,8 +9,11 @@ process on this 2-core machine (README, Throughput).
 The supervisor, in this module, imports no TensorFlow and serves nothing:
 - it starts the workers with PROMETHEUS_MULTIPROC_DIR set to a fresh folder, so /metrics in
   any worker adds up every worker's values (service/metrics.py);
-- it passes SIGTERM and SIGINT on: each worker drains (DRAIN_SECONDS) and finishes its
-  requests, then the supervisor exits 0;
+- it passes SIGTERM on: each worker drains (DRAIN_SECONDS) and finishes its requests, then
+  the supervisor exits 0. Ctrl-C (SIGINT), or a second SIGTERM, stops them the same way
+  without the drain: the workers get SIGTERM twice, as a single process does on a second
+  one. The workers run in a session of their own, so a terminal's Ctrl-C reaches only the
+  supervisor, which decides;
 - it restarts a worker that dies, and drops the dead one's live gauges; a worker that keeps
   dying within seconds of its start is retried after longer and longer pauses, then given up
   on (exit 1). A worker that exits 2 could not start (settings, models, ports): the service
@@ -46,6 +49,8 @@ QUICK_DEATH_SECONDS = 10.0
 # Given up on after this many quick deaths in a row (pauses of 1, 2, 4, 8, 16 s between).
 MAX_QUICK_DEATHS = 5
 POLL_SECONDS = 0.2
+# Between the two SIGTERMs that stop a worker without its drain.
+SECOND_SIGNAL_DELAY = 0.3
 _PR_SET_PDEATHSIG = 1
 
 
@@ -100,6 +105,7 @@ class Supervisor:
         self.workers = [_Worker(i + 1) for i in range(count)]
         self._stopping: int | None = None  # the signal being passed on
         self._stop_deadline = 0.0
+        self._skip_drain_at: float | None = None  # when to send the second SIGTERM
         self._result = 0
 
     def run(self) -> int:
@@ -140,18 +146,24 @@ class Supervisor:
 
     def _start(self, worker: _Worker) -> None:
         env = {**self._env, WORKER_ENV: str(worker.index)}
-        worker.process = subprocess.Popen(self.command, env=env)
+        # A session of its own: a terminal's Ctrl-C goes to the supervisor, not straight to
+        # each worker (which would die of it, skipping its shutdown).
+        worker.process = subprocess.Popen(self.command, env=env, start_new_session=True)
         worker.started = time.monotonic()
         worker.restart_at = None
         log.info("Worker %d started (pid %d)", worker.index, worker.process.pid)
 
     def _on_signal(self, sig, frame) -> None:
-        # A second signal is passed on too: a worker then skips what is left of its drain.
-        if self._stopping is None:
+        first = self._stopping is None
+        if first:
             self._stop_deadline = time.monotonic() + self.stop_seconds
             log.info("%s: stopping %d workers", signal.Signals(sig).name, self.count)
-        self._stopping = sig
-        self._signal_all(sig)
+            self._stopping = signal.SIGTERM
+            self._signal_all(signal.SIGTERM)
+        if sig == signal.SIGINT or not first:
+            # Without the drain: a second SIGTERM, a moment later so that the two are not
+            # merged into one pending signal in the worker.
+            self._skip_drain_at = time.monotonic() + SECOND_SIGNAL_DELAY
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers:
@@ -173,6 +185,9 @@ class Supervisor:
     def _check(self) -> None:
         now = time.monotonic()
         if self._stopping is not None:
+            if self._skip_drain_at is not None and now >= self._skip_drain_at:
+                self._skip_drain_at = None
+                self._signal_all(signal.SIGTERM)
             if now > self._stop_deadline:
                 for worker in self.workers:
                     if worker.process is not None and worker.process.poll() is None:

@@ -10,7 +10,7 @@ still waits on the old one.
 Retrains with different run folders may still publish into the same repository, so the
 repository's model folder is locked too (`hold_directory`): a flock on the folder itself,
 which writes nothing there (a retrain that is not blessed changes nothing in the repository,
-not even a lock file).
+not even a lock file; only a model folder that did not exist yet is made, empty).
 
 No TensorFlow here (the fast tier tests it).
 """
@@ -86,15 +86,16 @@ def _flock(fd: int, wait_seconds: float, refusal, waiting_note, note) -> None:
 
 @contextlib.contextmanager
 def hold_directory(path: str | Path, wait_seconds: float = 0.0, note=print) -> Iterator[Path]:
-    """An exclusive flock on a folder (its nearest existing one when it does not exist yet)
-    for the block; nothing is written in it. Yields the folder locked.
+    """An exclusive flock on a folder for the block; nothing is written in it. A folder that
+    does not exist yet is made first (empty): every holder must lock the same folder, and the
+    first publish would make it anyway. Yields the folder locked.
 
     Raises:
         LockHeld: another process holds it after wait_seconds.
+        OSError: the folder cannot be made or opened.
     """
     folder = Path(path).absolute()
-    while not folder.is_dir() and folder != folder.parent:
-        folder = folder.parent
+    folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         _flock(

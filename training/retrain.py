@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -215,10 +216,13 @@ def cmd_retrain(args) -> int:
     except OSError as err:
         raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
     try:
-        with (
-            lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock),
-            lock.hold_directory(args.export_dir, args.wait_for_lock),
-        ):
+        with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock), ExitStack() as held:
+            try:
+                held.enter_context(lock.hold_directory(args.export_dir, args.wait_for_lock))
+            except OSError as err:
+                raise UsageError(
+                    f"--export-dir {args.export_dir}: cannot make or open it: {err.strerror}"
+                ) from err
             return _retrain(args, thresholds, hooks, model_dir)
     except lock.LockHeld as err:
         print(f"error: {err}", file=sys.stderr)

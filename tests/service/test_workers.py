@@ -47,6 +47,8 @@ STAND_IN = textwrap.dedent(
     def stop(sig, frame):
         with open(record / f"stopped-{index}", "a") as f:
             f.write(signal.Signals(sig).name + "\\n")
+        if behavior == "drain" and len((record / f"stopped-{index}").read_text().split()) == 1:
+            return  # draining: only a second signal stops it now
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -89,6 +91,7 @@ class Supervised:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group, as a terminal would give it
         )
 
     def starts(self, index: int) -> list[tuple[int, str]]:
@@ -129,6 +132,17 @@ def alive(pid: int) -> bool:
     # A zombie (dead, not yet reaped by its parent) is not alive.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_ctrl_c_stops_the_workers_without_their_drain_and_the_supervisor_exits_0(supervised):
+    s = supervised(worker1="drain", worker2="drain")
+    wait_until(lambda: s.starts(1) and s.starts(2), "both workers to start")
+    # A terminal's Ctrl-C: SIGINT to the supervisor's whole process group. The workers, in
+    # sessions of their own, get SIGTERM from the supervisor instead, twice (no drain).
+    os.killpg(s.process.pid, signal.SIGINT)
+    code, output = s.finish()
+    assert code == 0, output
+    assert s.stopped(1) == ["SIGTERM", "SIGTERM"] and s.stopped(2) == ["SIGTERM", "SIGTERM"]
 
 
 def test_sigterm_reaches_every_worker_and_the_supervisor_exits_0(supervised):
