@@ -8,9 +8,11 @@ deleting a locked file lets a third process lock a new file of the same name whi
 still waits on the old one.
 
 Retrains with different run folders may still publish into the same repository, so the
-repository's model folder is locked too (`hold_directory`): a flock on the folder itself,
-which writes nothing there (a retrain that is not blessed changes nothing in the repository,
-not even a lock file; only a model folder that did not exist yet is made, empty).
+repository is locked too (`hold_directory` on the folder that holds the model's folder, the
+repository root: it exists before the first version does, so a first publish, which makes
+the model's folder, does not move the lock). A flock on the folder itself writes nothing
+there: a retrain that is not blessed changes nothing in the repository, not even a lock file.
+Retrains of two models in one repository take turns too.
 
 No TensorFlow here (the fast tier tests it).
 """
@@ -86,16 +88,16 @@ def _flock(fd: int, wait_seconds: float, refusal, waiting_note, note) -> None:
 
 @contextlib.contextmanager
 def hold_directory(path: str | Path, wait_seconds: float = 0.0, note=print) -> Iterator[Path]:
-    """An exclusive flock on a folder for the block; nothing is written in it. A folder that
-    does not exist yet is made first (empty): every holder must lock the same folder, and the
-    first publish would make it anyway. Yields the folder locked.
+    """An exclusive flock on a folder (its nearest existing one when it does not exist yet)
+    for the block; nothing is written or made. Yields the folder locked.
 
     Raises:
         LockHeld: another process holds it after wait_seconds.
-        OSError: the folder cannot be made or opened.
+        OSError: the folder cannot be opened.
     """
     folder = Path(path).absolute()
-    folder.mkdir(parents=True, exist_ok=True)
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         _flock(

@@ -218,10 +218,12 @@ def cmd_retrain(args) -> int:
     try:
         with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock), ExitStack() as held:
             try:
-                held.enter_context(lock.hold_directory(args.export_dir, args.wait_for_lock))
+                # The repository root, not the model's folder: a first publish makes that one.
+                repository = Path(args.export_dir).absolute().parent
+                held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
             except OSError as err:
                 raise UsageError(
-                    f"--export-dir {args.export_dir}: cannot make or open it: {err.strerror}"
+                    f"--export-dir {args.export_dir}: cannot open its folder: {err.strerror}"
                 ) from err
             return _retrain(args, thresholds, hooks, model_dir)
     except lock.LockHeld as err:

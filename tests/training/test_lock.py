@@ -130,11 +130,9 @@ def test_a_folder_is_locked_without_writing_in_it(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before  # not a file written
 
 
-def test_a_folder_not_made_yet_is_made_so_that_everyone_locks_the_same_one(tmp_path):
-    """The first retrain into a new repository: the model folder is made (empty) and locked,
-    so a second one, starting after the first has published into it, meets the same lock."""
-    model = tmp_path / "models" / "new_model"
-    with lock.hold_directory(model) as held:
-        assert held == model and model.is_dir() and list(model.iterdir()) == []
-        with pytest.raises(lock.LockHeld), lock.hold_directory(model):
+def test_a_folder_not_made_yet_locks_its_nearest_parent(tmp_path):
+    with lock.hold_directory(tmp_path / "models" / "new_model") as held:
+        assert held == tmp_path
+        with pytest.raises(lock.LockHeld), lock.hold_directory(tmp_path / "models"):
             pass
+    assert not (tmp_path / "models").exists()  # nothing made

@@ -401,11 +401,11 @@ def test_a_retrain_into_a_repository_another_retrain_publishes_into_waits_its_tu
     """Different run folders, the same repository: the second is refused (exit 75) before it
     trains, and nothing is written under the repository."""
     before = tree(repository)
-    with lock.hold_directory(repository / MODEL_NAME):  # as the first retrain holds it
+    with lock.hold_directory(repository):  # as the first retrain holds it: the repository root
         code = call_main(*retrain_argv(small_data_dir, repository, tmp_path / "other-runs"))
     assert code == lock_exit_code()
     assert_one_error_line(
-        capsys.readouterr().err, f"another retrain is publishing into {repository / MODEL_NAME}"
+        capsys.readouterr().err, f"another retrain is publishing into {repository}"
     )
     assert tree(repository) == before
     assert run_dirs(tmp_path / "other-runs") == []
