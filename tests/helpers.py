@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
 
 import httpx
 import numpy as np
+import pytest
 from PIL import Image
 
 
@@ -50,3 +53,15 @@ def ok_json(response: httpx.Response) -> dict:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/json"), response.headers
     return response.json()
+
+
+def require_tool(command: str, package: str) -> None:
+    """A Debian tool a test drives. Missing where `make setup` installs it (as root): the test
+    fails, since setup went wrong. Missing for a user who cannot install it: skipped, saying
+    what to run."""
+    if shutil.which(command):
+        return
+    if os.geteuid() == 0:
+        pytest.fail(f"{command} not found: run `make setup` (it installs Debian's {package})")
+    pytest.skip(f"{command} not found and this user cannot install it: run "
+                f"`sudo apt-get install {package}`")  # fmt: skip

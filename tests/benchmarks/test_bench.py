@@ -6,11 +6,11 @@ from __future__ import annotations
 import http.server
 import itertools
 import os
-import shutil
 import subprocess
 import threading
 
 import pytest
+from helpers import require_tool
 
 from benchmarks import bench
 from benchmarks.probe import probe
@@ -61,8 +61,8 @@ def test_the_probes_time_answers_by_status(stand_in):
     assert result["other"] == 0
 
 
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make tools)")
 def test_wrk_counts_answers_by_status(stand_in, tmp_path):
+    require_tool("wrk", "wrk")
     body = tmp_path / "body.json"
     body.write_text("{}")
     result = bench.run_wrk(stand_in.server_address[1], body, 4, 1, "/predict", statuses=True)
@@ -185,11 +185,11 @@ def test_the_overload_and_memory_lines_in_the_table():
     assert "| c=512: good answers/s, share of c=64 | >= 0.8 | 0.78 | **no** |" in table
 
 
-@pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load is not installed: make tools")
 @pytest.mark.parametrize("fail_every", [0, 4], ids=["all-ok", "every-fourth-fails"])
 def test_the_grpc_row_counts_calls_and_failures(tmp_path, monkeypatch, fail_every):
     """h2load against a real gRPC server: its rate and latencies read, and the calls that
     fail (HTTP 200 with a gRPC status in the trailers) counted from the server's codes."""
+    require_tool("h2load", "nghttp2-client")
     import collections
     from concurrent import futures
 

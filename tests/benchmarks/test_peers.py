@@ -484,7 +484,6 @@ def test_a_result_without_peers_reads_as_before():
 
 
 def test_the_chart_has_a_bar_per_peer(tmp_path):
-    pytest.importorskip("matplotlib")
     path = tmp_path / "chart.png"
     bench.chart(full_result(sample_peers()), path)
     assert path.stat().st_size > 10_000

@@ -8,10 +8,10 @@ The peers' venvs are 2 GB each and installed only by `make bench-peers` (or
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
+from helpers import require_tool
 
 from benchmarks.peers import run, spec, venvs
 
@@ -41,11 +41,9 @@ def needs_venv(variant: spec.Variant):
     return pytest.param(variant, id=variant.key, marks=skip)
 
 
-@pytest.mark.skipif(
-    shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)"
-)
 @pytest.mark.parametrize("variant", [needs_venv(v) for v in spec.ROWS])
 def test_the_peer_serves_the_models_probabilities(variant, trained_model, bodies, tmp_path):
+    require_tool("wrk", "wrk")
     instances = spec.instances_of(bodies[1].read_text())
     expected = run.reference_probabilities(trained_model.version_path, instances)
     peer_bodies = run.peer_bodies(variant.peer, bodies, tmp_path)

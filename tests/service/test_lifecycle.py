@@ -100,7 +100,7 @@ def test_device_gpu_without_a_gpu_exits_2_with_one_line(trained_model):
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
-        pytest.skip("this machine has a GPU")
+        pytest.skip("it checks the start-up failure on a machine without a GPU; this one has one")
     env = {"DEVICE": "gpu", "MODEL_BASE_PATH": str(trained_model.export_base.parent)}
     # What a person sees: TensorFlow's own C++ logging left at its default level.
     result = run_service(TF_CPP_MIN_LOG_LEVEL="0", **env)
