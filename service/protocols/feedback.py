@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 from fastapi import APIRouter, Query
 from prometheus_client import Counter, Gauge
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from artifact.contract import NUM_CLASSES, PIXEL_MAX, normalize_pixels
@@ -42,9 +41,8 @@ from service.errors import (
     InsufficientStorage,
     NotFound,
     NotReady,
-    PayloadTooLarge,
 )
-from service.protocols.http import JSON, json_response, read_body, with_body
+from service.protocols.http import JSON, image_form, json_response, read_body, with_body
 
 log = logging.getLogger("service.feedback")
 
@@ -271,22 +269,7 @@ class FeedbackAPI:
         return images, labels, version
 
     async def _multipart(self, request: Request, invert: str):
-        limit = self.dataplane.max_images
-        try:
-            form = await request.form(max_files=limit + 1, max_part_size=self.max_body_bytes)
-        except Exception as err:  # multipart's parser raises several types for malformed bodies
-            detail = str(getattr(err, "detail", err))
-            if detail.startswith("Too many files"):
-                # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
-                raise PayloadTooLarge(
-                    f"request has more than {limit + 1} images; the limit is {limit} per "
-                    "request (MAX_IMAGES)"
-                ) from err
-            raise BadInput(f"malformed multipart body: {detail}") from err
-        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
-        if not uploads:
-            raise BadInput("multipart body has no file; send one or more images as 'files'")
-        self.dataplane.check_image_count(len(uploads))
+        form, uploads = await image_form(request, self.dataplane.max_images, self.max_body_bytes)
         files = [
             (f"files[{i}] ({upload.filename or 'no name'})", await upload.read())
             for i, upload in enumerate(uploads)

@@ -8,12 +8,19 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
 from artifact.contract import to_json
 from artifact.repository import parse_version
-from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge, RequestTimeout
+from service.errors import (
+    BadInput,
+    ClientClosedRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    check_image_count,
+)
 from service.registry import check_label_name
 
 JSON = "application/json"
@@ -148,3 +155,32 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     finally:
         watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
+
+
+async def image_form(
+    request: Request, max_images: int, max_part_bytes: int
+) -> tuple[FormData, list[UploadFile]]:
+    """A multipart body's form and its uploaded files: at least one, and no more than
+    max_images (the form stops being parsed one file past it, so a flood of parts costs
+    nothing more).
+
+    Raises:
+        PayloadTooLarge: more than max_images files (MAX_IMAGES).
+        BadInput: a malformed multipart body, or one with no file.
+    """
+    try:
+        form = await request.form(max_files=max_images + 1, max_part_size=max_part_bytes)
+    except Exception as err:  # multipart's parser raises several types for malformed bodies
+        detail = str(getattr(err, "detail", err))
+        if detail.startswith("Too many files"):
+            # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
+            raise PayloadTooLarge(
+                f"request has more than {max_images + 1} images; the limit is {max_images} "
+                "per request (MAX_IMAGES)"
+            ) from err
+        raise BadInput(f"malformed multipart body: {detail}") from err
+    uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+    if not uploads:
+        raise BadInput("multipart body has no file; send one or more images as 'files'")
+    check_image_count(len(uploads), max_images)
+    return form, uploads

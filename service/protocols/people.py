@@ -15,7 +15,6 @@ import threading
 
 import numpy as np
 from fastapi import APIRouter, Query
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from artifact.contract import (
@@ -29,8 +28,15 @@ from artifact.contract import (
 from artifact.images import INVERT_MODES
 from service import codec
 from service.dataplane import DataPlane
-from service.errors import BadInput, ClientClosedRequest, PayloadTooLarge
-from service.protocols.http import JSON, json_response, read_body, unless_disconnected, with_body
+from service.errors import BadInput, ClientClosedRequest
+from service.protocols.http import (
+    JSON,
+    image_form,
+    json_response,
+    read_body,
+    unless_disconnected,
+    with_body,
+)
 
 # JSON bodies up to this size without image files are parsed on the event loop: a few pixel
 # arrays cost less than a thread hop.
@@ -199,24 +205,9 @@ class PeopleAPI:
         return codec.decode_pixel_instances(instances, invert, self.max_request_pixels, cancelled)
 
     async def _uploaded_images(self, request: Request, body: bytes, invert: str):
-        limit = self.dataplane.max_images
-        try:
-            form = await with_body(request, body).form(
-                max_files=limit + 1, max_part_size=self.max_body_bytes
-            )
-        except Exception as err:  # multipart's parser raises several types for malformed bodies
-            detail = str(getattr(err, "detail", err))
-            if detail.startswith("Too many files"):
-                # Starlette stops parsing at max_files: more than MAX_IMAGES + 1 files land here.
-                raise PayloadTooLarge(
-                    f"request has more than {limit + 1} images; the limit is {limit} per "
-                    "request (MAX_IMAGES)"
-                ) from err
-            raise BadInput(f"malformed multipart body: {detail}") from err
-        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
-        if not uploads:
-            raise BadInput("multipart body has no file; send one or more images as 'files'")
-        self.dataplane.check_image_count(len(uploads))
+        _, uploads = await image_form(
+            with_body(request, body), self.dataplane.max_images, self.max_body_bytes
+        )
         names = [upload.filename or f"files[{i}]" for i, upload in enumerate(uploads)]
         files = [
             (f"files[{i}] ({name})", await upload.read())
