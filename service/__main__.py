@@ -116,7 +116,10 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         app,
         loop="uvloop",
         http=guarded_protocol(
-            settings.max_header_bytes, settings.header_timeout_seconds, app.state.refusal
+            settings.max_header_bytes,
+            settings.header_timeout_seconds,
+            app.state.refusal,
+            app.state.direct_lane,
         ),
         log_level=settings.log_level,
         timeout_keep_alive=settings.keepalive_timeout_seconds,

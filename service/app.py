@@ -16,6 +16,7 @@ from service import errors
 from service.backends.base import Backend
 from service.config_watcher import ConfigWatcher
 from service.dataplane import OVERLOADED, DataPlane
+from service.directlane import DirectLane
 from service.errors import ServiceError, error_response
 from service.fastlane import FastLane
 from service.metrics import Metrics, MetricsMiddleware
@@ -197,9 +198,18 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         metrics.child(metrics.requests, template, "POST", "503").inc()
         errors.overload_log.refused(OVERLOADED)
 
-    # For the server's protocol (service/server.py): predictions refused before the app.
+    # For the server's protocol (service/server.py): predictions refused before the app, and
+    # plain ones answered without it.
     app.state.refusal = EarlyRefusal(
         dataplane.overloaded, [route for route, _ in fast_routes], OVERLOADED, refused
+    )
+    app.state.direct_lane = DirectLane(
+        fast_routes,
+        metrics,
+        tokens,
+        error_response,
+        settings.max_body_bytes,
+        settings.body_timeout_seconds,
     )
     # Innermost first; all of them in front of FastAPI's own stack (ServiceApp).
     app.outer_middleware = [
@@ -208,6 +218,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
             {
                 "routes": fast_routes,
                 "error_response": error_response,
+                "max_body_bytes": settings.max_body_bytes,
+                "body_timeout": settings.body_timeout_seconds,
+                "admit": dataplane.admit,
             },
         ),  # fmt: skip
         (SecurityMiddleware, {"tokens": tokens, "allowed_origins": settings.allowed_origins()}),

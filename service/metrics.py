@@ -120,6 +120,24 @@ class Metrics:
         MultiProcessCollector(registry)
         return generate_latest(registry)
 
+    def request_started(self) -> float:
+        """Count a request in flight; the time it started, for request_finished."""
+        if self.in_flight_gauge is None:
+            self.in_flight += 1
+        else:
+            self.in_flight_gauge.inc()
+        return time.perf_counter()
+
+    def request_finished(self, template: str, method: str, status: int, started: float) -> None:
+        """Count an answered (or abandoned) request by its route template, method and status,
+        and time it."""
+        if self.in_flight_gauge is None:
+            self.in_flight -= 1
+        else:
+            self.in_flight_gauge.dec()
+        self.child(self.requests, template, method, str(status)).inc()
+        self.child(self.latency, template).observe(time.perf_counter() - started)
+
     def child(self, metric, *labels):
         """The metric's child for these label values, looked up once."""
         key = (id(metric), *labels)
@@ -140,14 +158,9 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        status = 500
         metrics = self.metrics
-        gauge = metrics.in_flight_gauge
-        if gauge is None:
-            metrics.in_flight += 1
-        else:
-            gauge.inc()
+        started = metrics.request_started()
+        status = 500
 
         async def send_with_status(message):
             nonlocal status
@@ -158,12 +171,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            if gauge is None:
-                metrics.in_flight -= 1
-            else:
-                gauge.dec()
             route = scope.get("route")
             # The template without convertors: /v1/models/{name}:predict.
             template = getattr(route, "path_format", None) or "unmatched"
-            metrics.child(metrics.requests, template, scope["method"], str(status)).inc()
-            metrics.child(metrics.latency, template).observe(time.perf_counter() - started)
+            metrics.request_finished(template, scope["method"], status, started)

@@ -21,16 +21,22 @@ writes coalesced, and drained on SIGTERM.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import time
 import types
-import urllib.parse
 from collections.abc import Callable, Sequence
 
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from service.directlane import DirectLane, Taken, response_bytes
+from service.errors import ClientClosedRequest
+from service.fastlane import url_path
+from service.protocols.http import body_too_slow
 
 log = logging.getLogger("service.server")
 
@@ -116,9 +122,7 @@ class EarlyRefusal:
         # A browser's cross-origin call gets the app's answer, with its CORS headers.
         if any(name == b"origin" for name, _ in headers):
             return False
-        path = url.split(b"?", 1)[0].decode("latin-1")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        path = url_path(url)
         for route in self.routes:
             if route.path_regex.match(path):
                 self.on_refused(route.path_format)
@@ -139,6 +143,25 @@ _ANSWERED = types.SimpleNamespace(
     response_complete=True, keep_alive=True, disconnected=False, message_event=_NoWaiter()
 )
 
+
+class _DirectCycle:
+    """A request the direct lane answers, as uvicorn and the drain see it: not complete until
+    its answer is written; `keep_alive` turned off by a drain or a shutdown."""
+
+    __slots__ = ("taken", "keep_alive", "http_version", "response_complete", "disconnected",
+                 "task", "timer", "message_event")  # fmt: skip
+
+    def __init__(self, taken: Taken, keep_alive: bool, http_version: str):
+        self.taken = taken
+        self.keep_alive = keep_alive
+        self.http_version = http_version
+        self.response_complete = False
+        self.disconnected = False
+        self.task: asyncio.Task | None = None  # once its body is in
+        self.timer: asyncio.TimerHandle | None = None  # the body's deadline
+        self.message_event = _NoWaiter()
+
+
 # How long a connection with no request yet stays open once the server shuts down.
 FRESH_CONNECTION_GRACE = 1.0
 
@@ -157,6 +180,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 32 * 1024
     header_timeout = 10.0
     refusal: EarlyRefusal | None = None
+    direct: DirectLane | None = None
+    _direct: _DirectCycle | None = None  # the request the direct lane answers now
+    _direct_body: list[bytes] | None = None  # its body, while it comes
 
     def connection_made(self, transport) -> None:
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -206,8 +232,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # The next request on a kept-alive connection: its headers get the same time.
             self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
+    def on_body(self, body: bytes) -> None:
+        if self._direct_body is not None:
+            self._direct_body.append(body)  # at most MAX_BODY_BYTES: its length was checked
+            return
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._message_open = False
+        if self._direct_body is not None:
+            self._start_direct()
+            return
         answered = self.cycle is not None and self.cycle.response_complete
         if answered:
             # Answered before its body was all read (a refusal): the next request's headers
@@ -250,6 +285,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         ):
             self._answer_refusal(refusal)
             return
+        if self.direct is not None and idle and self._take_direct(self.direct):
+            return
         super().on_headers_complete()
         cycle = self.cycle
         if _draining(self.server_state) and cycle is not None and cycle is not _ANSWERED:
@@ -274,7 +311,110 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self.on_response_complete()
 
+    # --- the direct lane (service/directlane.py) ---------------------------------------------
+    def _take_direct(self, lane: DirectLane) -> bool:
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            return False  # uvicorn answers 503
+        if self.parser.should_upgrade():
+            return False
+        taken = lane.take(self.parser.get_method(), self.url, self.headers)
+        if taken is None:
+            return False
+        version = self.parser.get_http_version()
+        keep_alive = (
+            version != "1.0"
+            and self.parser.should_keep_alive()
+            and not _draining(self.server_state)
+        )
+        cycle = _DirectCycle(taken, keep_alive, version)
+        cycle.timer = self.loop.call_later(lane.body_timeout, self._direct_body_too_slow, cycle)
+        self.cycle = self._direct = cycle
+        self._direct_body = []
+        return True
+
+    def _start_direct(self) -> None:
+        cycle = self._direct
+        body = b"".join(self._direct_body)
+        self._direct_body = None
+        cycle.timer.cancel()
+        cycle.timer = None
+        cycle.task = task = self.loop.create_task(self._answer_direct(cycle, body))
+        # Among uvicorn's tasks: a shutdown waits for it as for the app's.
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer_direct(self, cycle: _DirectCycle, body: bytes) -> None:
+        lane = self.direct
+        status = 500  # as MetricsMiddleware counts a request cancelled by a shutdown
+        try:
+            response = await lane.answer(cycle.taken, body)
+            status = response.status_code
+            self._write_direct(cycle, response)
+        except asyncio.CancelledError:
+            if not cycle.disconnected:
+                raise
+            # As the app answers (and logs) a client that left before its answer.
+            leaving = ClientClosedRequest("the client disconnected before the prediction was ready")
+            status = lane.error_response(lane.request(cycle.taken), leaving).status_code
+        finally:
+            lane.finish(cycle.taken, status)
+
+    def _write_direct(self, cycle: _DirectCycle, response) -> None:
+        if cycle.disconnected or self.transport.is_closing():
+            return
+        taken = cycle.taken
+        if self.access_log and self.access_logger.isEnabledFor(logging.INFO):
+            scope = {"client": self.client, "path": taken.path, "query_string": taken.query}
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d', get_client_addr(scope), "POST",
+                get_path_with_query_string(scope), cycle.http_version, response.status_code,
+            )  # fmt: skip
+        keep_alive = cycle.keep_alive
+        self.transport.write(
+            response_bytes(response, self.server_state.default_headers, keep_alive)
+        )
+        cycle.response_complete = True
+        self._direct = None
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _direct_body_too_slow(self, cycle: _DirectCycle) -> None:
+        cycle.timer = None
+        if self._direct is not cycle or cycle.task is not None:
+            return
+        lane = self.direct
+        size = sum(map(len, self._direct_body))
+        self._direct_body = None
+        response = lane.error_response(
+            lane.request(cycle.taken), body_too_slow(lane.body_timeout, size)
+        )
+        # The rest of the body would be read as the next request: the connection ends.
+        cycle.keep_alive = False
+        self._write_direct(cycle, response)
+        lane.finish(cycle.taken, response.status_code)
+
+    def _direct_connection_lost(self) -> None:
+        cycle = self._direct
+        if cycle is None or cycle.response_complete:
+            return
+        cycle.disconnected = True
+        if cycle.task is not None:
+            cycle.task.cancel()  # _answer_direct counts it
+            return
+        # Gone while sending the body: as the app answers (and logs) it.
+        if cycle.timer is not None:
+            cycle.timer.cancel()
+        self._direct_body = None
+        lane = self.direct
+        leaving = ClientClosedRequest("the client disconnected while sending the body")
+        status = lane.error_response(lane.request(cycle.taken), leaving).status_code
+        lane.finish(cycle.taken, status)
+
     def shutdown(self) -> None:
+        if self._direct is not None:
+            self._direct.keep_alive = False  # answered, then closed
         if self.cycle is None and not self.transport.is_closing():
             # Accepted with no request yet: its request may be on the wire. It is served (with
             # connection: close) if it comes soon; the header timeout bounds a slow one.
@@ -288,18 +428,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
+        self._direct_connection_lost()
         super().connection_lost(exc)
 
 
 def guarded_protocol(
-    max_header_bytes: int, header_timeout: float, refusal: EarlyRefusal | None = None
+    max_header_bytes: int,
+    header_timeout: float,
+    refusal: EarlyRefusal | None = None,
+    direct: DirectLane | None = None,
 ) -> type[HttpToolsProtocol]:
-    """The protocol class uvicorn should use, with these limits (and early refusals)."""
+    """The protocol class uvicorn should use, with these limits (and early refusals, and the
+    direct lane's predictions)."""
     return type(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
         {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout,
-         "refusal": refusal},
+         "refusal": refusal, "direct": direct},
     )  # fmt: skip
 
 

@@ -1,14 +1,15 @@
-"""What the HTTP adapters share: JSON answers, bounded bodies, versions in URLs, and waits
-that end when the client leaves."""
+"""What the HTTP adapters share: JSON answers, bounded bodies, versions in URLs, waits that
+end when the client leaves, and the prediction call every server path hands its handler."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.convertors import Convertor, register_url_convertor
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData, Headers, QueryParams, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -99,10 +100,65 @@ async def read_body(request: Request, limit: int, timeout: float = 30.0) -> byte
                     return b"".join((*chunks, chunk)) if chunks else chunk
                 chunks.append(chunk)
     except TimeoutError as err:
-        raise RequestTimeout(
-            f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
-            f"{size} bytes came"
-        ) from err
+        raise body_too_slow(timeout, size) from err
+
+
+def body_too_slow(timeout: float, size: int) -> RequestTimeout:
+    """The error for a body that did not all come within `timeout` seconds."""
+    return RequestTimeout(
+        f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
+        f"{size} bytes came"
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """A prediction request as its handler sees it: the body, read whole and within the
+    limits, the headers and the query. The handler is the same whether the request came
+    through the ASGI app (serve_call) or was read by the server's protocol itself
+    (service/directlane.py); a client that leaves cancels the handler's task either way."""
+
+    body: bytes
+    headers: Headers
+    query: QueryParams
+
+
+CallHandler = Callable[..., Awaitable[Response]]
+
+
+async def serve_call(
+    request: Request,
+    handler: CallHandler,
+    params: dict[str, Any],
+    limit: int,
+    timeout: float,
+    admit: Callable[[], None],
+) -> Response:
+    """A prediction route over ASGI: refused at once when the queue is full (`admit`), the
+    body read within `limit` bytes and `timeout` seconds, then `handler(call, **params)`,
+    cancelled if the client leaves first.
+
+    Raises:
+        ServiceError: as read_body, admit and the handler raise them.
+    """
+    admit()
+    body = await read_body(request, limit, timeout)
+    call = Call(body, request.headers, request.query_params)
+    return await unless_disconnected(request, handler(call, **params))
+
+
+def form_request(call: Call) -> Request:
+    """A request that replays a call's body, for Starlette's multipart parser."""
+    replayed = False
+
+    async def receive():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": call.body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "headers": call.headers.raw}, receive)
 
 
 def with_body(request: Request, body: bytes) -> Request:

@@ -28,14 +28,14 @@ from artifact.contract import (
 from artifact.images import INVERT_MODES
 from service import codec
 from service.dataplane import DataPlane
-from service.errors import BadInput, ClientClosedRequest
+from service.errors import BadInput
 from service.protocols.http import (
     JSON,
+    Call,
+    form_request,
     image_form,
     json_response,
-    read_body,
-    unless_disconnected,
-    with_body,
+    serve_call,
 )
 
 # JSON bodies up to this size without image files are parsed on the event loop: a few pixel
@@ -119,8 +119,8 @@ class PeopleAPI:
         )
 
     def fast_routes(self):
-        """(route, handler) pairs the fast lane may answer past FastAPI's routing."""
-        return [(route, self.predict_fast) for route in self.router.routes]
+        """(route, handler) pairs the fast lanes may answer past FastAPI's routing."""
+        return [(route, self.predict_call) for route in self.router.routes]
 
     async def predict(
         self,
@@ -136,40 +136,44 @@ class PeopleAPI:
             "0-255 ('pixels')",
         ),
     ):
-        """The route FastAPI documents (and answers when the fast lane is not in front)."""
-        return await self._predict(request, invert, include_pixels)
+        """The route FastAPI documents (and answers when no fast lane is in front)."""
+        return await serve_call(
+            request,
+            self._predict,
+            {"invert": invert, "include_pixels": include_pixels},
+            self.max_body_bytes,
+            self.body_timeout,
+            self.dataplane.admit,
+        )
 
-    async def predict_fast(self, request: Request):
-        """The same route for the fast lane, which reads the query string itself, as FastAPI
+    async def predict_call(self, call: Call):
+        """The same route for the fast lanes, which read the query string here, as FastAPI
         would (the last value of a repeated parameter wins)."""
-        query = request.query_params
+        query = call.query
         include = query.get("include_pixels", "false").lower()
         if include not in BOOLEAN_WORDS:
             raise BadInput(
                 "query.include_pixels: expected a boolean (true/false, 1/0, yes/no, on/off), "
                 f"got {query['include_pixels']!r}"
             )
-        return await self._predict(request, query.get("invert", "auto"), BOOLEAN_WORDS[include])
+        return await self._predict(call, query.get("invert", "auto"), BOOLEAN_WORDS[include])
 
-    async def _predict(self, request: Request, invert: str, include_pixels: bool):
+    async def _predict(self, call: Call, invert: str, include_pixels: bool):
         if invert not in INVERT_MODES:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
-        self.dataplane.admit()  # a full queue refuses before the body is read
-        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        body = call.body
         files: list[str] | None = None
-        if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            images, files = await self._uploaded_images(request, body, invert)
+        if call.headers.get("content-type", "").startswith("multipart/form-data"):
+            images, files = await self._uploaded_images(call, invert)
         elif len(body) <= INLINE_PARSE_BYTES and b'"b64"' not in body:
             # Any other type is read as JSON, as TF Serving does (`curl -d` says
             # form-urlencoded). A few pixel arrays cost less than a thread hop.
             images = self._json_images(body, invert)
         else:
             # Large bodies and base64 photos on the decoding thread: never the event loop.
-            images = await self._decode(request, self._json_images, body, invert)
+            images = await self._decode(self._json_images, body, invert)
         name = self.dataplane.model_name
-        result = await unless_disconnected(
-            request, self.dataplane.predict(name, images, None, SIGNATURE_NAME)
-        )
+        result = await self.dataplane.predict(name, images, None, SIGNATURE_NAME)
         rows = list(
             prediction_rows(
                 result.outputs[CLASSES_KEY], result.outputs[PROBABILITIES_KEY], result.labels
@@ -184,17 +188,13 @@ class PeopleAPI:
             {"model_name": name, "model_version": str(result.version), "predictions": rows}
         )
 
-    async def _decode(self, request: Request, work, *args):
-        """Run `work(*args, cancelled)` on the decoding thread; when the client leaves, the
-        images not yet decoded are not decoded."""
+    async def _decode(self, work, *args):
+        """Run `work(*args, cancelled)` on the decoding thread; when the client leaves (the
+        handler's task is cancelled), the images not yet decoded are not decoded."""
         cancelled = threading.Event()
         loop = asyncio.get_running_loop()
         try:
-            return await unless_disconnected(
-                request, loop.run_in_executor(self.decoder, work, *args, cancelled)
-            )
-        except codec.Cancelled as err:
-            raise ClientClosedRequest("the client disconnected while its images decoded") from err
+            return await loop.run_in_executor(self.decoder, work, *args, cancelled)
         finally:
             cancelled.set()
 
@@ -204,9 +204,9 @@ class PeopleAPI:
         self.dataplane.check_image_count(len(instances))
         return codec.decode_pixel_instances(instances, invert, self.max_request_pixels, cancelled)
 
-    async def _uploaded_images(self, request: Request, body: bytes, invert: str):
+    async def _uploaded_images(self, call: Call, invert: str):
         _, uploads = await image_form(
-            with_body(request, body), self.dataplane.max_images, self.max_body_bytes
+            form_request(call), self.dataplane.max_images, self.max_body_bytes
         )
         names = [upload.filename or f"files[{i}]" for i, upload in enumerate(uploads)]
         files = [
@@ -214,6 +214,6 @@ class PeopleAPI:
             for i, (name, upload) in enumerate(zip(names, uploads, strict=True))
         ]
         pixels = await self._decode(
-            request, codec.decode_image_files, files, invert, self.max_request_pixels
+            codec.decode_image_files, files, invert, self.max_request_pixels
         )
         return normalize_pixels(pixels), names

@@ -21,10 +21,10 @@ from service.dataplane import DataPlane
 from service.errors import redact_paths
 from service.protocols.http import (
     JSON,
+    Call,
     json_response,
     label_in_url,
-    read_body,
-    unless_disconnected,
+    serve_call,
     version_in_url,
 )
 from service.types import ModelMetadata, VersionStatus
@@ -173,7 +173,8 @@ class TFServingREST:
         self.predict_routes = [route for route in r.routes if route.path.endswith(":predict")]
 
     def fast_routes(self):
-        """(route, handler) pairs the fast lane may answer past FastAPI's routing."""
+        """(route, handler) pairs the fast lanes may answer past FastAPI's routing: handlers
+        of a Call (service/protocols/http.py) and the route's path parameters."""
         return [(route, self.predict) for route in self.predict_routes]
 
     async def model_status(self, name: str):
@@ -211,30 +212,33 @@ class TFServingREST:
         return json_response(status)
 
     async def predict_latest(self, request: Request, name: str):
-        return await self.predict(request, name)
+        return await self._serve(request, {"name": name})
 
     async def predict_version(self, request: Request, name: str, version: str):
-        return await self.predict(request, name, version=version)
+        return await self._serve(request, {"name": name, "version": version})
 
     async def predict_label(self, request: Request, name: str, label: str):
-        return await self.predict(request, name, label=label)
+        return await self._serve(request, {"name": name, "label": label})
+
+    async def _serve(self, request: Request, params: dict) -> Response:
+        return await serve_call(
+            request, self.predict, params, self.max_body_bytes, self.body_timeout,
+            self.dataplane.admit,
+        )  # fmt: skip
 
     async def predict(
-        self, request: Request, name: str, version: str | None = None, label: str | None = None
+        self, call: Call, name: str, version: str | None = None, label: str | None = None
     ) -> Response:
-        """TF Serving's REST predict; the fast lane calls it directly."""
+        """TF Serving's REST predict, for every server path (service/fastlane.py,
+        service/directlane.py and the route above)."""
         parsed_version = version_in_url(version)
         label_in_url(label)
-        self.dataplane.admit()  # a full queue refuses before the body is read
-        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        body = call.body
         parse = functools.partial(codec.parse_tf_serving_request, body, self.dataplane.max_images)
         # A large body is parsed in a thread: it must not stall other clients' requests.
         large = len(body) > INLINE_PARSE_BYTES
         signature_name, images, columnar = await asyncio.to_thread(parse) if large else parse()
-        result = await unless_disconnected(
-            request,
-            self.dataplane.predict(name, images, parsed_version, signature_name, label),
-        )
+        result = await self.dataplane.predict(name, images, parsed_version, signature_name, label)
         outputs = result.outputs
         if columnar:
             return json_response({"outputs": outputs, "model_version": str(result.version)})

@@ -33,9 +33,9 @@ from service.dataplane import DataPlane, PredictResult
 from service.errors import BadInput, NotFound, NotReady
 from service.protocols.http import (
     JSON,
+    Call,
     json_response,
-    read_body,
-    unless_disconnected,
+    serve_call,
     version_in_url,
 )
 from service.tensors import IMAGE_BATCH_SHAPE, IMAGE_ELEMENTS, V2_DATATYPES, v2_datatype
@@ -526,30 +526,33 @@ class OpenInferenceREST:
 
     # --- inference ----------------------------------------------------------------------
     async def infer_latest(self, request: Request, name: str):
-        return await self.infer(request, name)
+        return await self._serve(request, {"name": name})
 
     async def infer_version(self, request: Request, name: str, version: str):
-        return await self.infer(request, name, version)
+        return await self._serve(request, {"name": name, "version": version})
 
-    async def infer(self, request: Request, name: str, version: str | None = None) -> Response:
-        """V2 inference, JSON or binary; the fast lane calls it directly."""
+    async def _serve(self, request: Request, params: dict) -> Response:
+        return await serve_call(
+            request, self.infer, params, self.max_body_bytes, self.body_timeout,
+            self.dataplane.admit,
+        )  # fmt: skip
+
+    async def infer(self, call: Call, name: str, version: str | None = None) -> Response:
+        """V2 inference, JSON or binary, for every server path."""
         parsed_version = version_in_url(version)
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        encoding = call.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
             raise BadInput(
                 f"Content-Encoding {encoding!r:.40} is not supported; send the body uncompressed"
             )
-        self.dataplane.admit()  # a full queue refuses before the body is read
-        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        body = call.body
         parse = functools.partial(
             parse_infer_request,
             body,
-            request.headers.get(HEADER_LENGTH),
+            call.headers.get(HEADER_LENGTH),
             self.dataplane.check_image_count,
         )
         # A large body is parsed in a thread: it must not stall other clients' requests.
         parsed = await asyncio.to_thread(parse) if len(body) > INLINE_PARSE_BYTES else parse()
-        result = await unless_disconnected(
-            request, self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
-        )
+        result = await self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
         return render_infer_response(result, parsed)
