@@ -1,4 +1,4 @@
-"""JSON request bodies to numpy, fast (orjson, no per-element pydantic).
+"""JSON request bodies to numpy, fast (simdjson or orjson, no per-element pydantic).
 
 Two input conventions:
 - TF Serving's `:predict` passes the tensor to the model as it is: float32 [n, 28, 28].
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 
 from artifact.contract import (
     IMAGE_HEIGHT,
@@ -141,6 +142,60 @@ def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
         raise BadInput(f"{where}[{err.index}]: {err.problem}") from err
 
 
+# Arrays in a row-format body of n images: the instances list, each image, each image's rows.
+def _arrays_in_rows(n: int) -> int:
+    return 1 + n * (1 + IMAGE_HEIGHT)
+
+
+def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
+    """The row format's usual body, `{"instances": [n 28x28 arrays of numbers]}` (and maybe a
+    "signature_name"), read by simdjson straight into numpy: about 10 us for one image where
+    orjson's Python lists and numpy's conversion of them take 35. None for anything else or
+    anything in doubt (a syntax error, booleans, a shape off, too many images, duplicate
+    keys...): the general path reads those and says what is wrong.
+
+    The shape is proven exactly: every image is an array of 28 arrays of 28 elements, and the
+    body holds no other `[` (so no element is itself an array, and no string hides one); the
+    elements are all numbers, or simdjson's buffer refuses them.
+    """
+    try:
+        # A parser per call: its documents stay valid only until its next parse, and a body
+        # may be parsed on a worker thread too. Making one costs well under a microsecond.
+        document = simdjson.Parser().parse(body)
+        if not isinstance(document, simdjson.Object):
+            return None
+        keys = list(document.keys())
+        if "instances" not in keys or len(set(keys)) != len(keys):
+            return None
+        signature_name = SIGNATURE_NAME
+        for key in keys:
+            if key == "signature_name":
+                signature_name = document[key]
+                if not isinstance(signature_name, str):
+                    return None
+                signature_name = signature_name or SIGNATURE_NAME
+            elif key != "instances":
+                return None
+        instances = document["instances"]
+        if not isinstance(instances, simdjson.Array):
+            return None
+        n = len(instances)
+        if not 0 < n <= max_images or body.count(b"[") != _arrays_in_rows(n):
+            return None
+        for image in instances:
+            if not isinstance(image, simdjson.Array) or len(image) != IMAGE_HEIGHT:
+                return None
+            for row in image:
+                if not isinstance(row, simdjson.Array) or len(row) != IMAGE_WIDTH:
+                    return None
+        flat = np.frombuffer(instances.as_buffer(of_type="d"), dtype=np.float64)
+    except (ValueError, TypeError, RuntimeError, KeyError, OverflowError):
+        return None  # the general path says what is wrong
+    if flat.size != n * IMAGE_HEIGHT * IMAGE_WIDTH:
+        return None
+    return signature_name, flat.reshape(n, *IMAGE_SHAPE)
+
+
 def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndarray, bool]:
     """A TF Serving REST predict body to (signature_name, float32 images, columnar).
 
@@ -152,6 +207,10 @@ def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndar
         BadInput: not that, or not 28x28 arrays of finite numbers (the message says where).
         PayloadTooLarge: more than max_images images.
     """
+    simple = _simple_rows(body, max_images)
+    if simple is not None:
+        signature_name, images = simple
+        return signature_name, as_model_input(images, "instances"), False
     request = loads(body)
     if not isinstance(request, dict):
         raise BadInput(f"Request body must be a JSON object, got {type(request).__name__}")

@@ -105,3 +105,102 @@ def test_pixel_instance_errors_name_the_instance(instances, message):
 def test_pixel_request_shape(content, message):
     with pytest.raises(BadInput, match=message.replace("[", r"\[")):
         codec.pixel_instances(content)
+
+
+# --- the row format's fast path (simdjson) against the general one (orjson) -----------------
+
+
+def general(raw: bytes, max_images: int = 8):
+    """parse_tf_serving_request's answer through the general path only: a result or the error."""
+    simple, codec._simple_rows = codec._simple_rows, lambda *_: None
+    try:
+        return outcome(raw, max_images)
+    finally:
+        codec._simple_rows = simple
+
+
+def outcome(raw: bytes, max_images: int = 8):
+    try:
+        name, images, columnar = codec.parse_tf_serving_request(raw, max_images)
+    except Exception as err:  # noqa: BLE001 - compared as (type, message)
+        return type(err).__name__, str(err)
+    return name, images.dtype.str, images.shape, images.tobytes(), columnar
+
+
+def random_rows(rng: np.random.Generator) -> bytes:
+    n = int(rng.integers(1, 5))
+    kind = rng.choice(["unit", "int", "wide", "mixed", "rounded"])
+    if kind == "unit":
+        values = rng.random((n, 28, 28))
+    elif kind == "int":
+        values = rng.integers(0, 256, (n, 28, 28))
+    elif kind == "wide":
+        values = rng.normal(0, 1e30, (n, 28, 28))
+    elif kind == "rounded":
+        values = np.round(rng.random((n, 28, 28)), 4)
+    else:
+        values = rng.random((n, 28, 28)).astype(object)
+        values[rng.random((n, 28, 28)) < 0.5] = int(rng.integers(-5, 300))
+    content = {"instances": values.tolist()}
+    if rng.random() < 0.3:
+        content["signature_name"] = str(rng.choice(["", "serving_default", "classify"]))
+    text = orjson.dumps(content)
+    if rng.random() < 0.3:
+        text = text.replace(b",", b" ,\n ").replace(b":", b" : ")  # whitespace anywhere
+    return text
+
+
+def test_the_fast_path_takes_the_usual_bodies_and_reads_them_as_the_general_one():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        raw = random_rows(rng)
+        assert codec._simple_rows(raw, 8) is not None
+        assert outcome(raw) == general(raw)
+
+
+ROW = "[" + ",".join(["0.5"] * 28) + "]"
+IMAGE_TEXT = "[" + ",".join([ROW] * 28) + "]"
+# A row of 28 elements whose nesting keeps the flattened count at 28.
+COMPENSATED = "[[],[1,2]," + ",".join(["0.5"] * 26) + "]"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        f'{{"instances": [{IMAGE_TEXT}], "instances": [{IMAGE_TEXT}, {IMAGE_TEXT}]}}',
+        f'{{"instances": [{IMAGE_TEXT}], "instances": 5}}',
+        f'{{"instances": 5, "instances": [{IMAGE_TEXT}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace(ROW, COMPENSATED, 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace(ROW, COMPENSATED, 1)}], "signature_name": "]"}}',
+        f'{{"instances": [{IMAGE_TEXT}], "signature_name": "[["}}',
+        f'{{"instances": [{IMAGE_TEXT}], "signature_name": 5}}',
+        f'{{"instances": [{IMAGE_TEXT}], "extra": 1}}',
+        f'{{"instances": [{IMAGE_TEXT}], "inputs": [{IMAGE_TEXT}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "true", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "null", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", chr(34) + "1" + chr(34), 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "{}", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "1e400", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "1e39", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "-0", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "99999999999999999999999", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "18446744073709551615", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace("0.5", "NaN", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT.replace(ROW, ROW[:-1] + ",0.5]", 1)}]}}',
+        f'{{"instances": [{IMAGE_TEXT[:-1] + "," + ROW + "]"}]}}',
+        f'{{"instances": [{IMAGE_TEXT}]}} trailing',
+        f'{{"instances": [{IMAGE_TEXT}]',
+        f'{{"instances": [{{"image": {IMAGE_TEXT}}}]}}',
+        f'{{"instances": {IMAGE_TEXT}}}',
+        f'{{"instances": [{", ".join([IMAGE_TEXT] * 9)}]}}',
+        '{"instances": []}',
+        '{"instances": 1}',
+        f"[{IMAGE_TEXT}]",
+        "",
+        "\xff",
+    ],
+    ids=lambda raw: raw[:12] + "..." + raw[-12:] if len(raw) > 30 else raw,
+)
+def test_anything_unusual_is_read_as_the_general_path_reads_it(raw):
+    data = raw.encode("utf-8", "surrogateescape") if raw != "\xff" else b"\xff"
+    assert outcome(data) == general(data)
