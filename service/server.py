@@ -69,6 +69,14 @@ class CoalescingTransport:
             self._loop.call_soon(self.flush)
         self._pending.append(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write at once, after anything pending: for an answer already in one piece."""
+        if self._pending:
+            self._pending.append(data)
+            self.flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def flush(self) -> None:
         if self._pending:
             data = b"".join(self._pending)
@@ -371,7 +379,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 get_path_with_query_string(scope), cycle.http_version, response.status_code,
             )  # fmt: skip
         keep_alive = cycle.keep_alive
-        self.transport.write(
+        # One piece already: written now, not at the end of the loop's turn.
+        self.transport.write_now(
             response_bytes(response, self.server_state.default_headers, keep_alive)
         )
         cycle.response_complete = True
