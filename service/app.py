@@ -210,6 +210,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         error_response,
         settings.max_body_bytes,
         settings.body_timeout_seconds,
+        dataplane.admit,
     )
     # Innermost first; all of them in front of FastAPI's own stack (ServiceApp).
     app.outer_middleware = [

@@ -71,6 +71,8 @@ class DirectLane:
         error_response: renders an exception as the app does.
         max_body_bytes: a body declared longer goes to the app (which answers 413).
         body_timeout: how long the body may take (BODY_TIMEOUT_SECONDS).
+        admit: raises Overloaded while the model's queue is full: checked once the body is
+            in, before it is parsed, as the app checks before it reads one.
     """
 
     def __init__(
@@ -81,8 +83,10 @@ class DirectLane:
         error_response: Callable[[Request, Exception], Response],
         max_body_bytes: int,
         body_timeout: float,
+        admit: Callable[[], None],
     ):
         self.routes = list(routes)
+        self.admit = admit
         self.metrics = metrics
         self.tokens = tokens
         self.error_response = error_response
@@ -119,6 +123,15 @@ class DirectLane:
         query = url.partition(b"?")[2]
         started = self.metrics.request_started()
         return Taken(route.path_format, handler, params, path, query, headers, started)
+
+    def refusal(self, taken: Taken) -> Response | None:
+        """The app's 503 when the queue filled while the body came (nothing parsed yet);
+        None when there is room."""
+        try:
+            self.admit()
+        except Exception as err:  # noqa: BLE001 - Overloaded, rendered as the app renders it
+            return self.error_response(self.request(taken), err)
+        return None
 
     async def answer(self, taken: Taken, body: bytes) -> Response:
         """The handler's response, or the app's rendering of its error."""

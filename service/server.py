@@ -347,6 +347,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._direct_body = None
         cycle.timer.cancel()
         cycle.timer = None
+        lane = self.direct
+        refused = lane.refusal(cycle.taken)
+        if refused is not None:
+            # Under overload most requests end here: no task, no parse.
+            self._write_direct(cycle, refused)
+            lane.finish(cycle.taken, refused.status_code)
+            return
         cycle.task = task = self.loop.create_task(self._answer_direct(cycle, body))
         # Among uvicorn's tasks: a shutdown waits for it as for the app's.
         self.tasks.add(task)

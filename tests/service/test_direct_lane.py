@@ -23,8 +23,9 @@ import orjson
 import pytest
 from fakes import MODEL_NAME, FakeBackend, GatedFakeBackend, threaded_server, wait_until
 from helpers import png_bytes
-from test_hostile import http_answers, raw_exchange
+from test_hostile import http_answers, raw_exchange, response_complete
 
+from service import codec
 from service.app import create_app
 from service.batching import BatchingBackend
 from service.server import guarded_protocol
@@ -302,3 +303,44 @@ def test_a_client_that_leaves_frees_its_place_in_the_queue(caplog):
 def connect(url: str) -> socket.socket:
     host, port = url.split("//")[1].split(":")
     return socket.create_connection((host, int(port)), timeout=30)
+
+
+class Switchable(FakeBackend):
+    """Full (its queue, that is) whenever the test says so."""
+
+    full = False
+
+    def overloaded(self) -> bool:
+        return self.full
+
+
+def test_a_queue_that_fills_while_the_body_comes_refuses_it_unparsed(monkeypatch):
+    backend = Switchable()
+    server, took = serve(backend, direct=True)
+    parsed = []
+    parse = codec.parse_tf_serving_request
+    monkeypatch.setattr(codec, "parse_tf_serving_request", lambda *a: parsed.append(1) or parse(*a))
+    with server as (url, _), connect(url) as sock:
+        data = request_bytes(PREDICT, BODY)
+        sock.sendall(data[:-100])
+        wait_until(lambda: took == [PREDICT], "the lane to take the request")
+        backend.full = True
+        sock.sendall(data[-100:])
+        ((head, body),) = http_answers(read_one(sock))
+        assert head.startswith(b"http/1.1 503 ") and b"retry-after: 1" in head
+        assert "BATCH_MAX_QUEUE" in orjson.loads(body)["error"]
+        assert parsed == [] and backend.calls == []
+        # The connection lives on: the next request, with room again, is answered.
+        backend.full = False
+        sock.sendall(data)
+        ((head, _),) = http_answers(read_one(sock))
+        assert head.startswith(b"http/1.1 200 ") and parsed == [1]
+
+
+def read_one(sock: socket.socket) -> bytes:
+    data = b""
+    while not response_complete(data):
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
