@@ -142,21 +142,24 @@ def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
         raise BadInput(f"{where}[{err.index}]: {err.problem}") from err
 
 
-# Arrays in a row-format body of n images: the instances list, each image, each image's rows.
+# Arrays in a body of n images: the instances list, each image, each image's rows.
 def _arrays_in_rows(n: int) -> int:
     return 1 + n * (1 + IMAGE_HEIGHT)
 
 
-def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
-    """The row format's usual body, `{"instances": [n 28x28 arrays of numbers]}` (and maybe a
-    "signature_name"), read by simdjson straight into numpy: about 10 us for one image where
-    orjson's Python lists and numpy's conversion of them take 35. None for anything else or
-    anything in doubt (a syntax error, booleans, a shape off, too many images, duplicate
-    keys...): the general path reads those and says what is wrong.
+# What simdjson raises for a body it cannot read or a value of another type.
+_SIMDJSON_ERRORS = (ValueError, TypeError, RuntimeError, KeyError, OverflowError)
+
+
+def _image_arrays(body: bytes, max_images: int, extra_key: str | None = None):
+    """simdjson's view of the usual body, `{"instances": [n 28x28 arrays]}` (and maybe
+    `extra_key`, a string), as (instances, the extra string or None); None for anything else
+    or anything in doubt (a syntax error, a shape off, too many images, duplicate keys...):
+    the general path reads those and says what is wrong.
 
     The shape is proven exactly: every image is an array of 28 arrays of 28 elements, and the
-    body holds no other `[` (so no element is itself an array, and no string hides one); the
-    elements are all numbers, or simdjson's buffer refuses them.
+    body holds no other `[` (so no element is itself an array, and no string hides one).
+    The elements' types are the caller's to check (simdjson's buffers refuse non-numbers).
     """
     try:
         # A parser per call: its documents stay valid only until its next parse, and a body
@@ -167,13 +170,12 @@ def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
         keys = list(document.keys())
         if "instances" not in keys or len(set(keys)) != len(keys):
             return None
-        signature_name = SIGNATURE_NAME
+        extra = None
         for key in keys:
-            if key == "signature_name":
-                signature_name = document[key]
-                if not isinstance(signature_name, str):
+            if key == extra_key:
+                extra = document[key]
+                if not isinstance(extra, str):
                     return None
-                signature_name = signature_name or SIGNATURE_NAME
             elif key != "instances":
                 return None
         instances = document["instances"]
@@ -188,12 +190,58 @@ def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
             for row in image:
                 if not isinstance(row, simdjson.Array) or len(row) != IMAGE_WIDTH:
                     return None
-        flat = np.frombuffer(instances.as_buffer(of_type="d"), dtype=np.float64)
-    except (ValueError, TypeError, RuntimeError, KeyError, OverflowError):
-        return None  # the general path says what is wrong
-    if flat.size != n * IMAGE_HEIGHT * IMAGE_WIDTH:
+    except _SIMDJSON_ERRORS:
         return None
-    return signature_name, flat.reshape(n, *IMAGE_SHAPE)
+    return instances, extra
+
+
+def _buffer(array, of_type: str, dtype) -> np.ndarray | None:
+    """A simdjson array's numbers, flattened, as numpy; None when they are not all of_type."""
+    try:
+        return np.frombuffer(array.as_buffer(of_type=of_type), dtype=dtype)
+    except _SIMDJSON_ERRORS:
+        return None
+
+
+def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
+    """The row format's usual body read by simdjson straight into numpy: about 10 us for one
+    image where orjson's Python lists and numpy's conversion of them take 35. None for
+    anything else (see _image_arrays), booleans and strings included."""
+    view = _image_arrays(body, max_images, "signature_name")
+    if view is None:
+        return None
+    instances, signature_name = view
+    flat = _buffer(instances, "d", np.float64)
+    if flat is None or flat.size != len(instances) * IMAGE_HEIGHT * IMAGE_WIDTH:
+        return None
+    return signature_name or SIGNATURE_NAME, flat.reshape(-1, *IMAGE_SHAPE)
+
+
+def simple_pixel_images(body: bytes, max_images: int) -> list[np.ndarray] | None:
+    """The friendly /predict's usual JSON body, `{"instances": [n 28x28 pixel arrays]}`, read
+    by simdjson: each image as numpy would read its list (int64 when all its numbers are
+    integers, float64 otherwise), for decode_pixel_images. None for anything else (see
+    _image_arrays): base64 images, booleans, integers past int64..."""
+    view = _image_arrays(body, max_images)
+    if view is None:
+        return None
+    images = []
+    for image in view[0]:
+        flat = _buffer(image, "i", np.int64)
+        if flat is None:
+            # Not all integers. Floats, then, unless an integer is past int64's range (numpy
+            # would read those as another type): the general path decides.
+            text_floats = _buffer(image, "d", np.float64)
+            if text_floats is None or not _has_float_syntax(image):
+                return None
+            flat = text_floats
+        images.append(flat.reshape(IMAGE_SHAPE))
+    return images
+
+
+def _has_float_syntax(image) -> bool:
+    """Whether an image holds a float (not only integers too large for int64)."""
+    return any(isinstance(value, float) for row in image for value in row)
 
 
 def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndarray, bool]:
@@ -305,6 +353,22 @@ def decode_pixel_instances(
         except PixelError as err:
             raise BadInput(f"{where}: {err.problem}") from err
     return np.stack(images)
+
+
+def decode_pixel_images(images: list[np.ndarray]) -> np.ndarray:
+    """simple_pixel_images' arrays to float32 images [n, 28, 28] in [0, 1], by the same rule
+    and with the same messages as decode_pixel_instances.
+
+    Raises:
+        BadInput: pixels out of range, named by their instance.
+    """
+    out = []
+    for i, image in enumerate(images):
+        try:
+            out.append(pixels_to_input(image[np.newaxis])[0])
+        except PixelError as err:
+            raise BadInput(f"instances[{i}]: {err.problem}") from err
+    return np.stack(out)
 
 
 def _b64_bytes(value: dict, where: str) -> bytes:

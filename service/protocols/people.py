@@ -199,6 +199,9 @@ class PeopleAPI:
             cancelled.set()
 
     def _json_images(self, body: bytes, invert: str, cancelled=None) -> np.ndarray:
+        simple = codec.simple_pixel_images(body, self.dataplane.max_images)
+        if simple is not None:
+            return codec.decode_pixel_images(simple)
         instances = codec.pixel_instances(codec.loads(body))
         # Counted before any image is decoded.
         self.dataplane.check_image_count(len(instances))

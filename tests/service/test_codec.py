@@ -204,3 +204,84 @@ COMPENSATED = "[[],[1,2]," + ",".join(["0.5"] * 26) + "]"
 def test_anything_unusual_is_read_as_the_general_path_reads_it(raw):
     data = raw.encode("utf-8", "surrogateescape") if raw != "\xff" else b"\xff"
     assert outcome(data) == general(data)
+
+
+# --- the friendly /predict's pixel arrays: the fast path against the general one ------------
+
+
+def friendly(raw: bytes, fast: bool = True):
+    """What /predict makes of a JSON body (PeopleAPI._json_images): images or the error."""
+    import types
+
+    from service.errors import check_image_count
+    from service.protocols.people import PeopleAPI
+
+    dataplane = types.SimpleNamespace(
+        max_images=8, check_image_count=lambda n: check_image_count(n, 8)
+    )
+    api = PeopleAPI(dataplane, 200_000, 30.0, 48_000_000)
+    simple = codec.simple_pixel_images
+    if not fast:
+        codec.simple_pixel_images = lambda *_: None
+    try:
+        images = api._json_images(raw, "auto")
+    except Exception as err:  # noqa: BLE001 - compared as (type, message)
+        return type(err).__name__, str(err)
+    finally:
+        codec.simple_pixel_images = simple
+    return images.dtype.str, images.shape, images.tobytes()
+
+
+def random_pixels(rng: np.random.Generator) -> bytes:
+    images = []
+    for _ in range(int(rng.integers(1, 5))):
+        kind = rng.choice(["int", "unit", "int-out", "float-out", "whole-floats"])
+        if kind == "int":
+            image = rng.integers(0, 256, (28, 28)).tolist()
+        elif kind == "unit":
+            image = np.round(rng.random((28, 28)), 3).tolist()
+        elif kind == "int-out":
+            image = rng.integers(-3, 259, (28, 28)).tolist()
+        elif kind == "float-out":
+            image = (rng.random((28, 28)) * 1.01).tolist()
+        else:
+            image = rng.integers(0, 2, (28, 28)).astype(float).tolist()  # 0.0 and 1.0
+        images.append(image)
+    return orjson.dumps({"instances": images})
+
+
+def test_pixel_bodies_read_the_same_both_ways():
+    rng = np.random.default_rng(11)
+    taken = 0
+    for _ in range(200):
+        raw = random_pixels(rng)
+        taken += codec.simple_pixel_images(raw, 8) is not None
+        assert friendly(raw) == friendly(raw, fast=False)
+    assert taken == 200
+
+
+PIXEL_ROW = "[" + ",".join(["7"] * 28) + "]"
+PIXEL_IMAGE = "[" + ",".join([PIXEL_ROW] * 28) + "]"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        f'{{"instances": [{PIXEL_IMAGE}], "other": 1}}',
+        f'{{"instances": [{PIXEL_IMAGE}], "instances": 5}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "9223372036854775808", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "18446744073709551615", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "9223372036854775808")}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "-1", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "7.0", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "1e2", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace("7", "true", 1)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE}, {{"b64": "AAAA"}}]}}',
+        f'{{"instances": [{", ".join([PIXEL_IMAGE] * 9)}]}}',
+        f'{{"instances": [{PIXEL_IMAGE.replace(PIXEL_ROW, "[[],[1,2]," + ",".join(["7"] * 26) + "]", 1)}]}}',
+        '{"instances": []}',
+    ],
+    ids=lambda raw: raw[:12] + "..." + raw[-30:] if len(raw) > 50 else raw,
+)
+def test_unusual_pixel_bodies_read_as_the_general_path_reads_them(raw):
+    assert friendly(raw.encode()) == friendly(raw.encode(), fast=False)
