@@ -18,6 +18,7 @@ answer is the app's: the same status, body and headers, the same metrics and acc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -44,19 +45,17 @@ APP_HEADERS = frozenset(
 )
 
 
+@dataclasses.dataclass(slots=True)
 class Taken:
     """A request the lane has taken: its route and handler, and what the handler needs."""
 
-    __slots__ = ("template", "handler", "params", "path", "query", "headers", "started")
-
-    def __init__(self, template, handler, params, path, query, headers, started):
-        self.template = template
-        self.handler = handler
-        self.params = params
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.started = started
+    template: str  # the route's template, for the metrics' labels
+    handler: Callable[..., Any]
+    params: dict[str, Any]
+    path: str
+    query: bytes
+    headers: list[tuple[bytes, bytes]]
+    started: float  # when it was counted in flight
 
 
 class DirectLane:
@@ -86,12 +85,12 @@ class DirectLane:
         admit: Callable[[], None],
     ):
         self.routes = list(routes)
-        self.admit = admit
         self.metrics = metrics
         self.tokens = tokens
         self.error_response = error_response
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.admit = admit
 
     def take(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> Taken | None:
         """The request, taken, when it is a plain prediction; None to leave it to the app.
