@@ -161,6 +161,8 @@ def _image_arrays(body: bytes, max_images: int, extra_key: str | None = None):
     body holds no other `[` (so no element is itself an array, and no string hides one).
     The elements' types are the caller's to check (simdjson's buffers refuse non-numbers).
     """
+    if body.startswith(b"\xef\xbb\xbf"):
+        return None  # simdjson skips a byte order mark; orjson refuses it, and says so
     try:
         # A parser per call: its documents stay valid only until its next parse, and a body
         # may be parsed on a worker thread too. Making one costs well under a microsecond.
@@ -203,6 +205,19 @@ def _buffer(array, of_type: str, dtype) -> np.ndarray | None:
         return None
 
 
+def _numbers(array) -> np.ndarray | None:
+    """A simdjson array's numbers, flattened, as numpy reads the same lists: int64 when all
+    are integers within int64, float64 when any is a float (every number rounded once, as
+    numpy rounds); None when integers past int64 come without a float, which numpy reads by
+    rules of its own (uint64, or float64 when mixed): the general path decides."""
+    flat = _buffer(array, "i", np.int64)
+    if flat is not None:
+        return flat
+    if _buffer(array, "u", np.uint64) is not None:
+        return None
+    return _buffer(array, "d", np.float64)
+
+
 def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
     """The row format's usual body read by simdjson straight into numpy: about 10 us for one
     image where orjson's Python lists and numpy's conversion of them take 35. None for
@@ -212,6 +227,11 @@ def _simple_rows(body: bytes, max_images: int) -> tuple[str, np.ndarray] | None:
         return None
     instances, signature_name = view
     flat = _buffer(instances, "d", np.float64)
+    if flat is not None and not np.abs(flat).max() < 2.0**53:
+        # Integers this large reach float32 by another rounding than numpy's int64 would
+        # take: read them as numpy reads them. Below 2**53 every integer is exact in
+        # float64, so the model gets the same float32 either way.
+        flat = _numbers(instances)
     if flat is None or flat.size != len(instances) * IMAGE_HEIGHT * IMAGE_WIDTH:
         return None
     return signature_name or SIGNATURE_NAME, flat.reshape(-1, *IMAGE_SHAPE)
@@ -227,21 +247,11 @@ def simple_pixel_images(body: bytes, max_images: int) -> list[np.ndarray] | None
         return None
     images = []
     for image in view[0]:
-        flat = _buffer(image, "i", np.int64)
+        flat = _numbers(image)
         if flat is None:
-            # Not all integers. Floats, then, unless an integer is past int64's range (numpy
-            # would read those as another type): the general path decides.
-            text_floats = _buffer(image, "d", np.float64)
-            if text_floats is None or not _has_float_syntax(image):
-                return None
-            flat = text_floats
+            return None
         images.append(flat.reshape(IMAGE_SHAPE))
     return images
-
-
-def _has_float_syntax(image) -> bool:
-    """Whether an image holds a float (not only integers too large for int64)."""
-    return any(isinstance(value, float) for row in image for value in row)
 
 
 def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndarray, bool]:

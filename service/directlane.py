@@ -108,7 +108,12 @@ class DirectLane:
                 return None
             elif name == b"authorization":
                 authorization = value
-        if length is None or not length.isdigit() or int(length) > self.max_body_bytes:
+        if (
+            length is None
+            or not length.isdigit()
+            or len(length) > 18  # beyond any limit (and int() refuses past 4,300 digits)
+            or int(length) > self.max_body_bytes
+        ):
             return None
         path = url_path(url)
         found = match_route(self.routes, "POST", path)
@@ -119,7 +124,7 @@ class DirectLane:
             if needed is not None and bearer_problem(self.tokens, authorization, needed):
                 return None
         route, handler, params = found
-        query = url.partition(b"?")[2]
+        query = url.partition(b"#")[0].partition(b"?")[2]
         started = self.metrics.request_started()
         return Taken(route.path_format, handler, params, path, query, headers, started)
 

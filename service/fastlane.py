@@ -44,8 +44,9 @@ def match_route(
 
 
 def url_path(raw: bytes) -> str:
-    """A request target's path, percent-decoded as uvicorn decodes it for ASGI's scope."""
-    path = raw.split(b"?", 1)[0].decode("latin-1")
+    """A request target's path, percent-decoded as uvicorn decodes it for ASGI's scope (a
+    fragment, which no client should send, dropped as uvicorn drops it)."""
+    path = raw.partition(b"#")[0].partition(b"?")[0].decode("latin-1")
     return urllib.parse.unquote(path) if "%" in path else path
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 import uvicorn
+from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
@@ -236,6 +237,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # its headers are counted from the next read on, not left uncounted.
             self._in_headers = True
             self._header_bytes = 0
+        # A request is under way: an answer written while this read was parsed (a refusal)
+        # armed the keep-alive timer, which must not close the connection under this one.
+        self._unset_keepalive_if_required()
         if self._header_timer is None:
             # The next request on a kept-alive connection: its headers get the same time.
             self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
@@ -321,6 +325,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # --- the direct lane (service/directlane.py) ---------------------------------------------
     def _take_direct(self, lane: DirectLane) -> bool:
+        if self.flow.write_paused:
+            return False  # the client is not reading: the app's path waits for it to
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             return False  # uvicorn answers 503
@@ -368,6 +374,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._write_direct(cycle, response)
         except asyncio.CancelledError:
             if not cycle.disconnected:
+                # Cancelled by a shutdown past its grace: answered as uvicorn answers the
+                # app's unfinished requests then, and closed.
+                cycle.keep_alive = False
+                self._write_direct(cycle, Response(b"Internal Server Error", 500,
+                                                   media_type="text/plain"))  # fmt: skip
                 raise
             # As the app answers (and logs) a client that left before its answer.
             leaving = ClientClosedRequest("the client disconnected before the prediction was ready")
@@ -385,7 +396,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 '%s - "%s %s HTTP/%s" %d', get_client_addr(scope), "POST",
                 get_path_with_query_string(scope), cycle.http_version, response.status_code,
             )  # fmt: skip
-        keep_alive = cycle.keep_alive
+        # A drain that began while it ran (pipelined requests hide it from the drain's pass).
+        keep_alive = cycle.keep_alive and not _draining(self.server_state)
         # One piece already: written now, not at the end of the loop's turn.
         self.transport.write_now(
             response_bytes(response, self.server_state.default_headers, keep_alive)

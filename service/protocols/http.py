@@ -78,7 +78,8 @@ async def read_body(request: Request, limit: int, timeout: float = 30.0) -> byte
         ClientClosedRequest: the client hung up before sending it all (499: not a 5xx).
     """
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    # Past 18 digits it is over any limit (and int() refuses past 4,300).
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise PayloadTooLarge(
             f"request body is {declared} bytes; the limit is {limit} bytes (MAX_BODY_BYTES)"
         )

@@ -58,7 +58,7 @@ def v2_binary() -> tuple[bytes, dict]:
     }
 
 
-def serve(backend, direct: bool, **settings):
+def serve(backend, direct: bool, keepalive: float = 5, **settings):
     """A real server over `backend`, its direct lane on or off, and a spy on what it took."""
     app = create_app(Settings(model_name=MODEL_NAME, max_body_bytes=200_000, **settings), backend)
     lane = app.state.direct_lane
@@ -75,7 +75,7 @@ def serve(backend, direct: bool, **settings):
     protocol = guarded_protocol(
         16 * 1024, 10.0, app.state.refusal, lane if direct else None
     )  # fmt: skip
-    return threaded_server(app, http=protocol, timeout_keep_alive=5), took
+    return threaded_server(app, http=protocol, timeout_keep_alive=keepalive), took
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +85,17 @@ def servers():
     with contextlib.ExitStack() as stack:
         direct, took = serve(backend, direct=True)
         plain, _ = serve(backend, direct=False)
-        direct_url, _ = stack.enter_context(direct)
+        direct_url, direct_server = stack.enter_context(direct)
         plain_url, _ = stack.enter_context(plain)
+        STATES[direct_url] = direct_server.server_state
         yield direct_url, plain_url, took
+
+
+STATES: dict = {}  # url -> uvicorn's server state (its live connections)
+
+
+def servers_state(url: str):
+    return STATES[url]
 
 
 def exchange(url: str, method: str, path: str, **kwargs) -> tuple[int, dict, bytes]:
@@ -344,3 +352,74 @@ def read_one(sock: socket.socket) -> bytes:
         assert chunk, "the server closed the connection"
         data += chunk
     return data
+
+
+def test_a_fragment_and_an_absurd_length_are_read_as_the_app_reads_them(servers):
+    direct_url, plain_url, took = servers
+    body = orjson.dumps({"instances": [PIXELS]})
+    fragment = request_bytes("/predict?include_pixels=true#x", body, "Connection: close\r\n")
+    took.clear()
+    answers = [http_answers(raw_exchange(url, fragment)) for url in (direct_url, plain_url)]
+    assert answers[0][0][0].startswith(b"http/1.1 200 ")
+    assert [orjson.loads(b) for _, b in answers[0]] == [orjson.loads(b) for _, b in answers[1]]
+    assert "pixels" in orjson.loads(answers[0][0][1])["predictions"][0]
+    assert len(took) == 1
+    # A Content-Length of 5,000 digits: over the limit, not a server error.
+    absurd = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {'0' * 4999}1\r\n"
+        "Connection: close\r\n\r\n{"
+    ).encode()
+    took.clear()
+    for url in (direct_url, plain_url):
+        ((head, body),) = http_answers(raw_exchange(url, absurd))
+        assert head.startswith(b"http/1.1 413 ") and b"MAX_BODY_BYTES" in body
+    assert took == []
+
+
+class RefusesOnce(FakeBackend):
+    """Its queue is full for the first request only; its predictions take 1.5 s."""
+
+    def __init__(self):
+        super().__init__()
+        self.delays = {1: 1.5}
+        self.refusals = 1
+
+    def overloaded(self) -> bool:
+        if self.refusals:
+            self.refusals -= 1
+            return True
+        return False
+
+
+def test_a_refusal_does_not_close_the_connection_under_the_request_after_it():
+    # A refusal is written while the read that holds the next request is parsed; the
+    # keep-alive timer it arms must not close the connection while that request runs.
+    server, took = serve(RefusesOnce(), direct=True, keepalive=1)
+    with server as (url, _):
+        both = request_bytes(PREDICT, BODY) + request_bytes(PREDICT, BODY, "Connection: close\r\n")
+        (refused, _), (answered, body) = http_answers(raw_exchange(url, both))
+    assert refused.startswith(b"http/1.1 503 ")
+    assert answered.startswith(b"http/1.1 200 ") and orjson.loads(body)["model_version"] == "1"
+    assert took == [PREDICT]
+
+
+def test_while_the_client_is_not_reading_the_lane_takes_nothing(servers):
+    direct_url, _, took = servers
+    took.clear()
+    with connect(direct_url) as sock:
+        sock.sendall(request_bytes(PREDICT, BODY))
+        assert read_one(sock).startswith(b"HTTP/1.1 200 ")
+        assert len(took) == 1
+        # The transport says its buffer is full (the client stopped reading).
+        port = sock.getsockname()[1]
+        (protocol,) = [c for c in servers_state(direct_url).connections if c.client[1] == port]
+        protocol.loop.call_soon_threadsafe(protocol.flow.pause_writing)
+        wait_until(lambda: protocol.flow.write_paused, "writing to pause")
+        sock.sendall(request_bytes(PREDICT, BODY))
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            sock.recv(65536)  # the app's path waits for the client to read
+        assert len(took) == 1  # and the lane did not take it
+        protocol.loop.call_soon_threadsafe(protocol.flow.resume_writing)
+        sock.settimeout(30)
+        assert read_one(sock).startswith(b"HTTP/1.1 200 ")
