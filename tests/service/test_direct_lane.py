@@ -423,3 +423,38 @@ def test_while_the_client_is_not_reading_the_lane_takes_nothing(servers):
         protocol.loop.call_soon_threadsafe(protocol.flow.resume_writing)
         sock.settimeout(30)
         assert read_one(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_an_answer_written_during_a_drain_closes_its_connection():
+    gated = GatedFakeBackend()
+    server, took = serve(gated, direct=True)
+    with server as (url, uvicorn_server), connect(url) as sock:
+        gated.gate.clear()
+        try:
+            sock.sendall(request_bytes(PREDICT, BODY))
+            wait_until(lambda: gated.calls_started == 1, "the request in the model")
+            uvicorn_server.server_state.draining = True  # as DrainingServer marks a drain
+        finally:
+            gated.gate.set()
+        ((head, _),) = http_answers(read_one(sock))
+    assert took == [PREDICT]
+    assert head.startswith(b"http/1.1 200 ") and b"connection: close" in head
+
+
+def test_a_shutdown_past_its_grace_answers_500_and_closes():
+    gated = GatedFakeBackend()
+    app = create_app(Settings(model_name=MODEL_NAME), gated)
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal, app.state.direct_lane)
+    gated.gate.clear()
+    serving = threaded_server(app, http=protocol, timeout_graceful_shutdown=0.5)
+    with serving as (url, server), connect(url) as sock:
+        try:
+            sock.sendall(request_bytes(PREDICT, BODY))
+            wait_until(lambda: gated.calls_started == 1, "the request in the model")
+            server.should_exit = True
+            ((head, body),) = http_answers(read_one(sock))
+            assert sock.recv(65536) == b""  # closed
+        finally:
+            gated.gate.set()  # the model call's thread, which the server's exit waits for
+    assert head.startswith(b"http/1.1 500 ") and b"connection: close" in head
+    assert body == b"Internal Server Error"
