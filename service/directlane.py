@@ -134,7 +134,7 @@ class DirectLane:
         try:
             self.admit()
         except Exception as err:  # noqa: BLE001 - Overloaded, rendered as the app renders it
-            return self.error_response(self.request(taken), err)
+            return self.render(taken, err)
         return None
 
     async def answer(self, taken: Taken, body: bytes) -> Response:
@@ -143,7 +143,11 @@ class DirectLane:
         try:
             return await taken.handler(call, **taken.params)
         except Exception as err:  # noqa: BLE001 - rendered exactly as the app's handlers do
-            return self.error_response(self.request(taken), err)
+            return self.render(taken, err)
+
+    def render(self, taken: Taken, err: Exception) -> Response:
+        """An error as the app answers (and logs) it for this request."""
+        return self.error_response(self.request(taken), err)
 
     def request(self, taken: Taken) -> Request:
         """A Starlette request for error rendering and logs (only made for those)."""

@@ -382,7 +382,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 raise
             # As the app answers (and logs) a client that left before its answer.
             leaving = ClientClosedRequest("the client disconnected before the prediction was ready")
-            status = lane.error_response(lane.request(cycle.taken), leaving).status_code
+            status = lane.render(cycle.taken, leaving).status_code
         finally:
             lane.finish(cycle.taken, status)
 
@@ -415,9 +415,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         lane = self.direct
         size = sum(map(len, self._direct_body))
         self._direct_body = None
-        response = lane.error_response(
-            lane.request(cycle.taken), body_too_slow(lane.body_timeout, size)
-        )
+        response = lane.render(cycle.taken, body_too_slow(lane.body_timeout, size))
         # The rest of the body would be read as the next request: the connection ends.
         cycle.keep_alive = False
         self._write_direct(cycle, response)
@@ -437,7 +435,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._direct_body = None
         lane = self.direct
         leaving = ClientClosedRequest("the client disconnected while sending the body")
-        status = lane.error_response(lane.request(cycle.taken), leaving).status_code
+        status = lane.render(cycle.taken, leaving).status_code
         lane.finish(cycle.taken, status)
 
     def shutdown(self) -> None:

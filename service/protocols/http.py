@@ -150,16 +150,11 @@ async def serve_call(
 
 def form_request(call: Call) -> Request:
     """A request that replays a call's body, for Starlette's multipart parser."""
-    replayed = False
 
-    async def receive():
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": call.body, "more_body": False}
+    async def gone():
         return {"type": "http.disconnect"}
 
-    return Request({"type": "http", "headers": call.headers.raw}, receive)
+    return with_body(Request({"type": "http", "headers": call.headers.raw}, gone), call.body)
 
 
 def with_body(request: Request, body: bytes) -> Request:
