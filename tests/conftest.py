@@ -1,22 +1,17 @@
-"""Session-wide fixtures shared by the training and service test suites.
+"""What every test gets: a clean environment, and its tier, read from the folder it lives in.
 
-`small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files and
-`trained_model` trains a tiny model on it once per session through the real command line.
-
-The fast tier (`pytest -m "not slow"`) must not import TensorFlow: this file imports it only
-inside the fixtures that the slow tests use, and `fast_tier_stays_light` fails the run when a
-fast test imported it anyway.
+tests/unit/ is the fast tier (no TensorFlow); tests/live/ is the real end-to-end tier, and each of
+its tests gets the `slow` marker here, so `pytest -m "not slow"` selects the fast tier too
+(tests/README.md). The session fixtures of the live tier (the real data, a trained model) are in
+tests/live/conftest.py; plain helpers are in tests/support/.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
-import numpy as np
 import pytest
 
 from service.settings import Settings
@@ -24,24 +19,17 @@ from service.settings import Settings
 # Before anything imports TensorFlow: keep its C++ INFO/WARNING lines out of the test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# training.data.DEFAULT_DATA_DIR, not imported here: training.data imports TensorFlow.
-DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
-REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR))
-SMALL_TRAIN_COUNT = 600
-SMALL_TEST_COUNT = 300
-# The trained_model fixture's run: tiny, but enough for a non-trivial evaluation report.
-TRAIN_STEPS = 40
-TRAIN_BATCH_SIZE = 50
+TESTS_DIR = Path(__file__).parent
+UNIT_DIR = TESTS_DIR / "unit"
+LIVE_DIR = TESTS_DIR / "live"
 
 
-class TrainedModel(NamedTuple):
-    """What the `trained_model` fixture produced (all paths are inside a session tmp dir)."""
+def _is_live(path: Path) -> bool:
+    return path.is_relative_to(LIVE_DIR)
 
-    model_dir: Path  # checkpoints and params.json, trained to TRAIN_STEPS
-    export_base: Path  # the model repository folder, .../models/fashion_mnist
-    version_path: Path  # the exported version, export_base / "1"
-    data_dir: Path  # the small_data_dir it was trained and evaluated on
-    max_steps: int  # the global step it was trained to (TRAIN_STEPS)
+
+def _deselects_slow(config) -> bool:
+    return config.option.markexpr.replace(" ", "") == "notslow"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,90 +47,38 @@ def clean_environment(tmp_path_factory):
         yield
 
 
-# A module whose every test is slow says so once, at the top level.
-_SLOW_MODULE = re.compile(r"^pytestmark = pytest\.mark\.slow$", re.MULTILINE)
-
-
-def _fast_tier(config) -> bool:
-    return config.option.markexpr.replace(" ", "") == "notslow"
-
-
 def pytest_ignore_collect(collection_path, config):
-    """In the fast tier, a module marked slow as a whole is not even imported: collecting
-    it would import TensorFlow (seconds) only to deselect every test in it."""
-    if _fast_tier(config) and collection_path.suffix == ".py" and collection_path.is_file():
-        return bool(_SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")))
+    """With `-m "not slow"`, tests/live is not even imported: collecting it would import
+    TensorFlow (seconds) only to deselect every test in it."""
+    if _deselects_slow(config) and _is_live(collection_path):
+        return True
     return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    """Mark every test under tests/live slow; refuse a test that has no tier by its folder."""
+    misplaced = []
+    for item in items:
+        if _is_live(item.path):
+            item.add_marker(pytest.mark.slow)
+        elif not item.path.is_relative_to(UNIT_DIR) or item.get_closest_marker("slow"):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "a test's tier is the folder it lives in: tests/unit (fast, no TensorFlow) or "
+            "tests/live (slow, marked here), never a marker; move these:\n  "
+            + "\n  ".join(misplaced)
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
 def fast_tier_stays_light(request):
-    """Fail the fast tier when one of its tests imported TensorFlow (it takes seconds and is
-    what the fast tier exists to avoid)."""
+    """Fail a run of fast tests only (`pytest tests/unit`, `pytest -m "not slow"`) when one of
+    them imported TensorFlow: it takes seconds, and is what the fast tier exists to avoid."""
     yield
-    if _fast_tier(request.config):
+    if not any(_is_live(item.path) for item in request.session.items):
         assert "tensorflow" not in sys.modules, (
-            "a fast test imported TensorFlow; mark it slow or keep TensorFlow out of its path"
+            "a test under tests/unit imported TensorFlow: move it to tests/live, or keep "
+            "TensorFlow out of its path"
         )
-
-
-@pytest.fixture(scope="session")
-def real_data_dir() -> Path:
-    """The real Fashion-MNIST directory; `make setup` installs it, so missing is a failure."""
-    if not (REAL_DATA_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.fail(
-            f"Fashion-MNIST not found in {REAL_DATA_DIR}: run `make setup` "
-            "(it installs the Debian package dataset-fashion-mnist)"
-        )
-    return REAL_DATA_DIR
-
-
-@pytest.fixture(scope="session")
-def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
-    """An MNIST-format dir with the first 600 train and 300 test images of Fashion-MNIST."""
-    from training import data
-
-    directory = tmp_path_factory.mktemp("fashion-mnist-small")
-    for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
-        _, images, labels = data.load_split(real_data_dir, split)
-        data.write_idx(directory, split, images[:count], labels[:count])
-    return directory
-
-
-@pytest.fixture(scope="session")
-def small_test_data(small_data_dir) -> tuple[np.ndarray, np.ndarray]:
-    """The small test split as uint8 images [300, 28, 28] and uint8 labels [300]."""
-    from training import data
-
-    _, images, labels = data.load_split(small_data_dir, "test")
-    return images, labels
-
-
-@pytest.fixture(scope="session")
-def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
-    """A tiny CNN trained once per session with `python -m training train` and exported.
-
-    Treat it as read-only: copy the model dir, or export to another folder, before changing it.
-    """
-    from training.__main__ import main
-
-    root = tmp_path_factory.mktemp("trained")
-    model_dir = root / "run"
-    export_base = root / "models" / "fashion_mnist"
-    code = main(
-        [
-            "train",
-            "--data-dir", str(small_data_dir),
-            "--model-dir", str(model_dir),
-            "--export-dir", str(export_base),
-            "--max-steps", str(TRAIN_STEPS),
-            "--batch-size", str(TRAIN_BATCH_SIZE),
-            "--labels", "fashion",
-            "--seed", "0",
-            "--eval-every-secs", "1",
-        ]
-    )  # fmt: skip
-    assert code == 0, f"training the session model failed with exit code {code}"
-    versions = sorted(p for p in export_base.iterdir() if p.name.isdigit())
-    assert [p.name for p in versions] == ["1"], f"expected exactly version 1, got {versions}"
-    return TrainedModel(model_dir, export_base, versions[0], small_data_dir, TRAIN_STEPS)

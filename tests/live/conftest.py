@@ -1,0 +1,95 @@
+"""Session-wide fixtures of the live tier: the real data, and a model trained on it once.
+
+`small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files and
+`trained_model` trains a tiny model on it once per session through the real command line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+# training.data.DEFAULT_DATA_DIR, not imported here: training.data imports TensorFlow.
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR))
+SMALL_TRAIN_COUNT = 600
+SMALL_TEST_COUNT = 300
+# The trained_model fixture's run: tiny, but enough for a non-trivial evaluation report.
+TRAIN_STEPS = 40
+TRAIN_BATCH_SIZE = 50
+
+
+class TrainedModel(NamedTuple):
+    """What the `trained_model` fixture produced (all paths are inside a session tmp dir)."""
+
+    model_dir: Path  # checkpoints and params.json, trained to TRAIN_STEPS
+    export_base: Path  # the model repository folder, .../models/fashion_mnist
+    version_path: Path  # the exported version, export_base / "1"
+    data_dir: Path  # the small_data_dir it was trained and evaluated on
+    max_steps: int  # the global step it was trained to (TRAIN_STEPS)
+
+
+@pytest.fixture(scope="session")
+def real_data_dir() -> Path:
+    """The real Fashion-MNIST directory; `make setup` installs it, so missing is a failure."""
+    if not (REAL_DATA_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.fail(
+            f"Fashion-MNIST not found in {REAL_DATA_DIR}: run `make setup` "
+            "(it installs the Debian package dataset-fashion-mnist)"
+        )
+    return REAL_DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
+    """An MNIST-format dir with the first 600 train and 300 test images of Fashion-MNIST."""
+    from training import data
+
+    directory = tmp_path_factory.mktemp("fashion-mnist-small")
+    for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
+        _, images, labels = data.load_split(real_data_dir, split)
+        data.write_idx(directory, split, images[:count], labels[:count])
+    return directory
+
+
+@pytest.fixture(scope="session")
+def small_test_data(small_data_dir) -> tuple[np.ndarray, np.ndarray]:
+    """The small test split as uint8 images [300, 28, 28] and uint8 labels [300]."""
+    from training import data
+
+    _, images, labels = data.load_split(small_data_dir, "test")
+    return images, labels
+
+
+@pytest.fixture(scope="session")
+def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
+    """A tiny CNN trained once per session with `python -m training train` and exported.
+
+    Treat it as read-only: copy the model dir, or export to another folder, before changing it.
+    """
+    from training.__main__ import main
+
+    root = tmp_path_factory.mktemp("trained")
+    model_dir = root / "run"
+    export_base = root / "models" / "fashion_mnist"
+    code = main(
+        [
+            "train",
+            "--data-dir", str(small_data_dir),
+            "--model-dir", str(model_dir),
+            "--export-dir", str(export_base),
+            "--max-steps", str(TRAIN_STEPS),
+            "--batch-size", str(TRAIN_BATCH_SIZE),
+            "--labels", "fashion",
+            "--seed", "0",
+            "--eval-every-secs", "1",
+        ]
+    )  # fmt: skip
+    assert code == 0, f"training the session model failed with exit code {code}"
+    versions = sorted(p for p in export_base.iterdir() if p.name.isdigit())
+    assert [p.name for p in versions] == ["1"], f"expected exactly version 1, got {versions}"
+    return TrainedModel(model_dir, export_base, versions[0], small_data_dir, TRAIN_STEPS)

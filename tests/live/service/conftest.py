@@ -1,0 +1,30 @@
+"""Fixtures: a real `python -m service` process serving a copy of the session's trained model.
+
+The session fixture `trained_model` (tests/conftest.py) provides the exported model; every
+server here serves a copy of its model repository (or an empty one), so tests that add
+versions never disturb the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from support.servers import Server, copy_repository, start_server
+
+
+@pytest.fixture(scope="module")
+def server(trained_model, tmp_path_factory) -> Iterator[Server]:
+    """The main server: a copy of the trained repository, small limits, no polling."""
+    root = tmp_path_factory.mktemp("service")
+    base = copy_repository(trained_model, root)
+    srv = start_server(root / "server.log", MODEL_BASE_PATH=str(base))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+        yield c

@@ -1,0 +1,71 @@
+"""Plain helpers several test files share (fixtures live in the conftest.py files)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+# The checkout under test: tests/support/helpers.py is two folders below it.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def png_bytes(pixels: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> bytes:
+    """uint8 pixels (grayscale [h, w] or RGB [h, w, 3]) encoded as an image file.
+
+    Args:
+        fmt: Pillow's format name (PNG, JPEG, GIF, ...).
+        mode: convert to this Pillow mode first ("RGB" makes a gray image a color file).
+    """
+    image = Image.fromarray(pixels)
+    if mode is not None:
+        image = image.convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def assert_one_error_line(err: str, *fragments: str) -> str:
+    """Assert a command wrote exactly one `error: ...` line holding every fragment; the line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def error_message(response: httpx.Response, status: int) -> str:
+    """Assert a TF Serving style error body {"error": "..."} with this status; the message."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"], str) and body["error"], body
+    return body["error"]
+
+
+def ok_json(response: httpx.Response) -> dict:
+    """Assert a 200 JSON answer; its body."""
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    return response.json()
+
+
+def require_tool(command: str, package: str) -> None:
+    """A Debian tool a test drives. Missing where `make setup` installs it (as root): the test
+    fails, since setup went wrong. Missing for a user who cannot install it: skipped, saying
+    what to run."""
+    if shutil.which(command):
+        return
+    if os.geteuid() == 0:
+        pytest.fail(f"{command} not found: run `make setup` (it installs Debian's {package})")
+    pytest.skip(f"{command} not found and this user cannot install it: run "
+                f"`sudo apt-get install {package}`")  # fmt: skip

@@ -1,0 +1,174 @@
+"""Start real `python -m service` processes on free loopback ports, and build what they eat.
+
+Plain helpers (no fixtures) shared by tests/service/conftest.py and the test modules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.helpers import REPO_ROOT
+
+MODEL_NAME = "fashion_mnist"
+MAX_IMAGES = 16
+MAX_BODY_BYTES = 200_000
+START_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 30.0
+
+
+def settings_vars() -> set[str]:
+    """The environment variables the service reads (its Settings fields, upper-cased)."""
+    from service.settings import Settings
+
+    return {name.upper() for name in Settings.model_fields}
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    """The environment for `python -m service`: ours minus any service settings, plus these."""
+    # A developer's shell (say DEVICE=gpu or PORT=8000) must not change what the tests start.
+    ignored = settings_vars()
+    env = {k: v for k, v in os.environ.items() if k.upper() not in ignored}
+    env["PYTHONUNBUFFERED"] = "1"
+    # No test listens on TF Serving's well-known port: those that test gRPC give a free one.
+    env["GRPC_PORT"] = "0"
+    env.update(overrides)
+    return env
+
+
+def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.CompletedProcess:
+    """Run `python -m service` to completion (for settings that must make it exit)."""
+    return subprocess.run(
+        [sys.executable, "-m", "service"],
+        cwd=REPO_ROOT,
+        env=service_env(**overrides),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Server:
+    """One `python -m service` subprocess with its output captured to a file."""
+
+    def __init__(self, log_path: Path, **settings: str):
+        self.log_path = log_path
+        self.settings = settings
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        defaults = {
+            "MODEL_NAME": MODEL_NAME,
+            "HOST": "127.0.0.1",
+            "MAX_IMAGES": str(MAX_IMAGES),
+            "MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+            "MODEL_POLL_SECONDS": "0",
+            "LOG_LEVEL": "info",
+            # Stopping a test server needs no drain (the tests of draining set their own).
+            "DRAIN_SECONDS": "0",
+        }
+        env = service_env(**{**defaults, **settings, "PORT": str(self.port)})
+        self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        """Everything the server printed so far (stdout and stderr interleaved)."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_until(self, path: str, timeout: float = START_TIMEOUT_SECONDS) -> None:
+        """Poll GET path until it answers 200; fail with the server's output if it dies."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url, timeout=5.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    pytest.fail(
+                        f"the service exited with code {code} before {path} answered 200; "
+                        f"its output:\n{self.log()}"
+                    )
+                try:
+                    if client.get(path).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail(
+                        f"the service did not answer 200 on {path} within {timeout:.0f} s; "
+                        f"its output:\n{self.log()}"
+                    )
+                time.sleep(0.2)
+
+    def stop(self) -> int:
+        """SIGTERM, wait for the graceful shutdown (kill if it hangs); the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log_file.close()
+        return self.process.returncode
+
+
+def start_server(log_path: Path, wait_for: str = "/readyz", **settings: str) -> Server:
+    """Start a server and wait until `wait_for` answers 200 (retry once on a lost port race)."""
+    for attempt in range(2):
+        server = Server(log_path, **settings)
+        try:
+            server.wait_until(wait_for)
+            return server
+        except pytest.fail.Exception:
+            server.stop()
+            if attempt == 0 and "address already in use" in server.log().lower():
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def copy_repository(trained_model, destination: Path) -> Path:
+    """A private copy of the trained model's repository; returns the new MODEL_BASE_PATH."""
+    base = destination / "models"
+    shutil.copytree(trained_model.export_base.parent, base)
+    return base
+
+
+def add_version(model_dir: Path, source: str, target: str) -> Path:
+    """Copy version `source` to `target` atomically: build under a hidden name, then rename."""
+    staging = model_dir / f".staging-{target}"
+    shutil.copytree(model_dir / source, staging)
+    os.rename(staging, model_dir / target)
+    return model_dir / target
+
+
+def wait_for(condition, what: str, server: Server, timeout: float = 60.0):
+    """Poll until condition() is truthy (bounded); fail with the server's output otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
+        time.sleep(0.1)

@@ -1,0 +1,247 @@
+"""The dynamic batcher with real concurrent HTTP requests against a real uvicorn server.
+
+The server runs in a thread of the test process with a fake backend behind a gate
+(tests/service/fakes.py): each model call waits until the test opens the gate, so the test
+decides what queues while the model is busy, and the gate records the size of every batch the
+model ran. The toy model's answers depend on each image, so a batch split back out of order
+would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import socket
+
+import httpx
+import numpy as np
+import pytest
+from support.fakes import (
+    WAIT_SECONDS,
+    FakeBackend,
+    GatedFakeBackend,
+    threaded_server,
+    toy_model,
+    wait_until,
+)
+
+from artifact.contract import PROBABILITIES_KEY
+from service.app import create_app
+from service.backends.base import DelegatingBackend
+from service.batching import BatchingBackend
+from service.errors import UpstreamError
+from service.settings import Settings
+
+PATH = "/v1/models/fashion_mnist:predict"
+
+
+@contextlib.contextmanager
+def serving(max_batch_size=4, timeout_ms=0.0, max_queue=8):
+    settings = Settings(model_name="fashion_mnist", log_level="warning")
+    gated = GatedFakeBackend()
+    batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
+    with threaded_server(create_app(settings, backend=batcher)) as (url, _):
+        try:
+            yield url, gated, batcher
+        finally:
+            # Before the server stops (and the clients' pool is joined): no request stays held.
+            gated.gate.set()
+
+
+@pytest.fixture(scope="module")
+def images():
+    """Eight images and what the toy model of version 1 says about each."""
+    pixels = np.random.default_rng(0).random((8, 28, 28)).astype(np.float32)
+    return pixels, toy_model(1, pixels)[PROBABILITIES_KEY]
+
+
+def post(url, pixels):
+    body = {"instances": np.asarray(pixels).tolist()}
+    return httpx.post(url + PATH, json=body, timeout=WAIT_SECONDS)
+
+
+def probabilities_of(response):
+    assert response.status_code == 200, response.text
+    return np.array([p["probabilities"] for p in response.json()["predictions"]])
+
+
+def test_queued_requests_merge_into_one_call_and_split_back_in_order(images):
+    pixels, expected = images
+    with (
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(max_batch_size=4) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+        # While the model is busy: requests of 2, 2 and 1 images queue up.
+        parts = [(1, 3), (3, 5), (5, 6)]
+        queued = []
+        for a, b in parts:  # one at a time, so the queue order is known
+            queued.append(pool.submit(post, url, pixels[a:b]))
+            count = len(queued)
+            wait_until(lambda count=count: batcher.waiting == count, f"{count} queued")
+        gated.gate.set()
+        np.testing.assert_allclose(probabilities_of(first.result()), expected[0:1], atol=1e-5)
+        for (a, b), future in zip(parts, queued, strict=True):
+            np.testing.assert_allclose(probabilities_of(future.result()), expected[a:b], atol=1e-5)
+    # 2 + 2 images fill a batch of 4; the last request runs in the next one.
+    assert gated.sizes == [1, 4, 1]
+
+
+def test_tf_serving_rest_and_the_open_inference_protocol_share_one_batch(images):
+    pixels, expected = images
+    v2_body = {
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "FP32",
+                "shape": [2, 28, 28],
+                "data": pixels[3:5].tolist(),
+            }
+        ]
+    }
+    with (
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+        serving(max_batch_size=4) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+        v1 = pool.submit(post, url, pixels[1:3])
+        wait_until(lambda: batcher.waiting == 1, "the /v1 request queued")
+        v2_url = url + "/v2/models/fashion_mnist/infer"
+        v2 = pool.submit(httpx.post, v2_url, json=v2_body, timeout=WAIT_SECONDS)
+        wait_until(lambda: batcher.waiting == 2, "the /v2 request queued")
+        gated.gate.set()
+        probabilities_of(first.result())
+        np.testing.assert_allclose(probabilities_of(v1.result()), expected[1:3], atol=1e-5)
+        response = v2.result()
+        assert response.status_code == 200, response.text
+        (output,) = [o for o in response.json()["outputs"] if o["name"] == PROBABILITIES_KEY]
+        np.testing.assert_allclose(np.reshape(output["data"], (2, 10)), expected[3:5], atol=1e-5)
+    assert gated.sizes == [1, 4]
+
+
+def test_full_queue_answers_503_at_once(images):
+    pixels, _ = images
+    with (
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(max_queue=2) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        running = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        queued = [pool.submit(post, url, pixels[i : i + 1]) for i in (1, 2)]
+        wait_until(lambda: batcher.waiting == 2, "a full queue")
+        refused = post(url, pixels[3:4])
+        assert refused.status_code == 503
+        assert "BATCH_MAX_QUEUE" in refused.json()["error"]
+        gated.gate.set()
+        assert all(f.result().status_code == 200 for f in [running, *queued])
+        # Once the queue drains the service takes requests again.
+        assert post(url, pixels[3:4]).status_code == 200
+
+
+def test_a_failed_batch_fails_only_its_own_requests(images):
+    pixels, expected = images
+    with (
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+        serving(max_batch_size=4) as (url, gated, batcher),
+    ):
+        gated.fail_call = 2
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        doomed = [pool.submit(post, url, pixels[i : i + 1]) for i in (1, 2)]
+        wait_until(lambda: batcher.waiting == 2, "two queued requests")
+        gated.gate.set()
+        assert first.result().status_code == 200
+        for future in doomed:
+            response = future.result()
+            assert response.status_code == 502
+            assert "injected failure" in response.json()["error"]
+        after = post(url, pixels[3:4])
+        np.testing.assert_allclose(probabilities_of(after), expected[3:4], atol=1e-5)
+    assert gated.sizes == [1, 2, 1]
+
+
+def test_a_batch_that_is_not_full_waits_for_the_timeout(images):
+    pixels, expected = images
+    with (
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+        serving(max_batch_size=2, timeout_ms=60_000) as (url, gated, _),
+    ):
+        # With an idle model and a long timeout, two requests still merge: the batch fills.
+        futures = [pool.submit(post, url, pixels[i : i + 1]) for i in (0, 1)]
+        for i, future in enumerate(futures):
+            np.testing.assert_allclose(
+                probabilities_of(future.result()), expected[i : i + 1], atol=1e-5
+            )
+    assert gated.sizes == [2]
+    with serving(max_batch_size=4, timeout_ms=50) as (url, gated, _):
+        # Alone and short of a full batch, a request runs once the timeout passes.
+        np.testing.assert_allclose(
+            probabilities_of(post(url, pixels[0:1])), expected[0:1], atol=1e-5
+        )
+    assert gated.sizes == [1]
+
+
+def test_a_client_that_gives_up_is_dropped_from_the_queue(images):
+    pixels, expected = images
+    body = httpx.Request("POST", "http://x" + PATH, json={"instances": pixels[1:2].tolist()})
+    with (
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+        serving(max_batch_size=4) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "a request holding the model")
+        port = int(url.rsplit(":", 1)[1])
+        quitter = socket.create_connection(("127.0.0.1", port))
+        content = body.read()
+        quitter.sendall(
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(content)}\r\n\r\n".encode()
+            + content
+        )
+        wait_until(lambda: batcher.waiting == 1, "the quitter to queue")
+        quitter.close()
+        wait_until(lambda: batcher.waiting == 0, "the server to notice the disconnect")
+        stayer = pool.submit(post, url, pixels[2:3])
+        wait_until(lambda: batcher.waiting == 1, "the stayer to queue")
+        gated.gate.set()
+        assert first.result().status_code == 200
+        np.testing.assert_allclose(probabilities_of(stayer.result()), expected[2:3], atol=1e-5)
+    # The model never saw the quitter's image: the stayer ran alone.
+    assert gated.sizes == [1, 1]
+
+
+def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_hung():
+    """close() while a batch is in the model: its waiters and the queued ones all get an error."""
+
+    class Stuck(DelegatingBackend):
+        async def predict(
+            self, name, images, version=None, signature_name="serving_default", label=None
+        ):
+            await asyncio.Event().wait()  # a model call that never ends by itself
+
+    async def scenario():
+        batcher = BatchingBackend(Stuck(FakeBackend()), max_batch_size=1, timeout_ms=0, max_queue=8)
+        await batcher.start()
+        images = np.zeros((1, 28, 28), np.float32)
+        running = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
+        queued = asyncio.ensure_future(batcher.predict("fashion_mnist", images))
+        deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
+        while batcher.waiting != 1:  # the first is in the model, the second waits
+            assert asyncio.get_running_loop().time() < deadline, "the requests never queued"
+            await asyncio.sleep(0.001)
+        await batcher.close()
+        return await asyncio.wait_for(
+            asyncio.gather(running, queued, return_exceptions=True), WAIT_SECONDS
+        )
+
+    outcomes = asyncio.run(scenario())
+    assert [type(o) for o in outcomes] == [UpstreamError, UpstreamError], outcomes
+    assert all("shutting down" in o.message for o in outcomes)

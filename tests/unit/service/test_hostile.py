@@ -1,0 +1,722 @@
+"""What an adversarial client tries, against the app over a fake backend (no TensorFlow): each
+case a clear 4xx in TF Serving's {"error"} form, never a 5xx, never a stall of others.
+
+The cases are the rows of the reliability review: deep nesting, booleans, hang-ups, oversized
+and slow headers, huge bodies, decompression bombs, overload, slow bodies, origins, tokens,
+log injection, paths in error bodies, MIME sniffing, the docs' assets, TLS.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import logging
+import re
+import socket
+import ssl
+import threading
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from support.fakes import (
+    MODEL_NAME,
+    FakeBackend,
+    GatedFakeBackend,
+    app_client,
+    threaded_server,
+    wait_until,
+)
+from support.helpers import error_message, png_bytes
+
+from artifact.images import MAX_PIXELS
+from service import codec, errors, protocols
+from service.app import create_app
+from service.batching import BatchingBackend
+from service.server import guarded_protocol
+from service.settings import Settings
+
+PREDICT = f"/v1/models/{MODEL_NAME}:predict"
+OVERLOADED_WORDS = (
+    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
+)
+ZEROS = [[[0.0] * 28] * 28]
+
+
+def nested_pixel(depth: int) -> bytes:
+    """A :predict body whose first pixel is a number nested `depth` arrays deep."""
+    row = "[" + ",".join(["0.0"] * 28) + "]"
+    first = "[" + "[" * depth + "0.0" + "]" * depth + "," + ",".join(["0.0"] * 27) + "]"
+    image = "[" + first + "," + ",".join([row] * 27) + "]"
+    return ('{"instances": [' + image + "]}").encode()
+
+
+@pytest.fixture
+def client():
+    with app_client(FakeBackend()) as c:
+        yield c
+
+
+# --- the body: shapes the JSON reader accepts and the contract does not -----------------------
+
+
+@pytest.mark.parametrize("depth", [1, 100, 1015])
+@pytest.mark.parametrize("path", [PREDICT, "/predict"])
+def test_deep_nesting_is_a_400(client, path, depth):
+    response = client.post(path, content=nested_pixel(depth))
+    assert "instances[0]" in error_message(response, 400)
+
+
+@pytest.mark.parametrize("path", [PREDICT, "/predict"])
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_booleans_are_not_pixels(client, path, value):
+    image = [[0] * 28 for _ in range(28)]
+    body = orjson.dumps({"instances": [image]}).replace(b"[0,", f"[{value},".encode(), 1)
+    message = error_message(client.post(path, content=body), 400)
+    assert f"instances[0][0][0]: expected a number, got bool {value.capitalize()}" in message
+
+
+def test_images_are_counted_before_any_array_is_built(client, monkeypatch):
+    built = []
+    monkeypatch.setattr(codec, "to_array", lambda *a, **k: built.append(a) or ZEROS)
+    body = orjson.dumps({"instances": [[[0.0]]] * 5000})
+    assert "request has 5000 images; the limit is 16" in error_message(
+        client.post(PREDICT, content=body), 413
+    )
+    assert built == []
+
+
+def test_large_bodies_are_parsed_off_the_event_loop(client, monkeypatch):
+    threads = []
+    parse = codec.parse_tf_serving_request
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return parse(*args)
+
+    monkeypatch.setattr(codec, "parse_tf_serving_request", recording)
+    small = orjson.dumps({"instances": ZEROS})
+    large = orjson.dumps({"instances": [[[0.123456789] * 28] * 28] * 12})
+    assert len(small) < protocols.tfserving_rest.INLINE_PARSE_BYTES < len(large)
+    loop_thread = client.portal.call(lambda: threading.current_thread().name)
+    assert client.post(PREDICT, content=small).status_code == 200
+    assert client.post(PREDICT, content=large).status_code == 200
+    assert threads[0] == loop_thread  # a small body: inline, cheaper than a thread hop
+    assert threads[1] != loop_thread  # a large one: on a worker thread
+
+
+def test_a_decompression_bomb_per_request_is_refused_from_the_headers(client, monkeypatch):
+    decoded = []
+    monkeypatch.setattr(
+        codec, "image_to_pixels", lambda *a: decoded.append(1) or np.zeros((28, 28), np.uint8)
+    )
+    # Files of 20 megapixels each (20 KB compressed): each under the per-image limit, 60
+    # megapixels together.
+    bomb = png_bytes(np.zeros((4000, 5000), np.uint8))
+    assert len(bomb) < 50_000
+    files = [("files", (f"{i}.png", bomb, "image/png")) for i in range(3)]
+    message = error_message(client.post("/predict", files=files), 413)
+    assert "megapixels; the limit is 48 per request (MAX_REQUEST_PIXELS)" in message
+    assert decoded == []
+    b64 = [{"b64": base64.b64encode(bomb).decode()} for _ in range(3)]
+    assert "MAX_REQUEST_PIXELS" in error_message(
+        client.post("/predict", json={"instances": b64}), 413
+    )
+    assert decoded == []
+
+
+def test_decoding_stops_when_the_client_has_left():
+    cancelled = threading.Event()
+    cancelled.set()
+    files = [("files[0]", png_bytes(np.zeros((28, 28), np.uint8)))]
+    with pytest.raises(codec.Cancelled):
+        codec.decode_image_files(files, "auto", MAX_PIXELS, cancelled)
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "TIFF"), "not an image file in an accepted format", id="tiff"),
+        pytest.param(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 28 28\n", "not an image file in an accepted format", id="eps"),
+    ],
+)  # fmt: skip
+def test_only_allow_listed_formats_are_decoded(client, data, fragment):
+    files = {"files": ("x.img", data, "application/octet-stream")}
+    assert fragment in error_message(client.post("/predict", files=files), 400)
+
+
+# --- errors and logs --------------------------------------------------------------------------
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(self.format(record))
+
+
+def test_a_newline_in_a_url_writes_one_log_line(client, monkeypatch):
+    logger = logging.getLogger("service")
+    collect = Collect()
+    # Whatever other tests did to logging in this process: this logger, at INFO, enabled.
+    monkeypatch.setattr(logger, "disabled", False)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(collect)
+    try:
+        client.post("/v1/models/evil%0AINFO%20forged%20line:predict", json={"instances": ZEROS})
+    finally:
+        logger.removeHandler(collect)
+        logger.setLevel(level)
+    lines = [line for line in collect.lines if "evil" in line]
+    assert len(lines) == 1 and "\n" not in lines[0] and "evil\\x0aINFO" in lines[0]
+
+
+def test_server_failures_name_no_folder_but_client_errors_keep_their_words():
+    backend = FakeBackend(versions=())
+    backend.reason = "no version under /srv/secret/models/fashion_mnist"
+    with app_client(backend) as client:
+        for path in ("/readyz", PREDICT):
+            message = error_message(
+                client.request(
+                    "POST" if "predict" in path else "GET", path, json={"instances": ZEROS}
+                ),
+                503,
+            )
+            assert "/srv/secret" not in message and "fashion_mnist" in message
+
+
+def test_every_answer_says_nosniff(client):
+    for response in (
+        client.get("/healthz"),
+        client.post(PREDICT, json={}),
+        client.get("/"),
+        client.get("/nowhere"),
+    ):
+        assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_docs_load_nothing_from_the_network(client):
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "/docs/assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text.lower()
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        response = client.get(f"/docs/assets/{asset}")
+        assert response.status_code == 200 and len(response.content) > 10_000
+    assert client.get("/docs/assets/../../etc/passwd").status_code == 404
+
+
+# --- origins and tokens -----------------------------------------------------------------------
+
+
+def test_a_cross_site_form_post_is_refused_before_it_runs():
+    backend = FakeBackend()
+    with app_client(backend) as client:
+        files = {"files": ("a.png", png_bytes(np.zeros((28, 28), np.uint8)), "image/png")}
+        response = client.post("/predict", files=files, headers={"Origin": "https://evil.example"})
+        assert "cross-origin requests from 'https://evil.example'" in error_message(response, 403)
+        assert backend.calls == []
+        # The service's own page (same origin) is fine.
+        own = client.post("/predict", files=files, headers={"Origin": "http://testserver"})
+        assert own.status_code == 200
+
+
+def test_allowed_origins_get_cors_headers_and_preflights():
+    with app_client(FakeBackend(), cors_allow_origins="https://app.example") as client:
+        origin = {"Origin": "https://app.example"}
+        response = client.post(PREDICT, json={"instances": ZEROS}, headers=origin)
+        assert response.status_code == 200
+        assert response.headers["access-control-allow-origin"] == "https://app.example"
+        preflight = client.options(
+            PREDICT, headers={**origin, "Access-Control-Request-Method": "POST"}
+        )
+        assert preflight.status_code == 204
+        assert "authorization" in preflight.headers["access-control-allow-headers"]
+
+
+@pytest.fixture
+def tokens_file(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text(
+        "# token scopes\npredictor-token-0123456789 predict\nwatcher-token-0123456789 status\n"
+    )
+    return path
+
+
+def test_bearer_tokens_with_scopes(tokens_file):
+    with app_client(FakeBackend(), auth_tokens_file=str(tokens_file)) as client:
+        body = {"instances": ZEROS}
+        missing = client.post(PREDICT, json=body)
+        assert error_message(missing, 401).startswith("this service needs a bearer token")
+        assert missing.headers["www-authenticate"] == 'Bearer realm="estimator-serving"'
+        wrong = client.post(
+            PREDICT, json=body, headers={"Authorization": "Bearer nope-nope-nope-nope"}
+        )
+        assert error_message(wrong, 401) == "the bearer token is not valid"
+        assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+        status_only = {"Authorization": "Bearer watcher-token-0123456789"}
+        refused = client.post(PREDICT, json=body, headers=status_only)
+        assert "does not have the 'predict' scope" in error_message(refused, 403)
+        assert client.get(f"/v1/models/{MODEL_NAME}", headers=status_only).status_code == 200
+        predictor = {"Authorization": "Bearer predictor-token-0123456789"}
+        assert client.post(PREDICT, json=body, headers=predictor).status_code == 200
+        assert client.get("/metrics", headers=predictor).status_code == 403
+        # Probes, the page's files and the docs stay open.
+        for path in ("/healthz", "/readyz", "/", "/docs", "/openapi.json"):
+            assert client.get(path).status_code == 200, path
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        pytest.param("short predict\n", "16 characters or more", id="short"),
+        pytest.param("a-long-enough-token-1234 admin\n", "unknown scope(s) admin", id="scope"),
+        pytest.param("one-field-only\n", "expected `<token> <scope>", id="fields"),
+        pytest.param("# nothing\n", "holds no token", id="empty"),
+    ],
+)
+def test_a_bad_tokens_file_stops_the_start(tmp_path, text, fragment):
+    from support.servers import run_service
+
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    result = run_service(timeout=60, AUTH_TOKENS_FILE=str(path), MODEL_BASE_PATH=str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: AUTH_TOKENS_FILE: ") and fragment in line
+
+
+# --- the server: headers, slow clients, overload, TLS -----------------------------------------
+
+
+def raw_exchange(
+    url: str, data: bytes, read_timeout: float = 30.0, one_response: bool = False
+) -> bytes:
+    """Send raw bytes to the server and read what it answers until it closes (or, with
+    one_response, until one whole response has come: the connection may stay open)."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
+        # The server may close before it has read everything: what it said counts.
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if one_response and response_complete(b"".join(chunks)):
+                break
+    return b"".join(chunks)
+
+
+def response_complete(data: bytes) -> bool:
+    head, found, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    return bool(found and length and len(body) >= int(length.group(1)))
+
+
+@pytest.fixture
+def guarded():
+    app = create_app(Settings(max_body_bytes=200_000, body_timeout_seconds=1.0), FakeBackend())
+    with threaded_server(app, http=guarded_protocol(16 * 1024, 1.0), timeout_keep_alive=1) as (
+        url,
+        _,
+    ):
+        yield url
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 16 * 1024 * 1024])
+def test_oversized_headers_get_431_and_the_server_keeps_answering(guarded, size):
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    answer = raw_exchange(guarded, request)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"MAX_HEADER_BYTES" in answer
+    assert httpx.get(guarded + "/healthz").status_code == 200
+
+
+def test_headers_sent_too_slowly_get_408(guarded):
+    host, port = guarded.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then nothing more
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"headers not complete" in answer
+
+
+def test_a_connection_that_sends_nothing_is_closed(guarded):
+    host, port = guarded.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_body_sent_too_slowly_gets_408(guarded):
+    host, port = guarded.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100000\r\n\r\n".encode()
+            + b'{"instances": ['
+        )
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"BODY_TIMEOUT_SECONDS" in answer
+
+
+def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog):
+    app = create_app(Settings(), FakeBackend())
+    with caplog.at_level(logging.INFO), threaded_server(app) as (url, _):
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(
+                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n".encode()
+                + b"x" * 1000
+            )
+        wait_until(
+            lambda: b'status="499"' in httpx.get(url + "/metrics").content, "the 499 to be counted"
+        )
+        metrics = httpx.get(url + "/metrics").text
+    assert 'status="500"' not in metrics
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_full_queue_refuses_before_reading_the_body():
+    gated = GatedFakeBackend()
+    batcher = BatchingBackend(gated, max_batch_size=1, timeout_ms=0, max_queue=1)
+    app = create_app(Settings(), batcher)
+    statuses = []
+
+    with threaded_server(app) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+
+        def post():
+            statuses.append(client.post(PREDICT, json={"instances": ZEROS}).status_code)
+
+        pending = [threading.Thread(target=post), threading.Thread(target=post)]
+        gated.gate.clear()
+        try:
+            pending[0].start()  # one in the model,
+            wait_until(lambda: gated.calls_started == 1, "a request in the model")
+            pending[1].start()  # one waiting: the queue (of one) is full
+            wait_until(lambda: batcher.waiting == 1, "a full queue")
+            # Headers announce a body that never comes: the answer cannot wait for it.
+            answer = raw_exchange(
+                url,
+                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n".encode(),
+                one_response=True,
+            )
+        finally:
+            gated.gate.set()
+            for thread in pending:
+                thread.join(30)
+    head = answer.split(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 503 ") and b"retry-after: 1" in head
+    assert b"BATCH_MAX_QUEUE" in answer
+    assert statuses == [200, 200]  # the accepted ones were answered
+
+
+class AlwaysFull(FakeBackend):
+    def overloaded(self) -> bool:
+        return True
+
+
+def test_overload_is_logged_as_a_rate_not_a_line_per_refusal(caplog, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(errors.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(errors, "overload_log", errors.RefusalLog(interval=10.0))
+    caplog.set_level(logging.INFO, logger="service")
+    with app_client(AlwaysFull()) as client:
+        for _ in range(50):
+            response = client.post(PREDICT, json={"instances": ZEROS})
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        first = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
+        clock[0] += 11
+        client.post("/predict", json={"instances": ZEROS})
+    lines = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
+    assert first == ["overloaded: refused 1 request(s): " + OVERLOADED_WORDS]
+    assert lines[1:] == [f"overloaded: refused 50 request(s) in the last 11 s: {OVERLOADED_WORDS}"]
+    assert [r.levelno for r in caplog.records if "overloaded" in r.getMessage()] == [
+        logging.WARNING
+    ] * 2
+
+
+def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(head, body) of each whole response in a byte stream (bodies by content-length)."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+        answers.append((head.lower(), rest[:length]))
+        data = rest[length:]
+    return answers
+
+
+@pytest.fixture
+def refusing():
+    backend = AlwaysFull()
+    app = create_app(Settings(model_name=MODEL_NAME), backend)
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    with threaded_server(app, http=protocol) as (url, _):
+        yield url, backend
+
+
+def test_a_full_queue_is_answered_by_the_protocol_and_the_connection_lives_on(refusing):
+    url, backend = refusing
+    body = orjson.dumps({"instances": ZEROS})
+    requests = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )  # fmt: skip
+    (refused, refused_body), (health, _), (_, metrics) = http_answers(raw_exchange(url, requests))
+    assert refused.startswith(b"http/1.1 503 ")
+    assert b"retry-after: 1" in refused and b"x-content-type-options: nosniff" in refused
+    assert orjson.loads(refused_body) == {"error": OVERLOADED_WORDS}
+    # Its body was read and dropped: the next request on the connection was answered.
+    assert health.startswith(b"http/1.1 200 ")
+    assert backend.calls == []
+    counted = 'http_requests_total{method="POST",route="/v1/models/{name}:predict",status="503"}'
+    assert f"{counted} 1.0".encode() in metrics
+    # Counted by the protocol's refusal: the app, which times what it answers, never saw it.
+    assert b'http_request_duration_seconds_count{route="/v1/models/{name}:predict"}' not in metrics
+
+
+def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog):
+    app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    caplog.set_level(logging.ERROR)
+    with threaded_server(app, http=protocol) as (url, server):
+        body = orjson.dumps({"instances": ZEROS})
+        request = (
+            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        for _ in range(3):  # kept alive, then the client closes it
+            assert raw_exchange(url, request, one_response=True).startswith(b"HTTP/1.1 503 ")
+        wait_until(lambda: not server.server_state.connections, "the connections to close")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize(
+    "request_line, headers",
+    [
+        pytest.param(f"POST {PREDICT} HTTP/1.0", "", id="http-1.0: answered, then closed"),
+        pytest.param("POST /predict?invert=no HTTP/1.1", "Connection: close\r\n",
+                     id="the friendly route"),
+        pytest.param(f"POST /v2/models/{MODEL_NAME}/infer HTTP/1.1", "Connection: close\r\n",
+                     id="the open inference protocol"),
+    ],
+)  # fmt: skip
+def test_every_refusal_says_the_same(refusing, request_line, headers):
+    url, backend = refusing
+    body = b'{"instances": []}'
+    request = (
+        f"{request_line}\r\nHost: x\r\n{headers}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    ((head, answer),) = http_answers(raw_exchange(url, request))
+    assert head.split(b"\r\n")[0].startswith(b"http/1.1 503 ")
+    assert b"retry-after: 1" in head
+    assert orjson.loads(answer) == {"error": OVERLOADED_WORDS}
+    assert backend.calls == []
+
+
+def test_a_cross_origin_prediction_is_left_to_the_app_and_its_cors_rules(refusing):
+    url, _ = refusing
+    body = b'{"instances": []}'
+    request = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    ((head, answer),) = http_answers(raw_exchange(url, request))
+    # No origin is allowed here: the app's 403, where the protocol would have said 503.
+    assert head.startswith(b"http/1.1 403 ") and b"cross-origin" in answer.lower()
+
+
+def self_signed(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_tls_with_a_self_signed_certificate(tmp_path):
+    cert, key = self_signed(tmp_path)
+    settings = Settings(tls_cert_file=str(cert), tls_key_file=str(key))
+    app = create_app(settings, FakeBackend())
+    with threaded_server(app, ssl_certfile=str(cert), ssl_keyfile=str(key)) as (url, _):
+        assert url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(base_url=url, verify=context, timeout=30) as client:
+            assert client.post(PREDICT, json={"instances": ZEROS}).status_code == 200
+        with pytest.raises(httpx.ConnectError):  # an unknown certificate is refused
+            httpx.get(url + "/healthz", timeout=30)
+
+
+def test_tls_settings_go_together(tmp_path):
+    cert, _ = self_signed(tmp_path)
+    with pytest.raises(ValueError, match="TLS_CERT_FILE and TLS_KEY_FILE go together"):
+        Settings(tls_cert_file=str(cert))
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(guarded):
+    host, port = guarded.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert b"connection: close" not in answer.lower()  # kept alive...
+        while sock.recv(65536):  # ...until KEEPALIVE_TIMEOUT_SECONDS (1 s here) of silence
+            pass
+        # EOF: the server closed it (a recv that timed out would have raised).
+
+
+def test_connections_past_max_connections_get_503_and_the_rest_are_served():
+    app = create_app(Settings(), FakeBackend())
+    with threaded_server(app, http=guarded_protocol(16 * 1024, 10.0), limit_concurrency=2) as (
+        url,
+        _,
+    ):
+        host, port = url.split("//")[1].split(":")
+        held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+        try:
+            # Two connections open (MAX_CONNECTIONS=2): a third is answered 503 at once.
+            answer = raw_exchange(
+                url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", one_response=True
+            )
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(
+            lambda: raw_exchange(url, b"GET /healthz HTTP/1.0\r\n\r\n").startswith(
+                b"HTTP/1.1 200 "
+            ),
+            "a connection to be served once the others left",
+        )
+
+
+def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypatch):
+    """A real disconnect (the socket closed while the first of five uploads decodes): the
+    service notices, and the four files left are never decoded."""
+    decoded: list[str] = []
+    seen: dict[str, threading.Event] = {}
+    first_started, finished = threading.Event(), threading.Event()
+    original_files, original_pixels = codec.decode_image_files, codec.image_file_pixels
+
+    def decode_image_files(files, invert, budget, cancelled=None):
+        seen["cancelled"] = cancelled
+        try:
+            return original_files(files, invert, budget, cancelled)
+        finally:
+            finished.set()
+
+    def image_file_pixels(data, where, invert):
+        decoded.append(where)
+        if len(decoded) == 1:
+            first_started.set()
+            seen["cancelled"].wait(30)  # held until the service has seen the client leave
+        return original_pixels(data, where, invert)
+
+    monkeypatch.setattr(codec, "decode_image_files", decode_image_files)
+    monkeypatch.setattr(codec, "image_file_pixels", image_file_pixels)
+    app = create_app(Settings(), FakeBackend())
+    with threaded_server(app) as (url, _):
+        png = png_bytes(np.zeros((28, 28), np.uint8))
+        files = [("files", (f"{i}.png", png, "image/png")) for i in range(5)]
+        request = httpx.Request("POST", url + "/predict", files=files)
+        body = request.read()
+        head = (
+            f"POST /predict HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: {request.headers['content-type']}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + body)
+            assert first_started.wait(30), "the first file never started decoding"
+        wait_until(lambda: seen["cancelled"].is_set(), "the service to see the client leave")
+        wait_until(finished.is_set, "the decoding to end")
+    assert decoded == ["files[0] (0.png)"]  # and not files[1] to files[4]
+
+
+def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_closed():
+    app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
+    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    with threaded_server(app, http=protocol, timeout_keep_alive=1) as (url, server):
+        host, port = url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(
+                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode()
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 503 ")
+            sock.sendall(b"0123456789")  # the body, after the answer (it read the headers only)
+            while sock.recv(65536):  # the keep-alive timeout (1 s) closes it: EOF, not a hang
+                pass
+        wait_until(lambda: not server.server_state.connections, "the connection to be gone")
+
+
+def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection(refusing):
+    url, _ = refusing
+    request = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+    ).encode()
+    # Read until the server closes: it does not wait for a body the client may never send.
+    answer = raw_exchange(url, request, read_timeout=10)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
+
+
+def test_headers_of_a_request_pipelined_behind_a_body_are_counted_too(guarded):
+    """The second request begins in the same read as the first one's body ends; its 1 MB
+    header is counted from the next read on, so it is refused, not buffered."""
+    body = b'{"instances": []}'
+    first = (
+        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    answer = raw_exchange(guarded, first + second)
+    assert b"HTTP/1.1 431 " in answer and b"MAX_HEADER_BYTES" in answer

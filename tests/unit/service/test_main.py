@@ -1,0 +1,91 @@
+"""`python -m service` refuses bad settings and unbindable addresses before loading anything.
+
+Fast: these fail before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from support.servers import free_port, run_service
+
+from service.settings import Settings
+
+
+def assert_one_error_line_naming(result, *fragments: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        pytest.param("PORT", "notanumber", id="port-text"),
+        pytest.param("PORT", "70000", id="port-range"),
+        pytest.param("DEVICE", "tpu", id="device"),
+        pytest.param("MAX_IMAGES", "0", id="max-images"),
+        pytest.param("MAX_BODY_BYTES", "10", id="max-body-bytes"),
+        pytest.param("MODEL_POLL_SECONDS", "-1", id="poll"),
+        pytest.param("MODEL_NAME", "../elsewhere", id="model-name"),
+        pytest.param("LOG_LEVEL", "loud", id="log-level"),
+        pytest.param("HOST", "999.1.1.1", id="host"),
+        pytest.param("GRPC_PORT", "70000", id="grpc-port-range"),
+        pytest.param("GRPC_PORT", "8000", id="grpc-port-is-port"),
+        pytest.param("GRPC_MAX_MESSAGE_BYTES", "10", id="grpc-message-bytes"),
+    ],
+)
+def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
+    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{name: value})
+    assert_one_error_line_naming(result, name)
+
+
+def test_a_port_in_use_exits_2_before_loading_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=str(port))
+    assert_one_error_line_naming(result, "PORT", "in use")
+
+
+def test_a_grpc_port_in_use_exits_2_before_loading_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        grpc_port = taken.getsockname()[1]
+        result = run_service(
+            timeout=60,
+            MODEL_BASE_PATH=str(tmp_path),
+            PORT=str(free_port()),
+            GRPC_PORT=str(grpc_port),
+        )
+    assert_one_error_line_naming(result, "GRPC_PORT", "in use")
+
+
+@pytest.mark.parametrize(
+    "env, field, expected",
+    [
+        pytest.param({"DEVICE": "GPU"}, "device", "gpu", id="device-any-case"),
+        pytest.param({"log_level": "WARNING"}, "log_level", "warning", id="names-any-case"),
+        pytest.param({"BACKEND": "TFServing"}, "backend", "tfserving", id="backend-any-case"),
+        pytest.param({"MODEL_POLL_SECONDS": "0"}, "model_poll_seconds", 0.0, id="poll-off"),
+    ],
+)
+def test_settings_read_the_environment(monkeypatch, env, field, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert getattr(Settings(), field) == expected
+
+
+def test_settings_defaults_match_tf_servings_names():
+    settings = Settings()
+    assert (settings.model_name, settings.model_base_path) == ("fashion_mnist", "models")
+    assert settings.backend == "tensorflow"
+    assert settings.grpc_port == 8500

@@ -1,0 +1,132 @@
+"""The package graph: training -> artifact <- service, no cycles, no TensorFlow where it is
+not needed, and images that carry only their own side."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.helpers import REPO_ROOT as ROOT
+
+PACKAGES = ("artifact", "service", "training")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def project_graph() -> dict[str, set[str]]:
+    """module -> the project's modules it imports."""
+    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {
+        name: {m for m in imports_of(path) if m in files and m != name}
+        for name, path in files.items()
+    }
+
+
+def test_the_graph_is_read_from_real_files():
+    graph = project_graph()
+    assert "service.app" in graph and "training.train" in graph and "artifact.contract" in graph
+    assert "artifact.contract" in graph["service.codec"]
+
+
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        pytest.param("service", ("training",), id="service-imports-no-training"),
+        pytest.param("training", ("service",), id="training-imports-no-service"),
+        pytest.param("artifact", ("service", "training"), id="artifact-depends-on-neither"),
+    ],
+)
+def test_dependencies_point_one_way(package, forbidden):
+    offenders = [
+        f"{module} imports {target}"
+        for module, targets in project_graph().items()
+        if module.split(".")[0] == package
+        for target in targets
+        if target.split(".")[0] in forbidden
+    ]
+    assert offenders == []
+
+
+def test_the_module_graph_has_no_cycle():
+    graph = project_graph()
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "visiting"
+        for target in sorted(graph[node]):
+            if state.get(target) == "visiting":
+                raise AssertionError("import cycle: " + " -> ".join([*path, node, target]))
+            if target not in state:
+                visit(target, [*path, node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def loaded_after(statement: str) -> set[str]:
+    """Top-level module names loaded by a fresh interpreter running `statement`."""
+    code = f"import sys\n{statement}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_the_app_and_its_data_plane_load_without_tensorflow_or_training():
+    loaded = loaded_after(
+        "import service.app, service.dataplane, service.registry, service.codec, service.__main__"
+    )
+    assert "tensorflow" not in loaded
+    assert "training" not in loaded
+
+
+def dockerfile_stage(target: str) -> str:
+    """The lines of one stage of the Dockerfile."""
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)
+    (stage,) = [s for s in stages if re.match(rf"\S+ AS {target}(?=\s)", s)]
+    return stage
+
+
+def copied_sources(stage: str) -> set[str]:
+    return {
+        word.rstrip("/")
+        for line in stage.splitlines()
+        if line.startswith("COPY") and "--from" not in line
+        for word in line.split()[1:-1]
+    }
+
+
+def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
+    api = copied_sources(dockerfile_stage("api")) | copied_sources(dockerfile_stage("api-deps"))
+    trainer = copied_sources(dockerfile_stage("trainer")) | copied_sources(
+        dockerfile_stage("trainer-deps")
+    )
+    assert {"artifact", "service"} <= api and "training" not in api
+    assert {"artifact", "training"} <= trainer and "service" not in trainer
+    service_lock = (ROOT / "requirements-service.lock").read_text()
+    training_lock = (ROOT / "requirements-training.lock").read_text()
+    assert "fastapi" in service_lock and "fastapi" not in training_lock
+    assert "uvicorn" not in training_lock

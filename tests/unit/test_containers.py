@@ -1,0 +1,213 @@
+"""The container setup, checked without a Docker engine (none runs here).
+
+`docker-compose config` (Debian's docker-compose, installed by `make setup`) must accept
+docker-compose.yml alone and with the GPU override; the parsed result must say what the
+README promises. The TF Serving config files must parse as TF Serving's protos, and the
+Dockerfile must have its stages, a non-root user and a health check.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from support.helpers import REPO_ROOT
+
+COMPOSE = "docker-compose"
+SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain"}
+TF_SERVING_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+$")
+TF_SERVING_GPU_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+-gpu$")
+
+
+def compose_config(*files: str) -> dict:
+    """`docker-compose -f ... config`, parsed; fails the test with compose's own complaint."""
+    executable = shutil.which(COMPOSE)
+    if executable is None:
+        pytest.fail(
+            f"{COMPOSE} is not installed: run `make setup` (it installs Debian's docker-compose) "
+            "or `apt-get install docker-compose`"
+        )
+    command = [executable]
+    for name in files:
+        command += ["-f", name]
+    result = subprocess.run(
+        [*command, "config"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"{' '.join(command)} config failed:\n{result.stderr}"
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return compose_config("docker-compose.yml")
+
+
+@pytest.fixture(scope="module")
+def gpu_config() -> dict:
+    return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
+
+
+def published(service: dict) -> dict[int, int]:
+    """{container port: host port}."""
+    return {int(p["target"]): int(p["published"]) for p in service.get("ports", [])}
+
+
+def mounts(service: dict) -> dict[str, tuple[str, str]]:
+    """{container path: (host path, mode)} of the bind mounts and volumes."""
+    result = {}
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        result[target] = (source, mode[0] if mode else "rw")
+    return result
+
+
+def env(service: dict) -> dict[str, str]:
+    return {k: str(v) for k, v in (service.get("environment") or {}).items()}
+
+
+def test_compose_file_has_the_five_services(config):
+    assert set(config["services"]) == SERVICES
+
+
+def test_api_runs_in_process_on_8000(config):
+    api = config["services"]["api"]
+    assert api["build"]["target"] == "api"
+    assert env(api)["BACKEND"] == "tensorflow"
+    assert env(api)["MODEL_BASE_PATH"] == "/models"
+    assert published(api) == {8000: 8000}
+    assert mounts(api)["/models"] == (str(REPO_ROOT / "models"), "ro")
+
+
+def test_tfserving_is_the_official_pinned_image_on_the_shared_repository(config):
+    tfserving = config["services"]["tfserving"]
+    assert TF_SERVING_IMAGE.match(tfserving["image"]), tfserving["image"]
+    assert published(tfserving) == {8500: 8500, 8501: 8501}
+    assert mounts(tfserving)["/models"] == (str(REPO_ROOT / "models"), "ro")
+    flags = dict(flag.split("=", 1) for flag in tfserving["command"])
+    assert flags["--port"] == "8500" and flags["--rest_api_port"] == "8501"
+    assert flags["--enable_batching"] == "true"
+    # Every config file it is given is in ./models, which is mounted at /models.
+    for flag in ("--model_config_file", "--batching_parameters_file", "--monitoring_config_file"):
+        assert flags[flag].startswith("/models/"), flags[flag]
+        assert (REPO_ROOT / "models" / flags[flag].removeprefix("/models/")).is_file(), flag
+    assert "/v1/models/fashion_mnist" in " ".join(tfserving["healthcheck"]["test"])
+
+
+def test_api_tfserving_waits_for_a_healthy_tfserving(config):
+    service = config["services"]["api-tfserving"]
+    assert service["build"]["target"] == "api"
+    assert env(service)["BACKEND"] == "tfserving"
+    assert env(service)["TFSERVING_GRPC_ADDRESS"] == "tfserving:8500"
+    assert service["depends_on"] == {"tfserving": {"condition": "service_healthy"}}
+    assert published(service) == {8000: 8001}
+    assert mounts(service)["/models"][1] == "ro"
+
+
+def test_trainer_is_a_profile_that_writes_the_shared_repository(config):
+    trainer = config["services"]["trainer"]
+    assert trainer["profiles"] == ["train"]
+    assert trainer["build"]["target"] == "trainer"
+    assert mounts(trainer)["/models"] == (str(REPO_ROOT / "models"), "rw")
+    assert mounts(trainer)["/app/runs"][0] in config["volumes"]
+
+
+def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(config):
+    services = config["services"]
+    retrain, trainer = services["retrain"], services["trainer"]
+    assert retrain["profiles"] == ["retrain"]
+    assert retrain["image"] == trainer["image"] and retrain["build"]["target"] == "trainer"
+    command = retrain["command"]
+    assert command[0] == "retrain"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--publish"] == "canary"
+    # Warm-starts from the trainer's runs, publishes where the APIs look, edits the config
+    # they read, and reads the feedback they write.
+    assert options["--model-dir"] == "/app/runs/fashion_mnist"
+    assert mounts(retrain)["/app/runs"] == mounts(trainer)["/app/runs"]
+    assert options["--export-dir"] == f"{env(services['api'])['MODEL_BASE_PATH']}/fashion_mnist"
+    assert options["--config"] == env(services["api"])["MODEL_CONFIG_FILE"]
+    assert mounts(retrain)["/models"] == (str(REPO_ROOT / "models"), "rw")
+    for name in ("api", "api-tfserving"):
+        feedback_dir = env(services[name])["FEEDBACK_DIR"]
+        assert feedback_dir == options["--feedback-dir"], name
+        assert mounts(services[name])[feedback_dir] == (mounts(retrain)[feedback_dir][0], "rw")
+    assert mounts(retrain)[options["--feedback-dir"]][1] == "ro"
+    assert mounts(retrain)[options["--feedback-dir"]][0] in config["volumes"]
+
+
+def test_gpu_override_uses_gpu_images_and_reserves_gpus(gpu_config):
+    services = gpu_config["services"]
+    assert set(services) == SERVICES
+    assert TF_SERVING_GPU_IMAGE.match(services["tfserving"]["image"])
+    for name in ("api", "tfserving", "trainer"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
+    for name in ("api", "trainer"):
+        assert services[name]["build"]["args"]["TENSORFLOW_EXTRAS"] == "and-cuda", name
+        assert services[name]["image"].endswith("-gpu")
+    assert env(services["api"])["DEVICE"] == "gpu"
+    # The rest of the base file still holds.
+    assert services["api-tfserving"]["depends_on"]["tfserving"]["condition"] == "service_healthy"
+    assert mounts(services["tfserving"])["/models"][1] == "ro"
+
+
+def test_tf_serving_config_files_parse():
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    models = REPO_ROOT / "models"
+    config = text_format.Parse(
+        (models / "models.config").read_text(), model_server_config_pb2.ModelServerConfig()
+    )
+    (model,) = config.model_config_list.config
+    assert model.name == "fashion_mnist"
+    assert model.base_path == "/models/fashion_mnist"
+    assert model.model_platform == "tensorflow"
+    assert model.model_version_policy.WhichOneof("policy_choice") == "latest"
+    # BatchingParameters and MonitoringConfig are not in tensorflow-serving-api's Python
+    # package: check the fields TF Serving reads by name.
+    batching = (models / "batching_parameters.txt").read_text()
+    for field in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches"):
+        assert re.search(rf"^{field} {{ value: \d+ }}$", batching, re.MULTILINE), field
+    monitoring = (models / "monitoring.config").read_text()
+    assert re.search(r"prometheus_config\s*{[^}]*enable: true", monitoring)
+    assert 'path: "/monitoring/prometheus/metrics"' in monitoring
+
+
+def test_dockerfile_stages_user_and_healthcheck():
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)", text, re.MULTILINE)
+    assert {name for _, name in stages} >= {"api-deps", "trainer-deps", "api", "trainer"}
+    assert stages[-1][1] == "api", "the default target (last stage) should be the API"
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.MULTILINE).group(1)
+    assert re.match(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", base), base
+    # Dependencies are installed before the code is copied (their own cached layer).
+    assert text.index("requirements-training.lock") < text.index("COPY training")
+    assert text.index("requirements-service.lock") < text.index("COPY service")
+    assert re.search(r"^USER app$", text, re.MULTILINE)
+    assert re.search(r"^HEALTHCHECK .*", text, re.MULTILINE) and "/readyz" in text
+    assert "dataset-fashion-mnist" in text
+
+
+def test_both_apis_and_tf_serving_read_one_model_config(config):
+    services = config["services"]
+    flags = [f for f in services["tfserving"]["command"] if f.startswith("--model_config_file=")]
+    (tf_serving_file,) = [f.split("=", 1)[1] for f in flags]
+    for name in ("api", "api-tfserving"):
+        environment = services[name]["environment"]
+        assert environment["MODEL_CONFIG_FILE"] == tf_serving_file, name
+        assert float(environment["MODEL_CONFIG_FILE_POLL_SECONDS"]) > 0, name
+
+
+def test_the_stop_grace_period_covers_the_drain_and_the_shutdown(config):
+    from service.settings import Settings
+
+    defaults = Settings()
+    needed = defaults.drain_seconds + defaults.shutdown_timeout_seconds
+    for name in ("api", "api-tfserving"):
+        grace = config["services"][name]["stop_grace_period"]
+        seconds = float(str(grace).rstrip("s")) if not isinstance(grace, int | float) else grace
+        assert seconds > needed, (name, grace, needed)
