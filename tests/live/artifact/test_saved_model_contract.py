@@ -3,7 +3,7 @@ on SignatureDefMap protos as TF Serving's GetModelMetadata carries them.
 
 Slow tier: the protos import TensorFlow (seconds). The end-to-end cases (a version with no
 `classes` output, a labels.txt with three lines, never serving) are in
-tests/service/test_reliability.py.
+tests/live/service/test_reliability.py.
 """
 
 from __future__ import annotations

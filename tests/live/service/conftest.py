@@ -1,6 +1,6 @@
 """Fixtures: a real `python -m service` process serving a copy of the session's trained model.
 
-The session fixture `trained_model` (tests/conftest.py) provides the exported model; every
+The session fixture `trained_model` (tests/live/conftest.py) provides the exported model; every
 server here serves a copy of its model repository (or an empty one), so tests that add
 versions never disturb the others.
 """

@@ -1,6 +1,6 @@
 """End to end against a real `python -m service` process: every endpoint, every client error.
 
-The server (tests/service/conftest.py) serves a copy of the session's trained model with
+The server (tests/live/service/conftest.py) serves a copy of the session's trained model with
 MAX_IMAGES=16 and MAX_BODY_BYTES=200000, so the limit tests stay cheap.
 """
 

@@ -1,7 +1,7 @@
 """BACKEND=tfserving end to end: the real service in front of a TF Serving stand-in.
 
 Two real `python -m service` processes serve the same model repository: one forwards to the
-gRPC stand-in (tests/service/tfserving_standin.py: TF Serving's protos over the real
+gRPC stand-in (tests/support/tfserving_standin.py: TF Serving's protos over the real
 SavedModel, because TF Serving's binary cannot be installed here), the other runs the model
 in-process. Every endpoint must answer both the same; gRPC errors must map to HTTP the way
 TF Serving maps them; an outage of the upstream must turn into 503s and heal by itself.

@@ -1,4 +1,4 @@
-"""Fixtures of the training tests; plain helpers are in training_harness.py."""
+"""Fixtures of the training tests; plain helpers are in tests/support/training_harness.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
 
 
 class Comparison(NamedTuple):
@@ -23,10 +24,6 @@ def comparison(tmp_path_factory, small_data_dir) -> Comparison:
 
     Treat it as read-only: the baseline, compare and TensorBoard tests share it.
     """
-    # Here, not at the top: conftest files load in the fast tier too, and this imports
-    # TensorFlow.
-    from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
-
     work_dir = tmp_path_factory.mktemp("compare") / "work"
     out = io.StringIO()
     with redirect_stdout(out):

@@ -1,7 +1,7 @@
 """The dynamic batcher with real concurrent HTTP requests against a real uvicorn server.
 
 The server runs in a thread of the test process with a fake backend behind a gate
-(tests/service/fakes.py): each model call waits until the test opens the gate, so the test
+(tests/support/fakes.py): each model call waits until the test opens the gate, so the test
 decides what queues while the model is busy, and the gate records the size of every batch the
 model ran. The toy model's answers depend on each image, so a batch split back out of order
 would show.

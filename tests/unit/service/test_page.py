@@ -27,7 +27,7 @@ from artifact.images import image_to_pixels
 from service.protocols.page import CONTENT_SECURITY_POLICY, STATIC_DIR
 
 PAGE = f"/page/models/{MODEL_NAME}"
-# Not real plots: the routes serve bytes, whatever they draw (tests/training/test_plots.py
+# Not real plots: the routes serve bytes, whatever they draw (tests/live/training/test_plots.py
 # checks the real ones).
 FAKE_PNG = b"\x89PNG\r\n\x1a\n" + b"plot" * 100
 RNG = np.random.default_rng(0)

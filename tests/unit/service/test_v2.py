@@ -2,7 +2,7 @@
 health, metadata, readiness, inference in JSON and with the binary tensor data extension, and
 every bad request answered with a clear 4xx.
 
-The real clients (tritonclient) against a real server: tests/service/test_protocols.py.
+The real clients (tritonclient) against a real server: tests/live/service/test_protocols.py.
 """
 
 from __future__ import annotations
