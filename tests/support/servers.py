@@ -1,6 +1,8 @@
-"""Start real `python -m service` processes on free loopback ports, and build what they eat.
+"""Free loopback ports, and real `python -m service` processes started on them.
 
-Plain helpers (no fixtures) shared by tests/service/conftest.py and the test modules.
+The one place tests get a port from and start the service from (the fast tier's in-process
+uvicorn over fakes is `fakes.threaded_server`, which binds its own socket). Plain helpers, no
+fixtures: tests/live/service/conftest.py holds the shared server fixtures.
 """
 
 from __future__ import annotations
@@ -32,11 +34,25 @@ def settings_vars() -> set[str]:
     return {name.upper() for name in Settings.model_fields}
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nobody listens on right now (all held open until all are chosen).
+
+    Another process may take one before the test binds it: `start_server` retries once.
+    """
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    (port,) = free_ports(1)
+    return port
 
 
 def service_env(**overrides: str) -> dict[str, str]:
@@ -52,11 +68,15 @@ def service_env(**overrides: str) -> dict[str, str]:
 
 
 def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.CompletedProcess:
-    """Run `python -m service` to completion (for settings that must make it exit)."""
+    """Run `python -m service` to completion (for settings that must make it exit).
+
+    On a free port unless PORT is given: some refusals come after the port is bound, and the
+    default port (8000) may be anyone's.
+    """
     return subprocess.run(
         [sys.executable, "-m", "service"],
         cwd=REPO_ROOT,
-        env=service_env(**overrides),
+        env=service_env(**{"PORT": str(free_port()), **overrides}),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -64,12 +84,19 @@ def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.Complete
 
 
 class Server:
-    """One `python -m service` subprocess with its output captured to a file."""
+    """One `python -m service` subprocess with its output captured to a file.
 
-    def __init__(self, log_path: Path, **settings: str):
+    Args:
+        grpc: serve TF Serving's gRPC API too, on a free port of its own (`grpc_port`);
+            otherwise gRPC is off unless settings give GRPC_PORT.
+        settings: the service's environment variables (PORT is always a free port).
+    """
+
+    def __init__(self, log_path: Path, grpc: bool = False, **settings: str):
         self.log_path = log_path
         self.settings = settings
-        self.port = free_port()
+        self.port, grpc_port = free_ports(2)
+        self.grpc_port = grpc_port if grpc else None
         self.url = f"http://127.0.0.1:{self.port}"
         defaults = {
             "MODEL_NAME": MODEL_NAME,
@@ -81,7 +108,8 @@ class Server:
             # Stopping a test server needs no drain (the tests of draining set their own).
             "DRAIN_SECONDS": "0",
         }
-        env = service_env(**{**defaults, **settings, "PORT": str(self.port)})
+        ports = {"PORT": str(self.port)} | ({"GRPC_PORT": str(grpc_port)} if grpc else {})
+        env = service_env(**{**defaults, **settings, **ports})
         self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service"],
@@ -132,10 +160,13 @@ class Server:
         return self.process.returncode
 
 
-def start_server(log_path: Path, wait_for: str = "/readyz", **settings: str) -> Server:
-    """Start a server and wait until `wait_for` answers 200 (retry once on a lost port race)."""
+def start_server(
+    log_path: Path, wait_for: str = "/readyz", grpc: bool = False, **settings: str
+) -> Server:
+    """Start a server (see `Server`) and wait until `wait_for` answers 200; retry once, on
+    other ports, when another process took one of them first."""
     for attempt in range(2):
-        server = Server(log_path, **settings)
+        server = Server(log_path, grpc=grpc, **settings)
         try:
             server.wait_until(wait_for)
             return server

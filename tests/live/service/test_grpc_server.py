@@ -3,7 +3,7 @@ HTTP, deadlines that free a request's place in the queue, the server's lifetime,
 service's errors as gRPC codes.
 
 Slow only because TF Serving's protos import TensorFlow; no model runs. The real service and
-the real clients: tests/service/test_protocols.py.
+the real clients: tests/live/service/test_protocols.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import tensorflow as tf
 from prometheus_client.parser import text_string_to_metric_families
 from support.fakes import FakeBackend, GatedFakeBackend, app_client, toy_model
 from support.servers import MODEL_NAME, free_port
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from support.tfserving_requests import predict_request
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from artifact.contract import PROBABILITIES_KEY
 from service.batching import BatchingBackend
@@ -73,13 +74,6 @@ def serving(max_batch_size=4):
             yield client, prediction_service_pb2_grpc.PredictionServiceStub(channel), gated, batcher
         finally:
             gated.gate.set()
-
-
-def predict_request(images: np.ndarray) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL_NAME
-    request.inputs["image"].CopyFrom(tf.make_tensor_proto(images))
-    return request
 
 
 def probabilities(response) -> np.ndarray:

@@ -22,7 +22,8 @@ import tensorflow as tf
 import tritonclient.http as triton
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import error_message
-from support.servers import MAX_IMAGES, MODEL_NAME, Server, copy_repository, free_port
+from support.servers import MAX_IMAGES, MODEL_NAME, Server, copy_repository, start_server
+from support.tfserving_requests import predict_request
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -52,22 +53,13 @@ def server(trained_model, tmp_path_factory) -> Iterator[tuple[Server, int]]:
     """(the server, its gRPC port): a copy of the trained repository, gRPC on."""
     root = tmp_path_factory.mktemp("protocols")
     base = copy_repository(trained_model, root)
-    for attempt in range(2):  # another process may take the free gRPC port first
-        grpc_port = free_port()
-        srv = Server(
-            root / f"server-{attempt}.log",
-            MODEL_BASE_PATH=str(base),
-            GRPC_PORT=str(grpc_port),
-            GRPC_MAX_MESSAGE_BYTES=str(GRPC_MAX_MESSAGE_BYTES),
-        )
-        try:
-            srv.wait_until("/readyz")
-            break
-        except pytest.fail.Exception:
-            srv.stop()
-            if attempt or "address already in use" not in srv.log().lower():
-                raise
-    yield srv, grpc_port
+    srv = start_server(
+        root / "server.log",
+        grpc=True,
+        MODEL_BASE_PATH=str(base),
+        GRPC_MAX_MESSAGE_BYTES=str(GRPC_MAX_MESSAGE_BYTES),
+    )
+    yield srv, srv.grpc_port
     # SIGTERM: a graceful shutdown of both servers (uvicorn re-raises the signal once done).
     assert srv.stop() in (0, -signal.SIGTERM), srv.log()
     assert "Application shutdown complete" in srv.log()
@@ -121,19 +113,6 @@ def reference(trained_model, images) -> np.ndarray:
     # A service that answered a constant would pass a comparison with a constant reference.
     assert np.abs(probabilities[0] - probabilities[1]).max() > 1e-3
     return probabilities
-
-
-def predict_request(images=None, name=MODEL_NAME, **model_spec) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    for key, value in model_spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
-    if images is not None:
-        request.inputs["image"].CopyFrom(tf.make_tensor_proto(images))
-    return request
 
 
 def rpc_error(method, request, timeout: float = TIMEOUT) -> grpc.RpcError:

@@ -15,7 +15,6 @@ from support.servers import (
     MODEL_NAME,
     add_version,
     copy_repository,
-    free_port,
     run_service,
     start_server,
     wait_for,
@@ -142,22 +141,21 @@ def test_no_request_fails_across_a_version_swap_a_label_move_and_a_policy_change
 
 def test_grpc_model_spec_labels_resolve_through_the_model_config(servers, repository):
     import grpc
+    from support.tfserving_requests import predict_request
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-    from test_protocols import predict_request  # TF Serving's request, as the protocol tests
 
-    grpc_port = free_port()
     server, path = serve_config(
         servers,
         repository,
         config_text("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2}),
-        GRPC_PORT=str(grpc_port),
+        grpc=True,
     )
     pixels = np.zeros((1, 28, 28), np.float32)
 
     def predict(**spec) -> predict_pb2.PredictResponse:
         return stub.Predict(predict_request(pixels, **spec), timeout=30)
 
-    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         assert predict(version_label="canary").model_spec.version.value == 2
         assert predict(version_label="stable").model_spec.version.value == 1

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
-from support.servers import MODEL_NAME, copy_repository, free_port, start_server
+from support.servers import MODEL_NAME, copy_repository, start_server
 
 REQUESTS = 40
 
@@ -28,12 +28,11 @@ def test_two_workers_share_the_port_the_metrics_and_the_stop(trained_model, tmp_
     base = copy_repository(trained_model, tmp_path)
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    grpc_port = free_port()
     server = start_server(
         tmp_path / "server.log",
         MODEL_BASE_PATH=str(base),
         WORKERS="2",
-        GRPC_PORT=str(grpc_port),
+        grpc=True,
         PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
     )
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.helpers import assert_one_error_line
+from support.servers import free_ports
 from support.training_harness import (
     call_main,
     checkpoint_step,
@@ -183,18 +183,6 @@ def test_num_gpus_without_gpu_mirrors_on_the_cpu_and_says_so(
 
 # ---------------------------------------------------------------------------------------------
 # A real cluster: chief, worker, parameter server and evaluator as processes on loopback.
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports nobody listens on (all held open until all are chosen)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class Task:

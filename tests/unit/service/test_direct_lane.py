@@ -22,8 +22,7 @@ import numpy as np
 import orjson
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, GatedFakeBackend, threaded_server, wait_until
-from support.helpers import png_bytes
-from test_hostile import http_answers, raw_exchange, response_complete
+from support.helpers import http_answers, png_bytes, raw_exchange, response_complete
 
 from service import codec
 from service.app import create_app

@@ -9,10 +9,8 @@ log injection, paths in error bodies, MIME sniffing, the docs' assets, TLS.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime as dt
 import logging
-import re
 import socket
 import ssl
 import threading
@@ -29,7 +27,7 @@ from support.fakes import (
     threaded_server,
     wait_until,
 )
-from support.helpers import error_message, png_bytes
+from support.helpers import error_message, http_answers, png_bytes, raw_exchange
 
 from artifact.images import MAX_PIXELS
 from service import codec, errors, protocols
@@ -293,36 +291,6 @@ def test_a_bad_tokens_file_stops_the_start(tmp_path, text, fragment):
 # --- the server: headers, slow clients, overload, TLS -----------------------------------------
 
 
-def raw_exchange(
-    url: str, data: bytes, read_timeout: float = 30.0, one_response: bool = False
-) -> bytes:
-    """Send raw bytes to the server and read what it answers until it closes (or, with
-    one_response, until one whole response has come: the connection may stay open)."""
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
-        # The server may close before it has read everything: what it said counts.
-        with contextlib.suppress(OSError):
-            sock.sendall(data)
-        chunks = []
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if one_response and response_complete(b"".join(chunks)):
-                break
-    return b"".join(chunks)
-
-
-def response_complete(data: bytes) -> bool:
-    head, found, body = data.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
-    return bool(found and length and len(body) >= int(length.group(1)))
-
-
 @pytest.fixture
 def guarded():
     app = create_app(Settings(max_body_bytes=200_000, body_timeout_seconds=1.0), FakeBackend())
@@ -444,17 +412,6 @@ def test_overload_is_logged_as_a_rate_not_a_line_per_refusal(caplog, monkeypatch
     assert [r.levelno for r in caplog.records if "overloaded" in r.getMessage()] == [
         logging.WARNING
     ] * 2
-
-
-def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
-    """(head, body) of each whole response in a byte stream (bodies by content-length)."""
-    answers = []
-    while data:
-        head, _, rest = data.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
-        answers.append((head.lower(), rest[:length]))
-        data = rest[length:]
-    return answers
 
 
 @pytest.fixture

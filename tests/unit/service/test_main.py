@@ -37,13 +37,18 @@ def assert_one_error_line_naming(result, *fragments: str) -> str:
         pytest.param("LOG_LEVEL", "loud", id="log-level"),
         pytest.param("HOST", "999.1.1.1", id="host"),
         pytest.param("GRPC_PORT", "70000", id="grpc-port-range"),
-        pytest.param("GRPC_PORT", "8000", id="grpc-port-is-port"),
         pytest.param("GRPC_MAX_MESSAGE_BYTES", "10", id="grpc-message-bytes"),
     ],
 )
 def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
     result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{name: value})
     assert_one_error_line_naming(result, name)
+
+
+def test_a_grpc_port_equal_to_the_port_exits_2_naming_it(tmp_path):
+    port = str(free_port())
+    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=port, GRPC_PORT=port)
+    assert_one_error_line_naming(result, "GRPC_PORT", f"both {port}")
 
 
 def test_a_port_in_use_exits_2_before_loading_anything(tmp_path):
