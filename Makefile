@@ -36,7 +36,7 @@ $(STAMP): $(LOCKS) pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# Downloaded (hash-checked), never installed: tests/deploy/crd_schemas.py reads their models.
+# Downloaded (hash-checked), never installed: tests/support/crd_schemas.py reads their models.
 $(CRD_SDKS_STAMP): deploy/kubernetes/crd-sdks.txt $(STAMP)
 	$(PY) -m pip download --quiet --no-deps --require-hashes -r $< -d $(CRD_SDKS)
 	@touch $@
@@ -51,7 +51,7 @@ data:
 	  fi; \
 	fi
 
-# tests/test_containers.py validates the compose files with Debian's docker-compose (no engine needed).
+# tests/unit/test_containers.py validates the compose files with Debian's docker-compose (no engine needed).
 compose:
 	@command -v docker-compose >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -71,7 +71,7 @@ browser:
 	  fi; }
 
 # The benchmark's load generators: wrk (HTTP/1.1) and h2load (nghttp2-client: HTTP/2, for
-# gRPC); tests/benchmarks run both against stand-ins.
+# gRPC); tests/unit/benchmarks run both against stand-ins.
 tools:
 	@{ command -v wrk && command -v h2load; } >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -100,13 +100,15 @@ serve: setup
 	@echo "Serving on http://$(HOST):$(PORT) (docs: /docs; try: curl http://$(HOST):$(PORT)/v1/models/$(MODEL_NAME))"
 	MODEL_NAME=$(MODEL_NAME) MODEL_BASE_PATH=$(MODEL_BASE_PATH) HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
+# Everything: tests/unit and tests/live (tests/README.md).
 test: setup
 	$(PY) -m pytest
 
-# No TensorFlow, no model, no server process beyond loopback helpers: well under a minute,
-# on both cores (pytest-xdist; the full suite stays serial, its live servers measure load).
+# The fast tier, chosen by folder: tests/unit (no TensorFlow, no model, no server process
+# beyond loopback helpers), well under a minute on both cores (pytest-xdist; the full suite
+# stays serial, its live servers measure load).
 test-fast: venv compose
-	$(PY) -m pytest -m "not slow" -n 2
+	$(PY) -m pytest tests/unit -n 2
 
 # Render every kustomization into build/kubernetes/ (to read) and run the manifest tests.
 k8s: venv
@@ -116,7 +118,7 @@ k8s: venv
 	  out=build/kubernetes/$$(echo $${dir#deploy/kubernetes/} | tr / -).yaml; \
 	  $(VENV)/bin/kubectl kustomize $$dir > $$out && echo "$$out"; \
 	done
-	$(PY) -m pytest tests/deploy -q
+	$(PY) -m pytest tests/unit/deploy tests/live/deploy -q
 
 lint: venv
 	$(PY) -m ruff check .
