@@ -4,7 +4,7 @@ FastAPI documents a route's 200 (as JSON) and a 422 it never sends here (validat
 are 400 in TF Serving's `{"error": "..."}` form). This module rewrites each operation's
 responses from one table: the errors the service's layers can raise for that kind of route,
 the content types of its answers, and the codes the security middleware can send in front of
-any route. `tests/service/test_openapi.py` runs schemathesis against it, so a status or
+any route. `tests/live/service/test_openapi.py` runs schemathesis against it, so a status or
 content type the schema does not list fails the tests.
 """
 
