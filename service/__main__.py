@@ -11,10 +11,9 @@ from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
-from service.config_watcher import initial_entries
 from service.errors import printable
 from service.security import TokenFileError, read_tokens
-from service.settings import Settings
+from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
 

@@ -96,7 +96,7 @@ def loaded_after(statement: str) -> set[str]:
 
 def test_the_app_and_its_data_plane_load_without_tensorflow_or_training():
     loaded = loaded_after(
-        "import service.app, service.dataplane, service.registry, service.codec, service.__main__"
+        "import service.app, service.dataplane, service.backends.registry, service.codec, service.__main__"
     )
     assert "tensorflow" not in loaded
     assert "training" not in loaded

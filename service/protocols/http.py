@@ -21,8 +21,8 @@ from service.errors import (
     PayloadTooLarge,
     RequestTimeout,
     check_image_count,
+    check_label_name,
 )
-from service.registry import check_label_name
 
 JSON = "application/json"
 T = TypeVar("T")

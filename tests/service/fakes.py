@@ -33,9 +33,9 @@ from artifact.contract import (
 )
 from service.app import create_app
 from service.backends.base import Backend
+from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, UpstreamError
 from service.fastlane import FastLane
-from service.registry import servable_not_found
 from service.settings import Settings
 from service.types import (
     ModelMetadata,

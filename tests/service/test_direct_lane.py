@@ -27,7 +27,7 @@ from test_hostile import http_answers, raw_exchange, response_complete
 
 from service import codec
 from service.app import create_app
-from service.batching import BatchingBackend
+from service.backends.batching import BatchingBackend
 from service.server import guarded_protocol
 from service.settings import Settings
 

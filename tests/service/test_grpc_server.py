@@ -24,7 +24,7 @@ from service_harness import MODEL_NAME, free_port
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from artifact.contract import PROBABILITIES_KEY
-from service.batching import BatchingBackend
+from service.backends.batching import BatchingBackend
 from service.errors import (
     BadInput,
     ClientClosedRequest,

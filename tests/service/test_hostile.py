@@ -34,7 +34,7 @@ from helpers import error_message, png_bytes
 from artifact.images import MAX_PIXELS
 from service import codec, errors, protocols
 from service.app import create_app
-from service.batching import BatchingBackend
+from service.backends.batching import BatchingBackend
 from service.server import guarded_protocol
 from service.settings import Settings
 

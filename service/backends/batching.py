@@ -31,7 +31,7 @@ from service.backends.base import Backend, DelegatingBackend, Reservation
 from service.errors import Overloaded, UpstreamError
 from service.types import Prediction
 
-log = logging.getLogger("service.batching")
+log = logging.getLogger("service.backends.batching")
 
 
 @dataclasses.dataclass
