@@ -75,6 +75,12 @@ class Overloaded(ServiceError):
     status = 503
 
 
+# What a full batching queue answers, at the door (DataPlane.admit, before the body is read)
+# and at the queue itself (a request admitted while its body came, when the queue filled).
+OVERLOADED = (
+    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
+)
+
 # What an overloaded service tells clients to wait before they try again (Retry-After).
 RETRY_AFTER_SECONDS = "1"
 

@@ -58,8 +58,6 @@ def servable_not_found(name: str, version: int | None) -> str:
     return f"Servable not found for request: Specific({name}, {version})"
 
 
-
-
 @dataclasses.dataclass
 class VersionRecord:
     """What the registry knows of one version."""

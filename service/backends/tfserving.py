@@ -65,8 +65,6 @@ STATUS_POLL_SECONDS = 1.0
 METADATA_FIELD = "signature_def"
 
 
-
-
 def _error_code_name(status) -> str:
     """The name of a StatusProto's error code ("OK", "UNKNOWN", ...)."""
     enum = status.DESCRIPTOR.fields_by_name["error_code"].enum_type
