@@ -11,10 +11,9 @@ from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
-from service.config_watcher import initial_entries
 from service.errors import printable
 from service.security import TokenFileError, read_tokens
-from service.settings import Settings
+from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
 
@@ -96,13 +95,13 @@ def main() -> int:
 
 
 def serve(settings: Settings, models, sock: socket.socket) -> int:
-    """Build the backend and the app, and run uvicorn on the bound socket until stopped."""
+    """Build the backend and the service, and run uvicorn on the bound socket until stopped."""
     import uvicorn
 
     from service.app import create_app
     from service.backends.device import DeviceError, configure_tensorflow
     from service.backends.factory import make_backend
-    from service.server import DrainingServer, guarded_protocol
+    from service.server import Drain, DrainingServer, guarded_protocol
 
     if settings.backend == "tensorflow":
         try:
@@ -111,16 +110,14 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    app = create_app(settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0)
+    service = create_app(
+        settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0
+    )
+    drain = Drain()
     config = uvicorn.Config(
-        app,
+        service,
         loop="uvloop",
-        http=guarded_protocol(
-            settings.max_header_bytes,
-            settings.header_timeout_seconds,
-            app.state.refusal,
-            app.state.direct_lane,
-        ),
+        http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds, drain),
         log_level=settings.log_level,
         timeout_keep_alive=settings.keepalive_timeout_seconds,
         limit_concurrency=settings.max_connections,
@@ -129,27 +126,27 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )
-    grpc_server = app.state.grpc_server
+    grpc_server = service.grpc_server
     server = DrainingServer(
         config,
+        drain,
         settings.drain_seconds,
-        app.state.dataplane.start_draining,
+        service.dataplane.start_draining,
         on_shutdown=grpc_server.begin_stop if grpc_server is not None else None,
     )
 
     def stop_at_start(problem: str) -> None:
-        app.state.startup_error = problem
         server.should_exit = True
 
-    app.state.on_startup_error = stop_at_start
+    service.on_startup_error = stop_at_start
     scheme = "https" if settings.tls_cert_file else "http"
     logging.getLogger("service").info(
         "Listening on %s://%s:%s", scheme, settings.host, settings.port
     )
     server.run(sockets=[sock])
-    if app.state.startup_error is not None:
+    if service.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
-        print(f"error: MODEL_CONFIG_FILE: {app.state.startup_error}", file=sys.stderr)
+        print(f"error: MODEL_CONFIG_FILE: {service.startup_error}", file=sys.stderr)
         return 2
     return 0
 

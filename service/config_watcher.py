@@ -15,28 +15,10 @@ import datetime as dt
 import logging
 from pathlib import Path
 
-from artifact.model_config import ConfigError, ModelEntry, read_config, shortcut
+from artifact.model_config import ConfigError, read_config
 from service.backends.base import Backend
-from service.settings import Settings
 
 log = logging.getLogger("service.config")
-
-
-def initial_entries(settings: Settings) -> list[ModelEntry]:
-    """The models to serve at start.
-
-    Raises:
-        ConfigError: MODEL_CONFIG_FILE cannot be read, parsed or served from what is on disk.
-    """
-    if settings.model_config_file:
-        return read_config(settings.model_config_file)
-    return shortcut(settings.model_name, settings.model_base_path)
-
-
-def default_model(settings: Settings, entries: list[ModelEntry]) -> str:
-    """MODEL_NAME when the config lists it, else the config's first model."""
-    names = [entry.name for entry in entries]
-    return settings.model_name if settings.model_name in names else names[0]
 
 
 def _now() -> str:

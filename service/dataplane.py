@@ -10,7 +10,6 @@ labels. It knows no HTTP and no JSON.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -18,27 +17,12 @@ import numpy as np
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME
 from service.backends.base import Backend
-from service.errors import NotFound, NotReady, Overloaded, check_image_count
+from service.errors import OVERLOADED, NotFound, NotReady, Overloaded, check_image_count
 from service.metrics import Metrics
 from service.traffic import SHADOW, Traffic
-from service.types import ModelMetadata, Readiness, VersionStatus
+from service.types import ModelMetadata, PredictResult, Readiness, VersionStatus
 
 log = logging.getLogger("service")
-
-
-@dataclasses.dataclass(frozen=True)
-class PredictResult:
-    """A prediction as every protocol needs it: who answered, the outputs, the labels."""
-
-    model: str
-    version: int
-    outputs: dict[str, np.ndarray]
-    labels: tuple[str, ...]
-
-
-OVERLOADED = (
-    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
-)
 
 
 class DataPlane:
@@ -97,10 +81,6 @@ class DataPlane:
         """
         if self.backend.overloaded():
             raise Overloaded(OVERLOADED)
-
-    def overloaded(self) -> bool:
-        """Whether admit() would refuse now."""
-        return self.backend.overloaded()
 
     async def predict(
         self,

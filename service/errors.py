@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from artifact.model_config import LABEL_PATTERN
+
 log = logging.getLogger("service")
 
 
@@ -72,6 +74,12 @@ class Overloaded(ServiceError):
 
     status = 503
 
+
+# What a full batching queue answers, at the door (DataPlane.admit, before the body is read)
+# and at the queue itself (a request admitted while its body came, when the queue filled).
+OVERLOADED = (
+    "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
+)
 
 # What an overloaded service tells clients to wait before they try again (Retry-After).
 RETRY_AFTER_SECONDS = "1"
@@ -158,6 +166,40 @@ def check_image_count(count: int, limit: int) -> None:
         raise PayloadTooLarge(
             f"request has {count} images; the limit is {limit} per request (MAX_IMAGES)"
         )
+
+
+def check_label_name(label: str) -> None:
+    """BadInput unless a version label is TF Serving's `[a-zA-Z0-9_]+`."""
+    if not LABEL_PATTERN.match(label):
+        raise BadInput(
+            f"Malformed request: version label must be letters, digits and underscores, "
+            f"got {label[:40]!r}"
+        )
+
+
+# gRPC status (by name) -> error: the mapping TF Serving's HTTP server applies to its own
+# statuses (tensorflow_serving/model_servers/http_server.cc, ToHTTPStatusCode). The client
+# backend (service/backends/tfserving.py) reads it forwards, the gRPC server
+# (service/protocols/grpc_server.py) backwards. Names, not grpc.StatusCode: this module
+# imports no gRPC.
+GRPC_ERRORS: dict[str, type[ServiceError]] = {
+    "CANCELLED": ClientClosedRequest,  # 499
+    "UNKNOWN": UpstreamInternal,  # 500
+    "INVALID_ARGUMENT": BadInput,  # 400
+    "DEADLINE_EXCEEDED": UpstreamTimeout,  # 504
+    "NOT_FOUND": NotFound,  # 404
+    "ALREADY_EXISTS": Conflict,  # 409
+    "PERMISSION_DENIED": Forbidden,  # 403
+    "RESOURCE_EXHAUSTED": TooManyRequests,  # 429
+    "FAILED_PRECONDITION": BadInput,  # 400
+    "ABORTED": Conflict,  # 409
+    "OUT_OF_RANGE": BadInput,  # 400
+    "UNIMPLEMENTED": NotImplementedUpstream,  # 501
+    "INTERNAL": UpstreamInternal,  # 500
+    "UNAVAILABLE": NotReady,  # 503
+    "DATA_LOSS": UpstreamInternal,  # 500
+    "UNAUTHENTICATED": Unauthorized,  # 401
+}
 
 
 # --- rendering ------------------------------------------------------------------------------

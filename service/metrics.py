@@ -145,33 +145,3 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
-
-
-class MetricsMiddleware:
-    """Pure ASGI middleware counting every HTTP request by its route template and status."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        metrics = self.metrics
-        started = metrics.request_started()
-        status = 500
-
-        async def send_with_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            route = scope.get("route")
-            # The template without convertors: /v1/models/{name}:predict.
-            template = getattr(route, "path_format", None) or "unmatched"
-            metrics.request_finished(template, scope["method"], status, started)

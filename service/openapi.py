@@ -15,6 +15,7 @@ import re
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from service.protocols.http import CallRoute
 from service.security import scope_of
 
 ERROR_SCHEMA = {
@@ -91,8 +92,32 @@ def _responses(method: str, path: str, success: dict) -> dict:
     return responses
 
 
-def document_responses(app: FastAPI) -> None:
-    """Make `app.openapi()` list every status and content type of every operation."""
+def call_route_operation(route: CallRoute) -> tuple[str, dict]:
+    """A Call route (service/door.py answers it; FastAPI does not know it) as an OpenAPI
+    path and operation: its path and query parameters, its body, its summary and tags."""
+    path = _CONVERTOR.sub(r"{\1}", route.path)
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PATH_PARAMETER.findall(path)
+    ]
+    operation = {
+        "tags": list(route.tags),
+        "summary": route.summary,
+        "operationId": re.sub(r"\W+", "_", f"{route.method}_{path}").strip("_").lower(),
+        "parameters": [*parameters, *route.query],
+        "responses": {"200": {"description": "Successful Response"}},
+        **(route.openapi_extra or {}),
+    }
+    return path, operation
+
+
+_CONVERTOR = re.compile(r"{(\w+):\w+}")
+_PATH_PARAMETER = re.compile(r"{(\w+)}")
+
+
+def document_responses(app: FastAPI, call_routes: list[CallRoute] = ()) -> None:
+    """Make `app.openapi()` list every operation (FastAPI's routes and the door's Call
+    routes) with every status and content type it can answer with."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -102,6 +127,9 @@ def document_responses(app: FastAPI) -> None:
                 description=app.description,
                 routes=app.routes,
             )
+            for route in call_routes:
+                path, operation = call_route_operation(route)
+                schema["paths"].setdefault(path, {})[route.method.lower()] = operation
             for path, operations in schema["paths"].items():
                 for method, operation in operations.items():
                     operation["responses"] = _responses(

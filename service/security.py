@@ -14,10 +14,12 @@ the headers every answer carries.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from pathlib import Path
 
 import orjson
+from starlette.responses import Response
 
 PREDICT = "predict"
 STATUS = "status"
@@ -98,71 +100,55 @@ def scope_of(method: str, path: str) -> str | None:
     return PREDICT if method == "POST" else STATUS
 
 
-def _reply(status: int, message: str, headers: list[tuple[bytes, bytes]] = ()):
-    body = orjson.dumps({"error": message})
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *headers,
-        ],
-    }
-    return start, {"type": "http.response.body", "body": body}
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the access rules say of a request: an answer that ends it (a refusal, or a CORS
+    preflight's), or None and the headers its answer must carry (CORS's)."""
+
+    refusal: Response | None
+    headers: list[tuple[bytes, bytes]]
 
 
-class SecurityMiddleware:
-    """ASGI middleware: tokens, origins, CORS and nosniff, in front of every route.
+ALLOWED = Decision(None, [])
+
+
+class Access:
+    """Tokens and origins, for every HTTP request (service/door.py asks `check`).
 
     Args:
-        app: the rest of the application.
         tokens: token -> scopes; None when authentication is off.
         allowed_origins: origins (scheme://host[:port]) allowed to call from a browser.
     """
 
-    def __init__(self, app, tokens: dict[bytes, frozenset[str]] | None, allowed_origins):
-        self.app = app
+    def __init__(self, tokens: dict[bytes, frozenset[str]] | None, allowed_origins):
         self.tokens = tokens
         self.allowed_origins = frozenset(allowed_origins)
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def check(self, scope) -> Decision:
+        """The decision for an HTTP request's scope (its method, path and headers)."""
+        if self.tokens is None and not any(name == b"origin" for name, _ in scope["headers"]):
+            return ALLOWED  # the usual case, decided without building a dict
         headers = dict(scope["headers"])
         origin = headers.get(b"origin")
         cors: list[tuple[bytes, bytes]] = []
-        if origin is not None and not self._same_origin(scope, headers, origin):
+        if origin is not None and not self._same_origin(headers, origin):
             if origin.decode("latin-1") not in self.allowed_origins:
-                await self._send(
-                    send,
-                    403,
+                message = (
                     f"cross-origin requests from {origin.decode('latin-1')[:100]!r} are not "
-                    "allowed (CORS_ALLOW_ORIGINS)",
+                    "allowed (CORS_ALLOW_ORIGINS)"
                 )
-                return
+                return Decision(_error(403, message), [])
             cors = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-                await self._preflight(send, cors)
-                return
+                return Decision(_preflight(), cors)
         problem = self._auth_problem(scope, headers)
         if problem is not None:
             status, message, challenge = problem
-            await self._send(send, status, message, [(b"www-authenticate", challenge), *cors])
-            return
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                present = {name.lower() for name, _ in message.get("headers", ())}
-                extra = [] if b"x-content-type-options" in present else [NOSNIFF]
-                message["headers"] = [*message.get("headers", ()), *extra, *cors]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+            return Decision(_error(status, message, [(b"www-authenticate", challenge)]), cors)
+        return Decision(None, cors)
 
     @staticmethod
-    def _same_origin(scope, headers, origin: bytes) -> bool:
+    def _same_origin(headers, origin: bytes) -> bool:
         host = headers.get(b"host")
         if host is None:
             return False
@@ -185,24 +171,18 @@ class SecurityMiddleware:
             return 401, message, challenge + b', error="invalid_token"'
         return 403, message, challenge + f', error="insufficient_scope", scope="{needed}"'.encode()
 
-    async def _preflight(self, send, cors) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 204,
-                "headers": [
-                    *cors,
-                    (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                    (b"access-control-allow-headers", CORS_HEADERS.encode()),
-                    (b"access-control-max-age", CORS_MAX_AGE.encode()),
-                    NOSNIFF,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": b""})
 
-    @staticmethod
-    async def _send(send, status: int, message: str, headers=()) -> None:
-        start, body = _reply(status, message, [*headers, NOSNIFF])
-        await send(start)
-        await send(body)
+def _error(status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> Response:
+    response = Response(orjson.dumps({"error": message}), status, media_type="application/json")
+    response.raw_headers.extend(headers)
+    return response
+
+
+def _preflight() -> Response:
+    response = Response(b"", 204)
+    response.raw_headers = [
+        (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+        (b"access-control-allow-headers", CORS_HEADERS.encode()),
+        (b"access-control-max-age", CORS_MAX_AGE.encode()),
+    ]
+    return response

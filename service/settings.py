@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from artifact.model_config import ModelEntry, read_config, shortcut
+
 
 class Settings(BaseSettings):
     """Everything the service can be told at start; built once in the entry point."""
@@ -284,3 +286,20 @@ class Settings(BaseSettings):
     def allowed_origins(self) -> list[str]:
         """CORS_ALLOW_ORIGINS as a list."""
         return [o.strip().rstrip("/") for o in self.cors_allow_origins.split(",") if o.strip()]
+
+
+def initial_entries(settings: Settings) -> list[ModelEntry]:
+    """The models to serve at start.
+
+    Raises:
+        ConfigError: MODEL_CONFIG_FILE cannot be read, parsed or served from what is on disk.
+    """
+    if settings.model_config_file:
+        return read_config(settings.model_config_file)
+    return shortcut(settings.model_name, settings.model_base_path)
+
+
+def default_model(settings: Settings, entries: list[ModelEntry]) -> str:
+    """MODEL_NAME when the config lists it, else the config's first model."""
+    names = [entry.name for entry in entries]
+    return settings.model_name if settings.model_name in names else names[0]

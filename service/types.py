@@ -43,6 +43,16 @@ class Prediction:
 
 
 @dataclasses.dataclass(frozen=True)
+class PredictResult:
+    """A prediction as every protocol needs it: who answered, the outputs, the labels."""
+
+    model: str
+    version: int
+    outputs: dict[str, np.ndarray]
+    labels: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorSpec:
     """One named tensor a signature takes or returns.
 

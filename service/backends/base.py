@@ -112,7 +112,7 @@ class Backend(abc.ABC):
         label: str | None = None,
     ) -> Reservation:
         """Hold what a prediction needs so that a thread can run it without the event loop
-        (service/batching.py). Raises what predict() raises for an unknown model, version,
+        (service/backends/batching.py). Raises what predict() raises for an unknown model, version,
         label or signature, where the backend can tell before running.
 
         By default the run goes back to this loop and awaits predict(): correct for any

@@ -6,11 +6,10 @@ import os
 
 from artifact.model_config import ModelEntry
 from service.backends.base import Backend
+from service.backends.batching import BatchingBackend
 from service.backends.inprocess import InProcessBackend
 from service.backends.tfserving import TFServingBackend
-from service.batching import BatchingBackend
-from service.config_watcher import default_model
-from service.settings import Settings
+from service.settings import Settings, default_model
 
 
 def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
@@ -21,7 +20,7 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
 
     Args:
         settings: the validated settings.
-        models: the model config's entries (service.config_watcher.initial_entries).
+        models: the model config's entries (service.settings.initial_entries).
     """
     default = default_model(settings, models)
     if settings.backend == "tfserving":

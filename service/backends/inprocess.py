@@ -1,6 +1,6 @@
 """In-process TensorFlow: the model repository's versions loaded and run in this process.
 
-The version registry (service/registry.py) decides, model by model, what is loaded and what
+The version registry (service/backends/registry.py) decides, model by model, what is loaded and what
 serves; this backend gives it a loader that loads and warms a SavedModel in TensorFlow's one
 worker thread, and runs predictions there, off the event loop. Shadow copies run on a second
 thread, so a slow shadow version never delays a served answer.
@@ -24,8 +24,8 @@ from artifact.saved_model import SavedModelPredictor, contract_problems
 from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
+from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
 from service.errors import BadInput, NotFound
-from service.registry import ModelRegistry, VersionRegistry, servable_not_found
 from service.tensors import signature_specs
 from service.types import ModelMetadata, Prediction, VersionStatus
 

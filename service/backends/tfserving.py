@@ -34,22 +34,16 @@ from artifact.contract import INPUT_KEY, SIGNATURE_NAME
 from artifact.model_config import ModelEntry
 from artifact.repository import assets_stamp, version_labels
 from service.backends.base import Backend
+from service.backends.registry import STABLE, servable_not_found
 from service.errors import (
+    GRPC_ERRORS,
     BadInput,
-    ClientClosedRequest,
-    Conflict,
-    Forbidden,
     NotFound,
-    NotImplementedUpstream,
     NotReady,
     ServiceError,
-    TooManyRequests,
-    Unauthorized,
     UpstreamError,
-    UpstreamInternal,
-    UpstreamTimeout,
+    check_label_name,
 )
-from service.registry import STABLE, check_label_name, servable_not_found
 from service.tensors import signature_specs
 from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
 
@@ -69,28 +63,6 @@ CHANNEL_OPTIONS = (
 )
 STATUS_POLL_SECONDS = 1.0
 METADATA_FIELD = "signature_def"
-
-
-# gRPC status -> error, the mapping TF Serving's HTTP server applies to its own statuses
-# (tensorflow_serving/model_servers/http_server.cc, ToHTTPStatusCode).
-GRPC_ERRORS: dict[grpc.StatusCode, type[ServiceError]] = {
-    grpc.StatusCode.CANCELLED: ClientClosedRequest,  # 499
-    grpc.StatusCode.UNKNOWN: UpstreamInternal,  # 500
-    grpc.StatusCode.INVALID_ARGUMENT: BadInput,  # 400
-    grpc.StatusCode.DEADLINE_EXCEEDED: UpstreamTimeout,  # 504
-    grpc.StatusCode.NOT_FOUND: NotFound,  # 404
-    grpc.StatusCode.ALREADY_EXISTS: Conflict,  # 409
-    grpc.StatusCode.PERMISSION_DENIED: Forbidden,  # 403
-    grpc.StatusCode.RESOURCE_EXHAUSTED: TooManyRequests,  # 429
-    grpc.StatusCode.FAILED_PRECONDITION: BadInput,  # 400
-    grpc.StatusCode.ABORTED: Conflict,  # 409
-    grpc.StatusCode.OUT_OF_RANGE: BadInput,  # 400
-    grpc.StatusCode.UNIMPLEMENTED: NotImplementedUpstream,  # 501
-    grpc.StatusCode.INTERNAL: UpstreamInternal,  # 500
-    grpc.StatusCode.UNAVAILABLE: NotReady,  # 503
-    grpc.StatusCode.DATA_LOSS: UpstreamInternal,  # 500
-    grpc.StatusCode.UNAUTHENTICATED: Unauthorized,  # 401
-}
 
 
 def _error_code_name(status) -> str:
@@ -277,7 +249,7 @@ class TFServingBackend(Backend):
             )
         else:
             message = details
-        return GRPC_ERRORS.get(code, UpstreamError)(message)
+        return GRPC_ERRORS.get(code.name, UpstreamError)(message)
 
     async def _call(self, method, request, call: str):
         if self._channel is None:

@@ -20,9 +20,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from fastapi import APIRouter, Query
 from prometheus_client import Counter, Gauge
-from starlette.requests import Request
+from starlette.datastructures import QueryParams
 
 from artifact.contract import NUM_CLASSES, PIXEL_MAX, normalize_pixels
 from artifact.feedback import (
@@ -42,7 +41,7 @@ from service.errors import (
     NotFound,
     NotReady,
 )
-from service.protocols.http import JSON, image_form, json_response, read_body, with_body
+from service.protocols.http import JSON, Call, CallRoute, form_request, image_form, json_response
 
 log = logging.getLogger("service.feedback")
 
@@ -93,6 +92,17 @@ FEEDBACK_DOC = {
     }
 }
 
+QUERY = (
+    {
+        "name": "invert",
+        "in": "query",
+        "required": False,
+        "description": "Uploaded/base64 images: invert to light-on-dark; 'auto' when the border "
+        "is light",
+        "schema": {"type": "string", "enum": list(INVERT_MODES), "default": "auto"},
+    },
+)
+
 
 class FeedbackAPI:
     """The feedback route over a data plane, with one store writer per model.
@@ -102,8 +112,7 @@ class FeedbackAPI:
         feedback_dir: FEEDBACK_DIR, or None when feedback is off.
         shard_images: FEEDBACK_SHARD_IMAGES.
         max_bytes: FEEDBACK_MAX_BYTES.
-        max_body_bytes: MAX_BODY_BYTES.
-        body_timeout: BODY_TIMEOUT_SECONDS.
+        max_body_bytes: MAX_BODY_BYTES (the most one uploaded file may be).
         max_request_pixels: MAX_REQUEST_PIXELS, the decoded pixels one request's image files
             may hold (as /predict).
     """
@@ -115,7 +124,6 @@ class FeedbackAPI:
         shard_images: int,
         max_bytes: int,
         max_body_bytes: int,
-        body_timeout: float = 30.0,
         max_request_pixels: int = 48_000_000,
     ):
         self.dataplane = dataplane
@@ -123,7 +131,6 @@ class FeedbackAPI:
         self.shard_images = shard_images
         self.max_bytes = max_bytes
         self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
         self.max_request_pixels = max_request_pixels
         self._writers: dict[str, FeedbackWriter] = {}
         self._opening = asyncio.Lock()
@@ -147,14 +154,22 @@ class FeedbackAPI:
             registry=registry,
             multiprocess_mode="livemostrecent",
         )
-        self.router = APIRouter(tags=["feedback"])
-        self.router.add_api_route(
-            "/v1/models/{name:name}/feedback",
-            self.feedback,
-            methods=["POST"],
-            summary="Store images with their true labels for the retrain job (FEEDBACK_DIR)",
-            openapi_extra=FEEDBACK_DOC,
-        )
+
+    def call_routes(self) -> list[CallRoute]:
+        """The feedback route, answered by the door (service/door.py): what needs no body
+        (feedback on, the model served, `invert`) is checked before the body is read."""
+        return [
+            CallRoute(
+                "POST",
+                "/v1/models/{name:name}/feedback",
+                self.feedback,
+                "Store images with their true labels for the retrain job (FEEDBACK_DIR)",
+                ("feedback",),
+                FEEDBACK_DOC,
+                self.refuse_early,
+                QUERY,
+            )
+        ]
 
     async def start(self) -> None:
         """Open the store of every model served, which recovers the open shards that dead
@@ -179,31 +194,28 @@ class FeedbackAPI:
             if closed is not None:
                 log.info("Feedback shard closed: %s", closed)
 
-    async def feedback(
-        self,
-        request: Request,
-        name: str,
-        invert: str = Query(
-            "auto",
-            description="Uploaded/base64 images: invert to light-on-dark; 'auto' when the "
-            "border is light",
-        ),
-    ):
+    def refuse_early(self, params: dict, query: QueryParams) -> None:
+        """Refuse before the body is read: feedback off, an unknown model, a bad `invert`."""
         if self.feedback_dir is None:
             raise Forbidden(
                 "feedback is off on this service: set FEEDBACK_DIR to store labeled images "
                 "for the retrain job"
             )
+        name = params["name"]
         if name not in self.dataplane.model_names():
             raise NotFound(f"Could not find any versions of model {name}")
+        invert = query.get("invert", "auto")
         if invert not in INVERT_MODES:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
-        body = await read_body(request, self.max_body_bytes, self.body_timeout)
-        if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            images, labels, version = await self._multipart(with_body(request, body), invert)
+
+    async def feedback(self, call: Call, name: str):
+        """Store the body's labeled images (refuse_early has passed)."""
+        invert = call.query.get("invert", "auto")
+        if call.headers.get("content-type", "").startswith("multipart/form-data"):
+            images, labels, version = await self._multipart(form_request(call), invert)
         else:
             # In a thread: base64 photos must not stall the event loop.
-            images, labels, version = await asyncio.to_thread(self._json, body, invert)
+            images, labels, version = await asyncio.to_thread(self._json, call.body, invert)
         names = self.dataplane.class_labels(name)
         if names is None:
             raise NotReady(f"model {name} has no serving version yet: its labels are not known")
@@ -268,7 +280,7 @@ class FeedbackAPI:
         images = codec.decode_pixel_instances(instances, invert, self.max_request_pixels)
         return images, labels, version
 
-    async def _multipart(self, request: Request, invert: str):
+    async def _multipart(self, request, invert: str):
         form, uploads = await image_form(request, self.dataplane.max_images, self.max_body_bytes)
         files = [
             (f"files[{i}] ({upload.filename or 'no name'})", await upload.read())

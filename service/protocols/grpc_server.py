@@ -10,7 +10,7 @@ Errors carry TF Serving's status codes and, where it has its own, its messages (
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
 get_model_status_impl.cc; servables/tensorflow/predict_util.cc, classifier.cc, regressor.cc,
 get_model_metadata_impl.cc; TF's cc/saved_model/util.cc). The service's own errors become
-codes through `GRPC_ERRORS` (service/backends/tfserving.py, TF Serving's gRPC-to-HTTP table)
+codes through `GRPC_ERRORS` (service/errors.py, TF Serving's gRPC-to-HTTP table)
 read backwards. A client's deadline cancels its request wherever it waits, batch queue
 included.
 
@@ -35,9 +35,9 @@ from tensorflow_serving.apis import (
 )
 
 from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
-from service.backends.tfserving import GRPC_ERRORS
 from service.dataplane import DataPlane
 from service.errors import (
+    GRPC_ERRORS,
     BadInput,
     Overloaded,
     PayloadTooLarge,
@@ -75,8 +75,8 @@ CLIENT_CODES = frozenset(
 # The service's errors as gRPC codes: TF Serving's table read backwards (the first code it
 # lists for an error wins: BadInput is INVALID_ARGUMENT), plus what it has no code for.
 STATUS_OF_ERROR: dict[type[ServiceError], grpc.StatusCode] = {}
-for _code, _error in GRPC_ERRORS.items():
-    STATUS_OF_ERROR.setdefault(_error, _code)
+for _name, _error in GRPC_ERRORS.items():
+    STATUS_OF_ERROR.setdefault(_error, grpc.StatusCode[_name])
 STATUS_OF_ERROR.update(
     {
         PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,  # over MAX_IMAGES

@@ -1,12 +1,11 @@
-"""What the HTTP adapters share: JSON answers, bounded bodies, versions in URLs, waits that
-end when the client leaves, and the prediction call every server path hands its handler."""
+"""What the HTTP adapters share: JSON answers, versions and labels in URLs, multipart forms,
+and the Call every Call route's handler gets from the door (service/door.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import FormData, Headers, QueryParams, UploadFile
@@ -17,15 +16,12 @@ from artifact.contract import to_json
 from artifact.repository import parse_version
 from service.errors import (
     BadInput,
-    ClientClosedRequest,
     PayloadTooLarge,
-    RequestTimeout,
     check_image_count,
+    check_label_name,
 )
-from service.registry import check_label_name
 
 JSON = "application/json"
-T = TypeVar("T")
 
 
 class NameConvertor(Convertor):
@@ -69,55 +65,11 @@ def label_in_url(text: str | None) -> str | None:
     return text
 
 
-async def read_body(request: Request, limit: int, timeout: float = 30.0) -> bytes:
-    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all.
-
-    Raises:
-        PayloadTooLarge: over the limit (413).
-        RequestTimeout: the body took longer than `timeout` seconds (BODY_TIMEOUT_SECONDS).
-        ClientClosedRequest: the client hung up before sending it all (499: not a 5xx).
-    """
-    declared = request.headers.get("content-length")
-    # Past 18 digits it is over any limit (and int() refuses past 4,300).
-    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-        raise PayloadTooLarge(
-            f"request body is {declared} bytes; the limit is {limit} bytes (MAX_BODY_BYTES)"
-        )
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await request.receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientClosedRequest("the client disconnected while sending the body")
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(
-                        f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
-                    )
-                if not message.get("more_body", False):
-                    # Mostly the whole body came in one message: no join, no copy.
-                    return b"".join((*chunks, chunk)) if chunks else chunk
-                chunks.append(chunk)
-    except TimeoutError as err:
-        raise body_too_slow(timeout, size) from err
-
-
-def body_too_slow(timeout: float, size: int) -> RequestTimeout:
-    """The error for a body that did not all come within `timeout` seconds."""
-    return RequestTimeout(
-        f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
-        f"{size} bytes came"
-    )
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Call:
-    """A prediction request as its handler sees it: the body, read whole and within the
-    limits, the headers and the query. The handler is the same whether the request came
-    through the ASGI app (serve_call) or was read by the server's protocol itself
-    (service/directlane.py); a client that leaves cancels the handler's task either way."""
+    """A request as its handler sees it: the body, read whole and within the limits by the
+    door (service/door.py), the headers and the query. A client that leaves cancels the
+    handler's task."""
 
     body: bytes
     headers: Headers
@@ -127,25 +79,37 @@ class Call:
 CallHandler = Callable[..., Awaitable[Response]]
 
 
-async def serve_call(
-    request: Request,
-    handler: CallHandler,
-    params: dict[str, Any],
-    limit: int,
-    timeout: float,
-    admit: Callable[[], None],
-) -> Response:
-    """A prediction route over ASGI: refused at once when the queue is full (`admit`), the
-    body read within `limit` bytes and `timeout` seconds, then `handler(call, **params)`,
-    cancelled if the client leaves first.
+@dataclasses.dataclass(frozen=True)
+class CallRoute:
+    """A route answered by a handler of a Call.
 
-    Raises:
-        ServiceError: as read_body, admit and the handler raise them.
+    Args:
+        method: the one HTTP method it takes (others get 405).
+        path: its template with Starlette's convertors (`/v1/models/{name:name}:predict`).
+        handler: `await handler(call, **path_params)` -> Response; raises ServiceError.
+        summary, tags, openapi_extra: what the OpenAPI schema says of it.
+        before_body: `before_body(path_params, query)`, run before the body is read; raises
+            to refuse (Overloaded for a full queue, Forbidden for feedback that is off...).
+        query: its query parameters, for the schema: OpenAPI parameter objects.
     """
-    admit()
-    body = await read_body(request, limit, timeout)
-    call = Call(body, request.headers, request.query_params)
-    return await unless_disconnected(request, handler(call, **params))
+
+    method: str
+    path: str
+    handler: CallHandler
+    summary: str
+    tags: tuple[str, ...] = ()
+    openapi_extra: dict | None = None
+    before_body: Callable[[dict[str, Any], QueryParams], None] | None = None
+    query: tuple[dict, ...] = ()
+
+
+def admit_always(call_admit: Callable[[], None]) -> Callable[[dict, QueryParams], None]:
+    """A before_body check that ignores the request: `call_admit()` alone (the queue)."""
+
+    def before_body(params: dict, query: QueryParams) -> None:
+        call_admit()
+
+    return before_body
 
 
 def form_request(call: Call) -> Request:
@@ -170,43 +134,6 @@ def with_body(request: Request, body: bytes) -> Request:
         return await request.receive()
 
     return Request(request.scope, receive)
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    # The body is fully read by now, so the next message can only be the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (frees its batch slot).
-
-    Raises:
-        ClientClosedRequest: the client left before the work was done.
-    """
-    handler = asyncio.current_task()
-    disconnected = False
-
-    def on_disconnect(watcher: asyncio.Task) -> None:
-        nonlocal disconnected
-        if not watcher.cancelled() and watcher.exception() is None:
-            disconnected = True
-            handler.cancel()
-
-    # One watcher task and a callback: cheaper on the hot path than racing two tasks.
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    watcher.add_done_callback(on_disconnect)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if disconnected:
-            raise ClientClosedRequest(
-                "the client disconnected before the prediction was ready"
-            ) from None
-        raise
-    finally:
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
 
 
 async def image_form(

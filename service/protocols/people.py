@@ -14,8 +14,6 @@ import concurrent.futures
 import threading
 
 import numpy as np
-from fastapi import APIRouter, Query
-from starlette.requests import Request
 
 from artifact.contract import (
     CLASSES_KEY,
@@ -32,10 +30,11 @@ from service.errors import BadInput
 from service.protocols.http import (
     JSON,
     Call,
+    CallRoute,
+    admit_always,
     form_request,
     image_form,
     json_response,
-    serve_call,
 )
 
 # JSON bodies up to this size without image files are parsed on the event loop: a few pixel
@@ -77,7 +76,28 @@ PREDICT_DOC = {
 }
 
 
-# The words pydantic (so FastAPI) takes for a boolean query parameter, case aside.
+# The query's parameters, as the OpenAPI schema documents them.
+QUERY = (
+    {
+        "name": "invert",
+        "in": "query",
+        "required": False,
+        "description": "Uploaded/base64 images: invert to light-on-dark; 'auto' when the border "
+        "is light",
+        "schema": {"type": "string", "enum": list(INVERT_MODES), "default": "auto"},
+    },
+    {
+        "name": "include_pixels",
+        "in": "query",
+        "required": False,
+        "description": "Also answer each image as the model received it: 28x28 integers 0-255 "
+        "('pixels')",
+        "schema": {"type": "boolean", "default": False},
+    },
+)
+
+# The words pydantic takes for a boolean, case aside: what FastAPI accepted when it parsed
+# this query, so clients written then keep working.
 BOOLEAN_WORDS = {
     **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
     **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False),
@@ -92,8 +112,8 @@ class PeopleAPI:
 
     Args:
         dataplane: what serves the model.
-        max_body_bytes: largest request body read (MAX_BODY_BYTES).
-        body_timeout: the longest a client may take to send its body (BODY_TIMEOUT_SECONDS).
+        max_body_bytes: largest request body (MAX_BODY_BYTES): the most one uploaded file
+            may be.
         max_request_pixels: most pixels one request's image files may decode to.
     """
 
@@ -101,54 +121,31 @@ class PeopleAPI:
         self,
         dataplane: DataPlane,
         max_body_bytes: int,
-        body_timeout: float = 30.0,
         max_request_pixels: int = 48_000_000,
     ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
         self.max_request_pixels = max_request_pixels
         self.decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
-        self.router = APIRouter(tags=["predict"])
-        self.router.add_api_route(
-            "/predict",
-            self.predict,
-            methods=["POST"],
-            summary="Classify images: JSON pixel arrays or uploaded PNG/JPEG files",
-            openapi_extra=PREDICT_DOC,
-        )
 
-    def fast_routes(self):
-        """(route, handler) pairs the fast lanes may answer past FastAPI's routing."""
-        return [(route, self.predict_call) for route in self.router.routes]
+    def call_routes(self) -> list[CallRoute]:
+        """`POST /predict`, answered by the door (service/door.py)."""
+        return [
+            CallRoute(
+                "POST",
+                "/predict",
+                self.predict,
+                "Classify images: JSON pixel arrays or uploaded PNG/JPEG files",
+                ("predict",),
+                PREDICT_DOC,
+                admit_always(self.dataplane.admit),
+                QUERY,
+            )
+        ]
 
-    async def predict(
-        self,
-        request: Request,
-        invert: str = Query(
-            "auto",
-            description="Uploaded/base64 images: invert to light-on-dark; 'auto' when the "
-            "border is light",
-        ),
-        include_pixels: bool = Query(
-            False,
-            description="Also answer each image as the model received it: 28x28 integers "
-            "0-255 ('pixels')",
-        ),
-    ):
-        """The route FastAPI documents (and answers when no fast lane is in front)."""
-        return await serve_call(
-            request,
-            self._predict,
-            {"invert": invert, "include_pixels": include_pixels},
-            self.max_body_bytes,
-            self.body_timeout,
-            self.dataplane.admit,
-        )
-
-    async def predict_call(self, call: Call):
-        """The same route for the fast lanes, which read the query string here, as FastAPI
-        would (the last value of a repeated parameter wins)."""
+    async def predict(self, call: Call):
+        """The friendly prediction; its query read here (the last value of a repeated
+        parameter wins)."""
         query = call.query
         include = query.get("include_pixels", "false").lower()
         if include not in BOOLEAN_WORDS:

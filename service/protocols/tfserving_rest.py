@@ -12,7 +12,6 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
-from starlette.requests import Request
 from starlette.responses import Response
 
 from artifact.contract import SIGNATURE_NAME
@@ -22,9 +21,10 @@ from service.errors import redact_paths
 from service.protocols.http import (
     JSON,
     Call,
+    CallRoute,
+    admit_always,
     json_response,
     label_in_url,
-    serve_call,
     version_in_url,
 )
 from service.types import ModelMetadata, VersionStatus
@@ -104,17 +104,11 @@ class TFServingREST:
 
     Args:
         dataplane: what serves the models.
-        max_body_bytes: largest request body read (MAX_BODY_BYTES).
         config: the model config watcher, for the rollout status (None with the shortcut).
-        body_timeout: the longest a client may take to send a body (BODY_TIMEOUT_SECONDS).
     """
 
-    def __init__(
-        self, dataplane: DataPlane, max_body_bytes: int, config=None, body_timeout: float = 30.0
-    ):
+    def __init__(self, dataplane: DataPlane, config=None):
         self.dataplane = dataplane
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
         self.config = config
         self.router = APIRouter(tags=["tf-serving"])
         r = self.router
@@ -150,32 +144,23 @@ class TFServingREST:
             summary="Serving version, labels, canary and shadow traffic (not in TF Serving)",
             tags=["rollout"],
         )
-        for path, endpoint, summary in (
-            (
-                "/v1/models/{name:name}:predict",
-                self.predict_latest,
-                "Predict with the serving version",
-            ),
-            (
-                "/v1/models/{name:name}/versions/{version}:predict",
-                self.predict_version,
-                "Predict with one version",
-            ),
-            (
-                "/v1/models/{name:name}/labels/{label:name}:predict",
-                self.predict_label,
-                "Predict with a labeled version",
-            ),
-        ):
-            r.add_api_route(
-                path, endpoint, methods=["POST"], summary=summary, openapi_extra=PREDICT_DOC
-            )
-        self.predict_routes = [route for route in r.routes if route.path.endswith(":predict")]
 
-    def fast_routes(self):
-        """(route, handler) pairs the fast lanes may answer past FastAPI's routing: handlers
-        of a Call (service/protocols/http.py) and the route's path parameters."""
-        return [(route, self.predict) for route in self.predict_routes]
+    def call_routes(self) -> list[CallRoute]:
+        """The predict routes, answered by the door (service/door.py) with `predict`."""
+        before_body = admit_always(self.dataplane.admit)
+        return [
+            CallRoute(
+                "POST", path, self.predict, summary, ("tf-serving",), PREDICT_DOC, before_body
+            )  # fmt: skip
+            for path, summary in (
+                ("/v1/models/{name:name}:predict", "Predict with the serving version"),
+                ("/v1/models/{name:name}/versions/{version}:predict", "Predict with one version"),
+                (
+                    "/v1/models/{name:name}/labels/{label:name}:predict",
+                    "Predict with a labeled version",
+                ),
+            )
+        ]
 
     async def model_status(self, name: str):
         return json_response(render_status(await self.dataplane.model_status(name, None)))
@@ -211,26 +196,10 @@ class TFServingREST:
         status["config"] = config
         return json_response(status)
 
-    async def predict_latest(self, request: Request, name: str):
-        return await self._serve(request, {"name": name})
-
-    async def predict_version(self, request: Request, name: str, version: str):
-        return await self._serve(request, {"name": name, "version": version})
-
-    async def predict_label(self, request: Request, name: str, label: str):
-        return await self._serve(request, {"name": name, "label": label})
-
-    async def _serve(self, request: Request, params: dict) -> Response:
-        return await serve_call(
-            request, self.predict, params, self.max_body_bytes, self.body_timeout,
-            self.dataplane.admit,
-        )  # fmt: skip
-
     async def predict(
         self, call: Call, name: str, version: str | None = None, label: str | None = None
     ) -> Response:
-        """TF Serving's REST predict, for every server path (service/fastlane.py,
-        service/directlane.py and the route above)."""
+        """TF Serving's REST predict (a Call route: the door has read the body)."""
         parsed_version = version_in_url(version)
         label_in_url(label)
         body = call.body

@@ -17,37 +17,33 @@ ready). Pure numpy and orjson: nothing here imports TensorFlow.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 from fastapi import APIRouter
-from starlette.requests import Request
 from starlette.responses import Response
 
-from artifact.contract import IMAGE_SHAPE, INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME, to_json
-from service import codec
-from service.dataplane import DataPlane, PredictResult
-from service.errors import BadInput, NotFound, NotReady
+from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
+from service.dataplane import DataPlane
+from service.errors import BadInput, NotReady
 from service.protocols.http import (
     JSON,
     Call,
+    CallRoute,
+    admit_always,
     json_response,
-    serve_call,
     version_in_url,
 )
-from service.tensors import IMAGE_BATCH_SHAPE, IMAGE_ELEMENTS, V2_DATATYPES, v2_datatype
-from service.types import ModelMetadata, TensorSpec, VersionState
-
-PLATFORM = "tensorflow_savedmodel"
-EXTENSIONS = ("binary_tensor_data",)
-HEADER_LENGTH = "Inference-Header-Content-Length"
-OCTET_STREAM = "application/octet-stream"
-INPUT_DATATYPE = "FP32"
-INPUT_TEXT = f"'{INPUT_KEY}' ({INPUT_DATATYPE} {IMAGE_BATCH_SHAPE})"
-IMAGE_BYTES = IMAGE_ELEMENTS * 4
+from service.tensors import IMAGE_ELEMENTS
+from service.types import VersionState
+from service.v2_codec import (
+    EXTENSIONS,
+    HEADER_LENGTH,
+    INPUT_DATATYPE,
+    OCTET_STREAM,
+    parse_infer_request,
+    render_infer_response,
+    render_model_metadata,
+)
 
 INFER_DOC = {
     "requestBody": {
@@ -94,331 +90,6 @@ INFER_DOC = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class InferRequest:
-    """A parsed inference request.
-
-    Attributes:
-        id: the client's id, echoed back.
-        images: float32 [n, 28, 28].
-        outputs: the outputs asked for, in order, each with its `binary_data` (None: not
-            said); None when the request names none (then every output is sent).
-        binary_output: how outputs that do not say are sent (`binary_data_output`).
-    """
-
-    id: str | None
-    images: np.ndarray
-    outputs: dict[str, bool | None] | None
-    binary_output: bool
-
-
-@dataclasses.dataclass
-class _Input:
-    where: str
-    name: str
-    datatype: str
-    shape: list[int]
-    data: Any = None
-    binary_size: int | None = None
-    binary: memoryview | None = None
-
-
-# --- parsing --------------------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _object(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise BadInput(f"{where} must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _parameters(holder: dict, where: str) -> dict:
-    return _object(holder.get("parameters", {}), f"{where}.parameters")
-
-
-def _flag(parameters: dict, key: str, where: str) -> bool | None:
-    value = parameters.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise BadInput(f"{where}.parameters.{key} must be true or false, got {value!r}")
-    return value
-
-
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
-    """(JSON header, binary tensor data) as Inference-Header-Content-Length divides the body."""
-    if header_length is None:
-        return body, memoryview(b"")
-    text = header_length.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise BadInput(f"{HEADER_LENGTH} must be a number of bytes, got {header_length[:40]!r}")
-    length = int(text)
-    if length > len(body):
-        raise BadInput(
-            f"{HEADER_LENGTH} is {length} bytes, but the whole body has only {len(body)} "
-            "(truncated body?)"
-        )
-    return body[:length], memoryview(body)[length:]
-
-
-def parse_infer_request(
-    body: bytes,
-    header_length: str | None,
-    check_count: Callable[[int], None] = lambda count: None,
-) -> InferRequest:
-    """An inference request's body (JSON, or JSON then binary tensors) to images and outputs.
-
-    Args:
-        body: the whole body.
-        header_length: the Inference-Header-Content-Length header, if any.
-        check_count: called with the number of images before any tensor data is read.
-    Raises:
-        BadInput: the message names the field and says what was expected and what came.
-    """
-    header, binary = split_body(body, header_length)
-    if header_length is not None and not header:
-        return _raw_binary_request(binary, check_count)
-    try:
-        request = _object(codec.loads(header), "the request")
-    except BadInput as err:
-        if header_length is None and b'"binary_data_size"' in header:
-            raise BadInput(
-                f"{err.message}; a body with binary tensor data after its JSON needs the "
-                f"{HEADER_LENGTH} header (the JSON's length in bytes)"
-            ) from err
-        raise
-    request_id = request.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise BadInput(f"'id' must be a string, got {type(request_id).__name__}")
-    binary_output = bool(_flag(_parameters(request, "request"), "binary_data_output", "request"))
-    inputs = _parse_inputs(request.get("inputs"), binary, header_length is not None)
-    (image,) = _check_inputs(inputs)
-    count = image.shape[0]
-    check_count(count)
-    if image.binary is not None:
-        if image.binary_size != count * IMAGE_BYTES:
-            raise BadInput(
-                f"{image.where}: binary_data_size is {image.binary_size} bytes; shape "
-                f"{image.shape} of {INPUT_DATATYPE} takes {count * IMAGE_BYTES}"
-            )
-        images = np.frombuffer(image.binary, "<f4").reshape(image.shape)
-    else:
-        images = _json_tensor(image)
-    images = codec.as_model_input(images, image.where)
-    return InferRequest(request_id, images, _parse_outputs(request.get("outputs")), binary_output)
-
-
-def _raw_binary_request(binary: memoryview, check_count) -> InferRequest:
-    # Triton's "raw binary request": the body is the one input's bytes, every output binary.
-    if not binary or len(binary) % IMAGE_BYTES:
-        raise BadInput(
-            f"a raw binary request ({HEADER_LENGTH}: 0) is the input {INPUT_TEXT} as raw "
-            f"little-endian floats, {IMAGE_BYTES} bytes per image; got {len(binary)} bytes"
-        )
-    count = len(binary) // IMAGE_BYTES
-    check_count(count)
-    images = np.frombuffer(binary, "<f4").reshape(count, *IMAGE_SHAPE)
-    return InferRequest(None, codec.as_model_input(images, f"input '{INPUT_KEY}'"), None, True)
-
-
-def _parse_inputs(value: Any, binary: memoryview, has_header_length: bool) -> list[_Input]:
-    if not isinstance(value, list) or not value:
-        raise BadInput(f"'inputs' must be a list holding the model's one input, {INPUT_TEXT}")
-    inputs = []
-    for i, item in enumerate(value):
-        where = f"inputs[{i}]"
-        item = _object(item, where)
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise BadInput(f"{where}.name must be a string, got {type(name).__name__}")
-        where = f"input '{name}'"
-        datatype = item.get("datatype")
-        if not isinstance(datatype, str):
-            raise BadInput(f"{where}: 'datatype' must be a string, got {type(datatype).__name__}")
-        shape = item.get("shape")
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise BadInput(
-                f"{where}: 'shape' must be a list of non-negative integers, got {shape!r:.80}"
-            )
-        size = _parameters(item, where).get("binary_data_size")
-        has_data = "data" in item
-        if has_data == (size is not None):
-            raise BadInput(
-                f"{where} must set exactly one of 'data' and parameters.binary_data_size; "
-                + ("it sets both" if has_data else "it sets neither")
-            )
-        if size is not None and not (_is_int(size) and size >= 0):
-            raise BadInput(f"{where}: binary_data_size must be a number of bytes, got {size!r}")
-        inputs.append(_Input(where, name, datatype, shape, item.get("data"), size))
-    _slice_binary(inputs, binary, has_header_length)
-    return inputs
-
-
-def _slice_binary(inputs: list[_Input], binary: memoryview, has_header_length: bool) -> None:
-    """Give each binary input its bytes, in the order of `inputs`; the sizes must add up."""
-    binary_inputs = [item for item in inputs if item.binary_size is not None]
-    if binary_inputs and not has_header_length:
-        raise BadInput(
-            f"{binary_inputs[0].where} has binary_data_size, but the request has no "
-            f"{HEADER_LENGTH} header to say where the JSON ends and the binary data begins"
-        )
-    declared = sum(item.binary_size for item in binary_inputs)
-    if declared > len(binary):
-        raise BadInput(
-            f"the inputs' binary_data_size add up to {declared} bytes, but only {len(binary)} "
-            f"follow the {HEADER_LENGTH} bytes of JSON (truncated body?)"
-        )
-    if declared < len(binary):
-        raise BadInput(
-            f"{len(binary)} bytes follow the {HEADER_LENGTH} bytes of JSON, but the inputs' "
-            f"binary_data_size add up to {declared}"
-        )
-    offset = 0
-    for item in binary_inputs:
-        item.binary = binary[offset : offset + item.binary_size]
-        offset += item.binary_size
-
-
-def _check_inputs(inputs: list[_Input]) -> list[_Input]:
-    names = [item.name for item in inputs]
-    for item in inputs:
-        if item.name != INPUT_KEY:
-            raise BadInput(f"unknown input '{item.name}': the model takes one input, {INPUT_TEXT}")
-    if len(names) > 1:
-        raise BadInput(f"input '{INPUT_KEY}' is given {len(names)} times; send it once")
-    (image,) = inputs
-    if image.datatype != INPUT_DATATYPE:
-        if image.datatype not in V2_DATATYPES:
-            raise BadInput(
-                f"{image.where}: unknown datatype {image.datatype!r:.40}; the model takes "
-                f"{INPUT_DATATYPE} (datatypes: {', '.join(sorted(V2_DATATYPES))})"
-            )
-        raise BadInput(
-            f"{image.where}: datatype {image.datatype} does not match the model's {INPUT_DATATYPE}"
-        )
-    if len(image.shape) != 3 or tuple(image.shape[1:]) != IMAGE_SHAPE:
-        raise BadInput(
-            f"{image.where}: shape {image.shape} does not match the model's {IMAGE_BATCH_SHAPE}"
-        )
-    if image.shape[0] == 0:
-        raise BadInput(f"{image.where} has no images (shape {image.shape}); send at least one")
-    return inputs
-
-
-def _json_tensor(item: _Input) -> np.ndarray:
-    """A tensor's `data` (flat or nested, row-major) as numbers of the declared shape."""
-    if not isinstance(item.data, list):
-        raise BadInput(
-            f"{item.where}: 'data' must be an array of numbers, got {type(item.data).__name__}"
-        )
-    try:
-        values = np.array(item.data)
-    except (ValueError, TypeError, OverflowError):
-        values = None
-    if values is None or values.dtype == np.object_:
-        raise BadInput(f"{item.where}: 'data' must be a regular array of numbers (ragged lists?)")
-    if values.dtype.kind not in "iuf":
-        kind = {"b": "booleans", "U": "strings"}.get(values.dtype.kind, f"{values.dtype}")
-        raise BadInput(f"{item.where}: 'data' must hold numbers for {item.datatype}, got {kind}")
-    elements = int(np.prod(item.shape))
-    if values.size != elements:
-        raise BadInput(
-            f"{item.where}: shape {item.shape} takes {elements} values; 'data' has {values.size}"
-        )
-    return values.reshape(item.shape)
-
-
-def _parse_outputs(value: Any) -> dict[str, bool | None] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise BadInput(f"'outputs' must be a list, got {type(value).__name__}")
-    requested: dict[str, bool | None] = {}
-    for i, item in enumerate(value):
-        item = _object(item, f"outputs[{i}]")
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise BadInput(f"outputs[{i}].name must be a string, got {type(name).__name__}")
-        where = f"output '{name}'"
-        if name not in OUTPUT_KEYS:
-            raise BadInput(
-                f"unknown {where}: the model's outputs are "
-                + ", ".join(f"'{key}'" for key in OUTPUT_KEYS)
-            )
-        if name in requested:
-            raise BadInput(f"{where} is requested twice")
-        parameters = _parameters(item, where)
-        if "classification" in parameters:
-            raise BadInput(
-                f"{where}: the classification extension is not supported (see GET /v2 "
-                "'extensions'); request the probabilities instead"
-            )
-        requested[name] = _flag(parameters, "binary_data", where)
-    return requested or None
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-
-def render_infer_response(result: PredictResult, request: InferRequest) -> Response:
-    """The answer as JSON, or as JSON then binary tensors when any output is binary."""
-    names = list(request.outputs) if request.outputs else list(result.outputs)
-    outputs, blobs = [], []
-    for name in names:
-        array = result.outputs[name]
-        output = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
-        binary = (request.outputs or {}).get(name)
-        if request.binary_output if binary is None else binary:
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-            output["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            output["data"] = array.ravel()
-        outputs.append(output)
-    answer: dict[str, Any] = {"model_name": result.model, "model_version": str(result.version)}
-    if request.id is not None:
-        answer["id"] = request.id
-    answer["outputs"] = outputs
-    header = to_json(answer)
-    if not blobs:
-        return Response(header, media_type=JSON)
-    return Response(
-        b"".join([header, *blobs]),
-        media_type=OCTET_STREAM,
-        headers={HEADER_LENGTH: str(len(header))},
-    )
-
-
-def render_tensor(spec: TensorSpec) -> dict:
-    """A signature's tensor as V2 metadata: name, datatype and shape, -1 for any size."""
-    # A tensor of unknown rank has no V2 shape; one dimension of any size says the least.
-    shape = list(spec.shape) if spec.shape is not None else [-1]
-    return {"name": spec.name, "datatype": v2_datatype(spec.dtype), "shape": shape}
-
-
-def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
-    """A version's serving signature as the V2 model metadata object."""
-    signature = metadata.signatures.get(SIGNATURE_NAME)
-    if signature is None:
-        raise NotFound(
-            f"version {metadata.version} of {metadata.name} has no {SIGNATURE_NAME!r} signature"
-        )
-    return {
-        "name": metadata.name,
-        "versions": [str(v) for v in versions],
-        "platform": PLATFORM,
-        "inputs": [render_tensor(spec) for spec in signature.inputs],
-        "outputs": [render_tensor(spec) for spec in signature.outputs],
-    }
-
-
-# --- the routes -----------------------------------------------------------------------------
-
-
-# Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
-# than they do.
 INLINE_PARSE_BYTES = 64 * 1024
 
 
@@ -427,21 +98,11 @@ class OpenInferenceREST:
 
     Args:
         dataplane: what serves the model.
-        max_body_bytes: largest request body read (MAX_BODY_BYTES), binary data included.
         server_name, server_version: what GET /v2 says the server is.
     """
 
-    def __init__(
-        self,
-        dataplane: DataPlane,
-        max_body_bytes: int,
-        server_name: str,
-        server_version: str,
-        body_timeout: float = 30.0,
-    ):
+    def __init__(self, dataplane: DataPlane, server_name: str, server_version: str):
         self.dataplane = dataplane
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
         self.server_metadata_body = {
             "name": server_name,
             "version": server_version,
@@ -466,22 +127,17 @@ class OpenInferenceREST:
             self.model_ready_version,
             summary="200 once the version answers",
         )
-        for path, endpoint, summary in (
-            ("/v2/models/{name}/infer", self.infer_latest, "Inference with the newest version"),
-            (
-                "/v2/models/{name}/versions/{version}/infer",
-                self.infer_version,
-                "Inference with one version",
-            ),
-        ):
-            r.add_api_route(
-                path, endpoint, methods=["POST"], summary=summary, openapi_extra=INFER_DOC
-            )
-        self.infer_routes = [route for route in r.routes if route.path.endswith("/infer")]
 
-    def fast_routes(self):
-        """(route, handler) pairs the fast lane may answer past FastAPI's routing."""
-        return [(route, self.infer) for route in self.infer_routes]
+    def call_routes(self) -> list[CallRoute]:
+        """The inference routes, answered by the door (service/door.py) with `infer`."""
+        before_body = admit_always(self.dataplane.admit)
+        tags = ("open-inference-protocol",)
+        return [
+            CallRoute("POST", "/v2/models/{name}/infer", self.infer,
+                      "Inference with the newest version", tags, INFER_DOC, before_body),
+            CallRoute("POST", "/v2/models/{name}/versions/{version}/infer", self.infer,
+                      "Inference with one version", tags, INFER_DOC, before_body),
+        ]  # fmt: skip
 
     # --- health and metadata ------------------------------------------------------------
     async def server_metadata(self):
@@ -525,20 +181,8 @@ class OpenInferenceREST:
         return json_response({"name": name, "ready": True})
 
     # --- inference ----------------------------------------------------------------------
-    async def infer_latest(self, request: Request, name: str):
-        return await self._serve(request, {"name": name})
-
-    async def infer_version(self, request: Request, name: str, version: str):
-        return await self._serve(request, {"name": name, "version": version})
-
-    async def _serve(self, request: Request, params: dict) -> Response:
-        return await serve_call(
-            request, self.infer, params, self.max_body_bytes, self.body_timeout,
-            self.dataplane.admit,
-        )  # fmt: skip
-
     async def infer(self, call: Call, name: str, version: str | None = None) -> Response:
-        """V2 inference, JSON or binary, for every server path."""
+        """V2 inference, JSON or binary (a Call route: the door has read the body)."""
         parsed_version = version_in_url(version)
         encoding = call.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":

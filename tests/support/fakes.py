@@ -33,9 +33,8 @@ from artifact.contract import (
 )
 from service.app import create_app
 from service.backends.base import Backend
+from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, UpstreamError
-from service.fastlane import FastLane
-from service.registry import servable_not_found
 from service.settings import Settings
 from service.types import (
     ModelMetadata,
@@ -246,17 +245,13 @@ def write_version(model_dir: Path, version: int | str, content: str = "good") ->
 
 
 @contextlib.contextmanager
-def app_client(
-    backend: Backend, serve_grpc: bool = False, fast_lane: bool = True, **settings
-) -> Iterator[TestClient]:
+def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterator[TestClient]:
     """Starlette's TestClient on the real app over a fake backend (lifespan included; with
-    serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port;
-    without the fast lane, FastAPI's own routes answer everything)."""
+    serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port).
+    `client.app` is the Service (service/app.py)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
     app = create_app(Settings(**{**defaults, **settings}), backend, serve_grpc=serve_grpc)
-    if not fast_lane:
-        app.outer_middleware = [m for m in app.outer_middleware if m[0] is not FastLane]
-    app.state.dataplane.traffic._random.seed(0)
+    app.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:
         yield client
 

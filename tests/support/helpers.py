@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-import re
 import shutil
-import socket
 from pathlib import Path
 
 import httpx
@@ -72,47 +69,3 @@ def require_tool(command: str, package: str) -> None:
         pytest.fail(f"{command} not found: run `make setup` (it installs Debian's {package})")
     pytest.skip(f"{command} not found and this user cannot install it: run "
                 f"`sudo apt-get install {package}`")  # fmt: skip
-
-
-# --- raw HTTP/1.1 over a socket, for what an HTTP client library would not send ---------------
-
-
-def raw_exchange(
-    url: str, data: bytes, read_timeout: float = 30.0, one_response: bool = False
-) -> bytes:
-    """Send raw bytes to the server and read what it answers until it closes (or, with
-    one_response, until one whole response has come: the connection may stay open)."""
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
-        # The server may close before it has read everything: what it said counts.
-        with contextlib.suppress(OSError):
-            sock.sendall(data)
-        chunks = []
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if one_response and response_complete(b"".join(chunks)):
-                break
-    return b"".join(chunks)
-
-
-def response_complete(data: bytes) -> bool:
-    head, found, body = data.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
-    return bool(found and length and len(body) >= int(length.group(1)))
-
-
-def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
-    """(head, body) of each whole response in a byte stream (bodies by content-length)."""
-    answers = []
-    while data:
-        head, _, rest = data.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
-        answers.append((head.lower(), rest[:length]))
-        data = rest[length:]
-    return answers

@@ -39,8 +39,7 @@ def serve(model_folder: Path) -> Iterator:
 
     from service.app import create_app
     from service.backends.factory import make_backend
-    from service.config_watcher import initial_entries
-    from service.settings import Settings
+    from service.settings import Settings, initial_entries
 
     settings = Settings(
         model_base_path=str(model_folder.parent), model_name=model_folder.name, model_poll_seconds=0

@@ -96,7 +96,7 @@ def loaded_after(statement: str) -> set[str]:
 
 def test_the_app_and_its_data_plane_load_without_tensorflow_or_training():
     loaded = loaded_after(
-        "import service.app, service.dataplane, service.registry, service.codec, service.__main__"
+        "import service.app, service.dataplane, service.backends.registry, service.codec, service.__main__"
     )
     assert "tensorflow" not in loaded
     assert "training" not in loaded
@@ -130,3 +130,52 @@ def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
     training_lock = (ROOT / "requirements-training.lock").read_text()
     assert "fastapi" in service_lock and "fastapi" not in training_lock
     assert "uvicorn" not in training_lock
+
+
+# The service's floors, lowest first: a module imports only from its own floor or below, so
+# no arrow runs back up (a module not listed is on the floor of its longest listed prefix).
+SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("service.types", "service.settings", "service.errors", "service.metrics",
+     "service.security", "service.codec", "service.tensors", "service.v2_codec"),
+    ("service.backends",),
+    ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),
+    ("service.protocols", "service.openapi"),
+    ("service.door",),
+    ("service.app",),
+    ("service.server", "service.workers"),
+    ("service.__main__",),
+)  # fmt: skip
+
+
+def floor_of(module: str) -> int:
+    best, floor = -1, None
+    for number, prefixes in enumerate(SERVICE_FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), number
+    assert floor is not None, f"{module} is on no floor: add it to SERVICE_FLOORS"
+    return floor
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in service/ that runs from a floor to a higher one."""
+    return [
+        f"{module} (floor {floor_of(module)}) imports {target} (floor {floor_of(target)})"
+        for module in sorted(m for m in graph if m.startswith("service."))
+        for target in sorted(graph[module])
+        if target.startswith("service.") and floor_of(target) > floor_of(module)
+    ]
+
+
+def test_no_import_in_service_runs_back_up_a_floor():
+    graph = project_graph()
+    assert len([m for m in graph if m.startswith("service.")]) > 20
+    assert upward_imports(graph) == []
+
+
+def test_the_floor_rule_catches_an_arrow_up():
+    # What the layout had before: the backends' factory importing the config watcher above.
+    graph = {"service.backends.factory": {"service.config_watcher", "service.settings"}}
+    assert upward_imports(graph) == [
+        "service.backends.factory (floor 1) imports service.config_watcher (floor 2)"
+    ]

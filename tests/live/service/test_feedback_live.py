@@ -248,8 +248,8 @@ def test_prediction_log_files_rotate_and_an_orphan_is_cut_to_whole_records(tmp_p
     """A dead writer's open file (here: a torn last record) is closed by the next logger."""
     from prometheus_client import CollectorRegistry
 
-    from service.dataplane import PredictResult
     from service.prediction_log import OPEN_PREFIX, SUFFIX, PredictionLogger
+    from service.types import PredictResult
 
     images = np.zeros((2, 28, 28), np.float32)
     result = PredictResult(

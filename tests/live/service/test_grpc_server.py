@@ -25,7 +25,7 @@ from support.tfserving_requests import predict_request
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from artifact.contract import PROBABILITIES_KEY
-from service.batching import BatchingBackend
+from service.backends.batching import BatchingBackend
 from service.errors import (
     BadInput,
     ClientClosedRequest,

@@ -29,7 +29,7 @@ from support.fakes import (
 from artifact.contract import PROBABILITIES_KEY
 from service.app import create_app
 from service.backends.base import DelegatingBackend
-from service.batching import BatchingBackend
+from service.backends.batching import BatchingBackend
 from service.errors import UpstreamError
 from service.settings import Settings
 

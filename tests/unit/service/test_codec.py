@@ -226,7 +226,7 @@ def friendly(raw: bytes, fast: bool = True):
     dataplane = types.SimpleNamespace(
         max_images=8, check_image_count=lambda n: check_image_count(n, 8)
     )
-    api = PeopleAPI(dataplane, 200_000, 30.0, 48_000_000)
+    api = PeopleAPI(dataplane, 200_000, 48_000_000)
     simple = codec.simple_pixel_images
     if not fast:
         codec.simple_pixel_images = lambda *_: None

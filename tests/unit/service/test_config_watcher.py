@@ -9,8 +9,8 @@ import pytest
 from support.fakes import FakeBackend, write_version
 
 from artifact.model_config import ConfigError
-from service.config_watcher import ConfigWatcher, default_model, initial_entries
-from service.settings import Settings
+from service.config_watcher import ConfigWatcher
+from service.settings import Settings, default_model, initial_entries
 
 CONFIG = """model_config_list {{
   config {{ name: "fashion_mnist" base_path: "fashion_mnist" {extra} }}

@@ -31,7 +31,7 @@ def post_json(client, images, labels, **extra):
 
 
 def sample(client, name: str, **labels) -> float:
-    registry = client.app.state.dataplane.metrics.registry
+    registry = client.app.dataplane.metrics.registry
     return registry.get_sample_value(name, labels) or 0.0
 
 

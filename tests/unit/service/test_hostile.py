@@ -9,8 +9,10 @@ log injection, paths in error bodies, MIME sniffing, the docs' assets, TLS.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -27,13 +29,13 @@ from support.fakes import (
     threaded_server,
     wait_until,
 )
-from support.helpers import error_message, http_answers, png_bytes, raw_exchange
+from support.helpers import error_message, png_bytes
 
 from artifact.images import MAX_PIXELS
 from service import codec, errors, protocols
 from service.app import create_app
-from service.batching import BatchingBackend
-from service.server import guarded_protocol
+from service.backends.batching import BatchingBackend
+from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
@@ -291,10 +293,42 @@ def test_a_bad_tokens_file_stops_the_start(tmp_path, text, fragment):
 # --- the server: headers, slow clients, overload, TLS -----------------------------------------
 
 
+def raw_exchange(
+    url: str, data: bytes, read_timeout: float = 30.0, one_response: bool = False
+) -> bytes:
+    """Send raw bytes to the server and read what it answers until it closes (or, with
+    one_response, until one whole response has come: the connection may stay open)."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
+        # The server may close before it has read everything: what it said counts.
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if one_response and response_complete(b"".join(chunks)):
+                break
+    return b"".join(chunks)
+
+
+def response_complete(data: bytes) -> bool:
+    head, found, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    return bool(found and length and len(body) >= int(length.group(1)))
+
+
 @pytest.fixture
 def guarded():
     app = create_app(Settings(max_body_bytes=200_000, body_timeout_seconds=1.0), FakeBackend())
-    with threaded_server(app, http=guarded_protocol(16 * 1024, 1.0), timeout_keep_alive=1) as (
+    with threaded_server(
+        app, http=guarded_protocol(16 * 1024, 1.0, Drain()), timeout_keep_alive=1
+    ) as (
         url,
         _,
     ):
@@ -414,16 +448,27 @@ def test_overload_is_logged_as_a_rate_not_a_line_per_refusal(caplog, monkeypatch
     ] * 2
 
 
+def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(head, body) of each whole response in a byte stream (bodies by content-length)."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+        answers.append((head.lower(), rest[:length]))
+        data = rest[length:]
+    return answers
+
+
 @pytest.fixture
 def refusing():
     backend = AlwaysFull()
     app = create_app(Settings(model_name=MODEL_NAME), backend)
-    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
     with threaded_server(app, http=protocol) as (url, _):
         yield url, backend
 
 
-def test_a_full_queue_is_answered_by_the_protocol_and_the_connection_lives_on(refusing):
+def test_a_full_queue_is_refused_at_the_door_and_the_connection_lives_on(refusing):
     url, backend = refusing
     body = orjson.dumps({"instances": ZEROS})
     requests = (
@@ -441,13 +486,11 @@ def test_a_full_queue_is_answered_by_the_protocol_and_the_connection_lives_on(re
     assert backend.calls == []
     counted = 'http_requests_total{method="POST",route="/v1/models/{name}:predict",status="503"}'
     assert f"{counted} 1.0".encode() in metrics
-    # Counted by the protocol's refusal: the app, which times what it answers, never saw it.
-    assert b'http_request_duration_seconds_count{route="/v1/models/{name}:predict"}' not in metrics
 
 
 def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog):
     app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
-    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
     caplog.set_level(logging.ERROR)
     with threaded_server(app, http=protocol) as (url, server):
         body = orjson.dumps({"instances": ZEROS})
@@ -485,7 +528,7 @@ def test_every_refusal_says_the_same(refusing, request_line, headers):
     assert backend.calls == []
 
 
-def test_a_cross_origin_prediction_is_left_to_the_app_and_its_cors_rules(refusing):
+def test_a_cross_origin_prediction_is_refused_by_the_origin_rule_before_the_queue(refusing):
     url, _ = refusing
     body = b'{"instances": []}'
     request = (
@@ -494,7 +537,7 @@ def test_a_cross_origin_prediction_is_left_to_the_app_and_its_cors_rules(refusin
         + body
     )
     ((head, answer),) = http_answers(raw_exchange(url, request))
-    # No origin is allowed here: the app's 403, where the protocol would have said 503.
+    # No origin is allowed here: the door's access rule answers before its admission would.
     assert head.startswith(b"http/1.1 403 ") and b"cross-origin" in answer.lower()
 
 
@@ -570,7 +613,9 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(gua
 
 def test_connections_past_max_connections_get_503_and_the_rest_are_served():
     app = create_app(Settings(), FakeBackend())
-    with threaded_server(app, http=guarded_protocol(16 * 1024, 10.0), limit_concurrency=2) as (
+    with threaded_server(
+        app, http=guarded_protocol(16 * 1024, 10.0, Drain()), limit_concurrency=2
+    ) as (
         url,
         _,
     ):
@@ -639,7 +684,7 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
 
 def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_closed():
     app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
-    protocol = guarded_protocol(16 * 1024, 10.0, app.state.refusal)
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
     with threaded_server(app, http=protocol, timeout_keep_alive=1) as (url, server):
         host, port = url.split("//")[1].split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -656,14 +701,27 @@ def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_c
         wait_until(lambda: not server.server_state.connections, "the connection to be gone")
 
 
-def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection(refusing):
+def test_a_refusal_to_a_client_waiting_for_100_continue_keeps_the_framing(refusing):
+    """Refused before its body was asked for: no 100 Continue is sent, and the body the
+    client sends anyway is read as the body, not as the next request."""
     url, _ = refusing
     request = (
         f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
     ).encode()
-    # Read until the server closes: it does not wait for a body the client may never send.
-    answer = raw_exchange(url, request, read_timeout=10)
-    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while not response_complete(answer):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in answer
+        sock.sendall(
+            b"0123456789" + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        rest = b""
+        while chunk := sock.recv(65536):
+            rest += chunk
+    assert rest.startswith(b"HTTP/1.1 200 "), rest[:200]
 
 
 def test_headers_of_a_request_pipelined_behind_a_body_are_counted_too(guarded):

@@ -17,8 +17,8 @@ import pytest
 from support.fakes import FakeLoader, write_version
 
 from artifact.model_config import ConfigError, ModelEntry, Policy
+from service.backends.registry import ModelRegistry, VersionRegistry
 from service.errors import BadInput, NotFound, NotReady
-from service.registry import ModelRegistry, VersionRegistry
 from service.types import VersionState
 
 NAME = "fashion_mnist"
@@ -240,7 +240,7 @@ def test_strange_folder_names_are_ignored_with_one_warning(model_dir, caplog, na
     write_version(model_dir, name)
     (model_dir / ".export-abc").mkdir()  # an export being staged: silently ignored
     registry, loader = make(model_dir)
-    with caplog.at_level(logging.WARNING, logger="service.registry"):
+    with caplog.at_level(logging.WARNING, logger="service.backends.registry"):
         asyncio.run(registry.refresh())
         asyncio.run(registry.refresh())
     assert registry.serving == 1

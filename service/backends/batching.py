@@ -28,10 +28,10 @@ import numpy as np
 
 from artifact.contract import SIGNATURE_NAME
 from service.backends.base import Backend, DelegatingBackend, Reservation
-from service.errors import Overloaded, UpstreamError
+from service.errors import OVERLOADED, Overloaded, UpstreamError
 from service.types import Prediction
 
-log = logging.getLogger("service.batching")
+log = logging.getLogger("service.backends.batching")
 
 
 @dataclasses.dataclass
@@ -108,10 +108,7 @@ class BatchingBackend(DelegatingBackend):
         label: str | None = None,
     ) -> Prediction:
         if self.overloaded():
-            raise Overloaded(
-                f"the batching queue is full ({self.max_queue} requests waiting, "
-                "BATCH_MAX_QUEUE); retry shortly"
-            )
+            raise Overloaded(OVERLOADED)
         reservation = await self.inner.reserve(name, version, signature_name, label)
         self._loop = loop = asyncio.get_running_loop()
         future = loop.create_future()

@@ -27,12 +27,12 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from artifact.model_config import LABEL_PATTERN, ConfigError, ModelEntry
+from artifact.model_config import ConfigError, ModelEntry
 from artifact.repository import assets_stamp, files_stamp, foreign_entries, list_versions
-from service.errors import BadInput, NotFound, NotReady
+from service.errors import BadInput, NotFound, NotReady, check_label_name
 from service.types import VersionState, VersionStatus
 
-log = logging.getLogger("service.registry")
+log = logging.getLogger("service.backends.registry")
 
 # The label requests that name no version go to, when the config has it.
 STABLE = "stable"
@@ -56,15 +56,6 @@ def servable_not_found(name: str, version: int | None) -> str:
     if version is None:
         return f"Servable not found for request: Latest({name})"
     return f"Servable not found for request: Specific({name}, {version})"
-
-
-def check_label_name(label: str) -> None:
-    """BadInput unless the label is TF Serving's `[a-zA-Z0-9_]+`."""
-    if not LABEL_PATTERN.match(label):
-        raise BadInput(
-            f"Malformed request: version label must be letters, digits and underscores, "
-            f"got {label[:40]!r}"
-        )
 
 
 @dataclasses.dataclass

@@ -1,0 +1,232 @@
+"""The one door: everything that happens to an HTTP request before its handler, in one place.
+
+Every request the service answers passes here first, in this order:
+
+1. **Metrics**: counted in flight and timed, then counted by route template and status.
+2. **Access** (service/security.py): a cross-origin browser request is refused or given its
+   CORS headers (a preflight is answered here); a request needing a token without a valid
+   one gets 401 or 403.
+3. **Route**: the routes whose handlers take a `Call` (predictions, inference, feedback) are
+   matched here, by their own compiled patterns; every other request (status, metadata,
+   the page, the docs, /metrics) goes on to FastAPI's router, still inside the door.
+4. **Admission**: a route's `before_body` check runs before the body is read, so refusing
+   costs next to nothing: predictions are refused with 503 while the batching queue is full,
+   feedback while it is off.
+5. **Body**: read whole within MAX_BODY_BYTES (413, checked against Content-Length before
+   reading), within BODY_TIMEOUT_SECONDS (408), a client leaving mid-body is 499.
+6. **Handler**: called with a `Call` (body, headers, query) and its path parameters, and
+   cancelled if the client leaves before the answer is ready (which frees its place in the
+   batch queue).
+7. **Answer**: errors rendered by the one renderer (service/errors.py: error_response);
+   every answer gets `X-Content-Type-Options: nosniff` and, for allowed origins, CORS headers.
+
+gRPC (service/protocols/grpc_server.py) is the other transport: it asks the same access
+rule (security.bearer_problem, from the call's metadata) and the same admission
+(DataPlane.admit), and counts its own metrics.
+
+The routes here are not FastAPI routes: they are documented in the OpenAPI schema from their
+`CallRoute` (service/openapi.py), so each request's query and body are read by one parser,
+its handler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, error_response
+from service.metrics import Metrics
+from service.protocols.http import Call, CallRoute
+from service.security import NOSNIFF, Access
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    route: CallRoute
+    pattern: Any
+    template: str  # the path without convertors: the metrics' label
+    convertors: dict
+
+
+class Door:
+    """The ASGI app the server runs: the prelude above, then a Call route or FastAPI.
+
+    Args:
+        app: the FastAPI app answering every other route (and the lifespan).
+        routes: the Call routes.
+        metrics: the service's metrics.
+        access: the origin and token rules.
+        max_body_bytes, body_timeout: MAX_BODY_BYTES and BODY_TIMEOUT_SECONDS.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Sequence[CallRoute],
+        metrics: Metrics,
+        access: Access,
+        max_body_bytes: int,
+        body_timeout: float,
+    ):
+        self.app = app
+        self.routes = list(routes)
+        self.metrics = metrics
+        self.access = access
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self._compiled = []
+        for route in self.routes:
+            pattern, template, convertors = compile_path(route.path)
+            self._compiled.append(_Compiled(route, pattern, template, convertors))
+
+    def match(self, path: str) -> tuple[_Compiled, dict[str, Any]] | None:
+        """The Call route whose pattern matches the (decoded) path, with its converted path
+        parameters; None when none does."""
+        for compiled in self._compiled:
+            found = compiled.pattern.match(path)
+            if found:
+                params = {
+                    key: compiled.convertors[key].convert(value)
+                    for key, value in found.groupdict().items()
+                }
+                return compiled, params
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # the lifespan
+            return
+        metrics = self.metrics
+        started = metrics.request_started()
+        status = 500  # what a request that ends without an answer (a shutdown) counts as
+        template = "unmatched"
+        decision = self.access.check(scope)
+        # Every answer: nosniff, and CORS's headers for an allowed origin.
+        extra_headers = [NOSNIFF, *decision.headers]
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                headers += [h for h in extra_headers if h[0] not in present]
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            if decision.refusal is not None:
+                await decision.refusal(scope, receive, answer)
+                return
+            found = self.match(scope["path"])
+            if found is None:
+                try:
+                    await self.app(scope, receive, answer)
+                finally:
+                    route = scope.get("route")
+                    template = getattr(route, "path_format", None) or "unmatched"
+                return
+            compiled, params = found
+            template = compiled.template
+            request = Request(scope, receive, send)
+            try:
+                response = await self._serve(request, compiled.route, params)
+            except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
+                response = error_response(request, err)
+            await response(scope, receive, answer)
+        finally:
+            metrics.request_finished(template, scope["method"], status, started)
+
+    async def _serve(self, request: Request, route: CallRoute, params: dict[str, Any]):
+        if request.method != route.method:
+            raise StarletteHTTPException(405, headers={"Allow": route.method})
+        query = request.query_params
+        if route.before_body is not None:
+            route.before_body(params, query)
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        call = Call(body, request.headers, query)
+        return await unless_disconnected(request, route.handler(call, **params))
+
+
+async def read_body(request: Request, limit: int, timeout: float = 30.0) -> bytes:
+    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all.
+
+    Raises:
+        PayloadTooLarge: over the limit (413).
+        RequestTimeout: the body took longer than `timeout` seconds (BODY_TIMEOUT_SECONDS).
+        ClientClosedRequest: the client hung up before sending it all (499: not a 5xx).
+    """
+    declared = request.headers.get("content-length")
+    # Past 18 digits it is over any limit (and int() refuses past 4,300).
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise PayloadTooLarge(
+            f"request body is {declared} bytes; the limit is {limit} bytes (MAX_BODY_BYTES)"
+        )
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientClosedRequest("the client disconnected while sending the body")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
+                    )
+                if not message.get("more_body", False):
+                    # Mostly the whole body came in one message: no join, no copy.
+                    return b"".join((*chunks, chunk)) if chunks else chunk
+                chunks.append(chunk)
+    except TimeoutError as err:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
+            f"{size} bytes came"
+        ) from err
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body is fully read by now, so the next message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first (frees its batch slot).
+
+    Raises:
+        ClientClosedRequest: the client left before the work was done.
+    """
+    handler = asyncio.current_task()
+    disconnected = False
+
+    def on_disconnect(watcher: asyncio.Task) -> None:
+        nonlocal disconnected
+        if not watcher.cancelled() and watcher.exception() is None:
+            disconnected = True
+            handler.cancel()
+
+    # One watcher task and a callback: cheaper on the hot path than racing two tasks.
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if disconnected:
+            raise ClientClosedRequest(
+                "the client disconnected before the prediction was ready"
+            ) from None
+        raise
+    finally:
+        watcher.remove_done_callback(on_disconnect)
+        watcher.cancel()

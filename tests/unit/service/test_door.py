@@ -1,0 +1,161 @@
+"""Every request kind through every way into the service (service/door.py), as uvicorn runs
+one suite over each of its protocols: the ASGI app called in-process (Starlette's
+TestClient) and a real uvicorn server on loopback with the service's own protocol
+(service/server.py). Each kind is sent through both; the answers must be equal (status,
+headers, body) and what the table says, so the server adds nothing a client could tell
+apart, and the door's prelude is the one place each check happens."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from starlette.testclient import TestClient
+from support.fakes import MODEL_NAME, FakeBackend, app_client, threaded_server
+from support.helpers import png_bytes
+
+from service.app import create_app
+from service.server import Drain, guarded_protocol
+from service.settings import Settings
+
+FULL_TOKEN = "f" * 24
+STATUS_TOKEN = "s" * 24
+ALLOWED = "http://allowed.example"
+V1 = f"/v1/models/{MODEL_NAME}"
+IMAGE = np.linspace(0, 1, 28 * 28, dtype=np.float32).reshape(28, 28)
+PIXELS = (IMAGE * 255).astype(np.uint8)
+BEARER = {"Authorization": f"Bearer {FULL_TOKEN}"}
+# Headers a real server adds to every answer, and the in-process client does not.
+SERVER_HEADERS = {"date", "server"}
+
+
+def v2_body(images: np.ndarray) -> dict:
+    return {"inputs": [{"name": "image", "datatype": "FP32", "shape": list(images.shape),
+                        "data": images.ravel().tolist()}]}  # fmt: skip
+
+
+def multipart(*files: bytes) -> dict:
+    return {"files": [("files", (f"{i}.png", data, "image/png")) for i, data in enumerate(files)]}
+
+
+# (id, method, path, request options, expected status)
+KINDS = [
+    ("tf-serving row", "POST", f"{V1}:predict", {"json": {"instances": [IMAGE.tolist()]}}, 200),
+    ("tf-serving columnar", "POST", f"{V1}:predict", {"json": {"inputs": [IMAGE.tolist()]}}, 200),
+    ("a version", "POST", f"{V1}/versions/1:predict", {"json": {"instances": [IMAGE.tolist()]}}, 200),
+    ("an unknown version", "POST", f"{V1}/versions/9:predict", {"json": {"instances": [IMAGE.tolist()]}}, 404),
+    ("an unknown label", "POST", f"{V1}/labels/nope:predict", {"json": {"instances": [IMAGE.tolist()]}}, 400),
+    ("a bad body", "POST", f"{V1}:predict", {"content": b"{not json"}, 400),
+    ("a wrong shape", "POST", f"{V1}:predict", {"json": {"instances": [[1.0, 2.0]]}}, 400),
+    ("too many images", "POST", f"{V1}:predict", {"json": {"instances": [IMAGE.tolist()] * 5}}, 413),
+    ("a body over the limit", "POST", f"{V1}:predict", {"content": b" " * 300_000}, 413),
+    ("a GET of a predict route", "GET", f"{V1}:predict", {}, 400),
+    ("a GET of /predict", "GET", "/predict", {}, 405),
+    ("friendly pixels", "POST", "/predict", {"json": {"instances": [PIXELS.tolist()]}}, 200),
+    ("friendly with pixels back", "POST", "/predict?include_pixels=yes", {"json": {"instances": [PIXELS.tolist()]}}, 200),
+    ("friendly base64", "POST", "/predict", {"json": {"instances": [{"b64": base64.b64encode(png_bytes(PIXELS)).decode()}]}}, 200),
+    ("friendly upload", "POST", "/predict", multipart(png_bytes(PIXELS), png_bytes(255 - PIXELS)), 200),
+    ("friendly bad query", "POST", "/predict?include_pixels=maybe", {"json": {"instances": [PIXELS.tolist()]}}, 400),
+    ("v2 JSON", "POST", f"/v2/models/{MODEL_NAME}/infer", {"json": v2_body(IMAGE[None])}, 200),
+    ("v2 unknown model", "POST", "/v2/models/nope/infer", {"json": v2_body(IMAGE[None])}, 404),
+    ("v2 compressed", "POST", f"/v2/models/{MODEL_NAME}/infer", {"content": b"x", "headers": {"Content-Encoding": "gzip"}}, 400),
+    ("feedback while off", "POST", f"{V1}/feedback", {"json": {"instances": [PIXELS.tolist()], "labels": [1]}}, 403),
+    ("status", "GET", V1, {}, 200),
+    ("metadata", "GET", f"{V1}/metadata", {}, 200),
+    ("v2 metadata", "GET", f"/v2/models/{MODEL_NAME}", {}, 200),
+    ("an unknown /v1 path", "GET", f"{V1}/nothing/here", {}, 400),
+    ("an unknown path", "GET", "/nothing", {}, 404),
+    ("health, open", "GET", "/healthz", {"auth": False}, 200),
+    ("no token", "POST", f"{V1}:predict", {"auth": False, "json": {"instances": [IMAGE.tolist()]}}, 401),
+    ("a wrong token", "GET", V1, {"auth": False, "headers": {"Authorization": "Bearer " + "x" * 24}}, 401),
+    ("a token without the scope", "POST", "/predict", {"auth": False, "headers": {"Authorization": f"Bearer {STATUS_TOKEN}"}, "json": {"instances": [PIXELS.tolist()]}}, 403),
+    ("another site", "POST", f"{V1}:predict", {"headers": {"Origin": "http://elsewhere.example"}, "json": {"instances": [IMAGE.tolist()]}}, 403),
+    ("an allowed site", "POST", f"{V1}:predict", {"headers": {"Origin": ALLOWED}, "json": {"instances": [IMAGE.tolist()]}}, 200),
+    ("a preflight", "OPTIONS", f"{V1}:predict", {"auth": False, "headers": {"Origin": ALLOWED, "Access-Control-Request-Method": "POST"}}, 204),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory) -> Settings:
+    tokens = tmp_path_factory.mktemp("door") / "tokens"
+    tokens.write_text(f"{FULL_TOKEN} predict,status\n{STATUS_TOKEN} status\n")
+    return Settings(
+        model_name=MODEL_NAME,
+        max_images=4,
+        max_body_bytes=200_000,
+        auth_tokens_file=str(tokens),
+        cors_allow_origins=ALLOWED,
+    )
+
+
+@contextlib.contextmanager
+def in_process(settings: Settings):
+    with TestClient(create_app(settings, FakeBackend())) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def over_loopback(settings: Settings):
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+    with (
+        threaded_server(create_app(settings, FakeBackend()), http=protocol) as (url, _),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        yield client
+
+
+DOORS = {"asgi": in_process, "uvicorn": over_loopback}
+
+
+@pytest.fixture(scope="module")
+def doors(settings):
+    """A client of each way in, each over its own app (the same settings, a fresh fake)."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(start(settings)) for name, start in DOORS.items()}
+
+
+def send(client, method: str, path: str, options: dict) -> tuple[int, dict, bytes]:
+    options = dict(options)
+    headers = {**(BEARER if options.pop("auth", True) else {}), **options.pop("headers", {})}
+    response = client.request(method, path, headers=headers, **options)
+    kept = {k.lower(): v for k, v in response.headers.items() if k.lower() not in SERVER_HEADERS}
+    return response.status_code, kept, response.content
+
+
+@pytest.mark.parametrize("kind, method, path, options, status", KINDS, ids=[k[0] for k in KINDS])
+def test_every_door_answers_every_kind_the_same_and_as_the_table_says(
+    doors, kind, method, path, options, status
+):
+    answers = {name: send(client, method, path, options) for name, client in doors.items()}
+    first = answers["asgi"]
+    assert first[0] == status, first
+    assert first[1].get("x-content-type-options") == "nosniff", first[1]
+    if status >= 400 and status != 405:
+        assert set(orjson.loads(first[2])) == {"error"}, first[2]
+    for name, answer in answers.items():
+        assert answer == first, (name, answer, first)
+
+
+def test_the_table_is_not_trivial():
+    statuses = {k[-1] for k in KINDS}
+    assert {200, 204, 400, 401, 403, 404, 405, 413} <= statuses
+    assert len({k[2].split("?")[0] for k in KINDS}) >= 10  # many routes, not one
+
+
+def test_the_door_refuses_a_full_queue_before_reading_the_body():
+    class AlwaysFull(FakeBackend):
+        def overloaded(self) -> bool:
+            return True
+
+    backend = AlwaysFull()
+    with app_client(backend, max_body_bytes=200_000) as client:
+        for path in (f"{V1}:predict", "/predict", f"/v2/models/{MODEL_NAME}/infer"):
+            # A body longer than the limit: read, it would be a 413; refused first, a 503.
+            response = client.post(path, content=b" " * 300_000)
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["retry-after"] == "1"
+    assert backend.calls == []
