@@ -22,6 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TESTS_DIR = Path(__file__).parent
 UNIT_DIR = TESTS_DIR / "unit"
 LIVE_DIR = TESTS_DIR / "live"
+# Whether this run collected a test under tests/live (which may import TensorFlow).
+COLLECTED_LIVE = pytest.StashKey[bool]()
 
 
 def _is_live(path: Path) -> bool:
@@ -56,12 +58,14 @@ def pytest_ignore_collect(collection_path, config):
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Mark every test under tests/live slow; refuse a test that has no tier by its folder."""
     misplaced = []
+    config.stash[COLLECTED_LIVE] = False
     for item in items:
         if _is_live(item.path):
             item.add_marker(pytest.mark.slow)
+            config.stash[COLLECTED_LIVE] = True
         elif not item.path.is_relative_to(UNIT_DIR) or item.get_closest_marker("slow"):
             misplaced.append(item.nodeid)
     if misplaced:
@@ -74,10 +78,11 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session", autouse=True)
 def fast_tier_stays_light(request):
-    """Fail a run of fast tests only (`pytest tests/unit`, `pytest -m "not slow"`) when one of
-    them imported TensorFlow: it takes seconds, and is what the fast tier exists to avoid."""
+    """Fail a run that collected no live test (`pytest tests/unit`, `pytest -m "not slow"`)
+    when TensorFlow was imported anyway: it takes seconds, and is what the fast tier exists to
+    avoid."""
     yield
-    if not any(_is_live(item.path) for item in request.session.items):
+    if not request.config.stash.get(COLLECTED_LIVE, False):
         assert "tensorflow" not in sys.modules, (
             "a test under tests/unit imported TensorFlow: move it to tests/live, or keep "
             "TensorFlow out of its path"
