@@ -46,7 +46,8 @@ SECTION_HEADINGS = (
 
 def benchmark_block(result: dict) -> str:
     """The last benchmark run: where and when, then every table, each under a heading."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
     from benchmarks.bench import table
 
     machine = result.get("machine", {})
