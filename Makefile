@@ -21,7 +21,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
-.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean
+.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
+        figures docs
 
 setup: venv data compose browser tools
 
@@ -129,14 +130,26 @@ format: venv
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf runs .pytest_cache .ruff_cache
+	rm -rf runs .pytest_cache .ruff_cache site
+
+# The measured figures (docs/figures.md, the README's two commands) rendered again from
+# benchmarks/results/latest.json and docs/measured.json; `make bench` runs it too.
+# Neither target sets anything up: they need the venv `make setup` made.
+figures:
+	$(PY) docs/figures.py
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor.
+docs: figures
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Side-by-side throughput: in-process ceiling, naive FastAPI, this service without and with batching.
 bench: setup
 	$(PY) -m benchmarks.bench
+	$(PY) docs/figures.py
 
 # `make bench` plus the peers in the same run, table and chart: MLServer and BentoML serving
 # the same model with their own batching (benchmarks/peers/), each in its own venv under
 # benchmarks/.peers/, installed from its lock on first use (about 2 GB and a minute or two each).
 bench-peers: setup
 	$(PY) -m benchmarks.bench --peers
+	$(PY) docs/figures.py

@@ -4,7 +4,7 @@ Each worker is `python -m service` again, with SERVICE_WORKER set: it binds PORT
 GRPC_PORT) with SO_REUSEPORT, so the kernel spreads connections across the workers, and runs
 its own event loop, batcher and copy of the models. One Python process is bound by its event
 loop and its interpreter lock; two of them, each with one TensorFlow thread, served 1.2x one
-process on this 2-core machine (README, Throughput).
+process on this 2-core machine (docs/benchmarks.md).
 
 The supervisor, in this module, imports no TensorFlow and serves nothing:
 - it starts the workers with PROMETHEUS_MULTIPROC_DIR set to a fresh folder, so /metrics in
@@ -20,7 +20,7 @@ The supervisor, in this module, imports no TensorFlow and serves nothing:
   stops with exit code 2, as a single process would;
 - workers die with it (PR_SET_PDEATHSIG), so none is left holding the port.
 
-What workers do not share: each loads the models itself (memory: README, Throughput), polls
+What workers do not share: each loads the models itself (memory: docs/benchmarks.md), polls
 the model repository and MODEL_CONFIG_FILE on its own (a change reaches them all within the
 poll interval), and draws its own canary and shadow samples. The feedback store and the
 prediction logs take several writers by design (a file per writer).

@@ -2,8 +2,9 @@
 
 tests/unit/ is the fast tier (no TensorFlow); tests/live/ is the real end-to-end tier, and each of
 its tests gets the `slow` marker here, so `pytest -m "not slow"` selects the fast tier too
-(tests/README.md). The session fixtures of the live tier (the real data, a trained model) are in
-tests/live/conftest.py; plain helpers are in tests/support/.
+(tests/README.md). The real data's folder is here, for both tiers; the live tier's session
+fixtures (a small copy of it, a model trained on that) are in tests/live/conftest.py; plain
+helpers are in tests/support/.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from service.settings import Settings
 
 # Before anything imports TensorFlow: keep its C++ INFO/WARNING lines out of the test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# training.data.DEFAULT_DATA_DIR, not imported here: training.data imports TensorFlow.
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR))
 
 TESTS_DIR = Path(__file__).parent
 UNIT_DIR = TESTS_DIR / "unit"
@@ -74,6 +79,17 @@ def pytest_collection_modifyitems(config, items):
             "tests/live (slow, marked here), never a marker; move these:\n  "
             + "\n  ".join(misplaced)
         )
+
+
+@pytest.fixture(scope="session")
+def real_data_dir() -> Path:
+    """The real Fashion-MNIST directory; `make setup` installs it, so missing is a failure."""
+    if not (REAL_DATA_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.fail(
+            f"Fashion-MNIST not found in {REAL_DATA_DIR}: run `make setup` "
+            "(it installs the Debian package dataset-fashion-mnist)"
+        )
+    return REAL_DATA_DIR
 
 
 @pytest.fixture(scope="session", autouse=True)

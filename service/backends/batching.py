@@ -10,7 +10,7 @@ fails only its own requests; a crashed batcher fails what is queued instead of l
 Batches are formed and run on a thread of their own, as TF Serving's batch threads do: the
 event loop only queues requests and hands answers back. When a batch ends, the next one
 starts at once; it does not wait for the loop to notice, which under load (the loop busy
-with other clients' requests) cost a quarter of the model's time (README, Throughput).
+with other clients' requests) cost a quarter of the model's time (docs/benchmarks.md).
 Each request holds its version from the moment it is queued (Backend.reserve) until it is
 answered or dropped.
 """

@@ -1,21 +1,19 @@
-"""Session-wide fixtures of the live tier: the real data, and a model trained on it once.
+"""Session-wide fixtures of the live tier: a small copy of the real data, and a model trained
+on it once.
 
-`small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files and
-`trained_model` trains a tiny model on it once per session through the real command line.
+`small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files
+(`real_data_dir`, tests/conftest.py) and `trained_model` trains a tiny model on it once per
+session through the real command line.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-# training.data.DEFAULT_DATA_DIR, not imported here: training.data imports TensorFlow.
-DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
-REAL_DATA_DIR = Path(os.environ.get("FASHION_MNIST_DIR", DEFAULT_DATA_DIR))
 SMALL_TRAIN_COUNT = 600
 SMALL_TEST_COUNT = 300
 # The trained_model fixture's run: tiny, but enough for a non-trivial evaluation report.
@@ -31,17 +29,6 @@ class TrainedModel(NamedTuple):
     version_path: Path  # the exported version, export_base / "1"
     data_dir: Path  # the small_data_dir it was trained and evaluated on
     max_steps: int  # the global step it was trained to (TRAIN_STEPS)
-
-
-@pytest.fixture(scope="session")
-def real_data_dir() -> Path:
-    """The real Fashion-MNIST directory; `make setup` installs it, so missing is a failure."""
-    if not (REAL_DATA_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.fail(
-            f"Fashion-MNIST not found in {REAL_DATA_DIR}: run `make setup` "
-            "(it installs the Debian package dataset-fashion-mnist)"
-        )
-    return REAL_DATA_DIR
 
 
 @pytest.fixture(scope="session")

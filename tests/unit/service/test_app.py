@@ -1,5 +1,5 @@
 """The whole app over a fake backend (Starlette's TestClient, no TensorFlow): every route's
-rendering, every error body, the metrics, and the fast lane answering like FastAPI would."""
+rendering, every error body, the metrics, and the queries the door's routes read."""
 
 from __future__ import annotations
 

@@ -1,0 +1,186 @@
+"""Render the measured figures into the pages that show them, from their one source each.
+
+    python docs/figures.py           # rewrite the generated blocks (make figures)
+    python docs/figures.py --check   # exit 1 naming each block that is out of date
+
+Sources:
+- `benchmarks/results/latest.json`, the last `make bench` / `make bench-peers` run, rendered
+  by the benchmark's own `benchmarks.bench.table` (the same tables as `latest.md`);
+- `docs/measured.json`, the figures that are not benchmark results: setup and test times,
+  training accuracy, the baselines' comparison.
+
+Each generated block sits between `<!-- BEGIN figures:NAME -->` and `<!-- END figures:NAME -->`
+in `docs/figures.md` (and the README's two commands); the text around the markers is written
+by hand and never quotes a figure. tests/unit/docs/test_docs.py fails when a block differs
+from what this script renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LATEST = ROOT / "benchmarks" / "results" / "latest.json"
+MEASURED = ROOT / "docs" / "measured.json"
+FIGURES_PAGE = ROOT / "docs" / "figures.md"
+README = ROOT / "README.md"
+
+# The benchmark's tables, in table()'s order, each under a heading other pages can link to.
+SECTION_HEADINGS = (
+    ("Ceiling (1)", "Throughput by load"),
+    ("| load | (3)/(1)", "Ratios to the ceiling and to the naive app"),
+    ("(4) service, batching on, by protocol", "By protocol"),
+    ("(4) service, batching on, overloaded", "Overload"),
+    ("(5) service, WORKERS=2, by protocol", "By protocol, WORKERS=2"),
+    ("(5) service, WORKERS=2, overloaded", "Overload, WORKERS=2"),
+    ("Memory", "Memory"),
+    ("(4) against the peers", "Against the peers"),
+    ("Peers (", "The peers' settings"),
+    ("Targets", "Targets"),
+)
+
+
+def benchmark_block(result: dict) -> str:
+    """The last benchmark run: where and when, then every table, each under a heading."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
+    from benchmarks.bench import table
+
+    machine = result.get("machine", {})
+    command = "make bench-peers" if result.get("peers") else "make bench"
+    lines = [
+        f"Run: `{command}` on {result['date']}, {machine.get('cores', '?')} cores "
+        f"({machine.get('cpu', '?')}), Python {machine.get('python', '?')}, "
+        f"`TF_ENABLE_ONEDNN_OPTS={machine.get('onednn', '?')}`.",
+    ]
+    for chunk in table(result).split("\n\n"):
+        for prefix, heading in SECTION_HEADINGS:
+            if chunk.startswith(prefix):
+                lines += ["", f"### {heading}"]
+                break
+        lines += ["", chunk]
+    return "\n".join(lines)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def setup_block(measured: dict) -> str:
+    setup = measured["setup"]
+    rows = [[row["step"], row["time"]] for row in setup["rows"]]
+    return f"Measured {setup['measured']}.\n\n" + markdown_table(["step", "time here"], rows)
+
+
+def training_block(measured: dict) -> str:
+    training, compare = measured["training"], measured["compare"]
+    rows = [[r["command"], r["accuracy"], r["time"]] for r in training["rows"]]
+    versus = [
+        [r["model"], r["accuracy"], r["training"], r["parameters"], r["export"]]
+        for r in compare["rows"]
+    ]
+    return "\n".join(
+        [
+            f"Test accuracy, measured {training['measured']}:",
+            "",
+            markdown_table(["command", "test accuracy", "training time"], rows),
+            "",
+            f"Every model kind on one budget, {compare['measured']}:",
+            "",
+            markdown_table(["model", "test accuracy", "training", "parameters", "export"], versus),
+        ]
+    )
+
+
+def readme_commands_block(measured: dict) -> str:
+    times = measured["setup"]["readme"]
+    return "\n".join(
+        [
+            "```sh",
+            "make serve   # set up, train a model if none is exported, serve on 127.0.0.1:8000",
+            f"             # ({times['serve']})",
+            f"make test    # set up and run every test ({times['test']})",
+            "```",
+        ]
+    )
+
+
+def blocks() -> dict[Path, dict[str, str]]:
+    """Every generated block's content, by file and block name."""
+    result = json.loads(LATEST.read_text())
+    measured = json.loads(MEASURED.read_text())
+    return {
+        FIGURES_PAGE: {
+            "benchmark": benchmark_block(result),
+            "setup": setup_block(measured),
+            "training": training_block(measured),
+        },
+        README: {"commands": readme_commands_block(measured)},
+    }
+
+
+def marker_pattern(name: str) -> re.Pattern:
+    return re.compile(
+        rf"(<!-- BEGIN figures:{name} -->\n)(.*?)(<!-- END figures:{name} -->)", re.DOTALL
+    )
+
+
+def rendered(text: str, name: str, content: str, path: Path) -> str:
+    """text with block `name` replaced by content.
+
+    Raises:
+        ValueError: the file has no such block, or has it more than once.
+    """
+    pattern = marker_pattern(name)
+    found = len(pattern.findall(text))
+    if found != 1:
+        raise ValueError(f"{path}: {found} blocks named figures:{name}, expected 1")
+    return pattern.sub(lambda m: m.group(1) + content + "\n" + m.group(3), text)
+
+
+def outdated() -> list[str]:
+    """The blocks (file: name) whose text differs from what the sources render."""
+    stale = []
+    for path, named in blocks().items():
+        text = path.read_text()
+        for name, content in named.items():
+            if rendered(text, name, content, path) != text:
+                stale.append(f"{path.relative_to(ROOT)}: figures:{name}")
+    return stale
+
+
+def write() -> list[Path]:
+    """Rewrite every generated block; return the files that changed."""
+    changed = []
+    for path, named in blocks().items():
+        text = original = path.read_text()
+        for name, content in named.items():
+            text = rendered(text, name, content, path)
+        if text != original:
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    args = parser.parse_args()
+    if args.check:
+        stale = outdated()
+        for block in stale:
+            print(f"out of date: {block} (run: make figures)")
+        return 1 if stale else 0
+    for path in write():
+        print(f"updated {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

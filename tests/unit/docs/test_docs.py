@@ -1,0 +1,240 @@
+"""The README, the docs site, the generated figures and the shipped examples.
+
+- the site builds with `mkdocs build --strict` (a broken link or anchor, a page missing from
+  the navigation fails it), and a broken link does fail it;
+- every relative link in the Markdown files outside docs/ names a file in the repository;
+- the generated figures (docs/figures.py) match their sources, and go stale when one changes;
+- examples/ holds what examples/make_examples.py writes: a 28x28 PNG and the same pixels as
+  a one-instance :predict body.
+
+Fast tier: no TensorFlow, no server; the site build is one subprocess of a few seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples"
+README = ROOT / "README.md"
+# Markdown outside the docs site, read on GitHub: their links are checked here, the site's
+# by mkdocs.
+LOOSE_MARKDOWN = ["README.md", "CHANGELOG.md", "deploy/kubernetes/README.md", "models/README.md"]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def load_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return load_module(ROOT / "docs" / "figures.py", "docs_figures")
+
+
+@pytest.fixture(scope="module")
+def make_examples():
+    return load_module(EXAMPLES / "make_examples.py", "make_examples")
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
+         "--site-dir", str(site)],
+        cwd=config.parent, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+
+
+# ---- the site ---------------------------------------------------------------------------------
+
+
+def test_the_site_builds_strictly_with_every_page_in_the_navigation(tmp_path):
+    result = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stderr
+    pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+    assert len(pages) >= 12
+    for page in pages:
+        built = tmp_path / "site" / ("index.html" if page == "index" else f"{page}/index.html")
+        assert built.is_file(), f"docs/{page}.md was not built"
+
+
+def test_broken_links_and_a_page_left_out_of_the_navigation_fail_the_build(tmp_path):
+    # The real configuration (theme, extensions, validation) over two small pages, so the
+    # build takes less time than the whole site's; each fault must be reported.
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config["nav"] = [{"Home": "index.md"}, {"Other": "other.md"}]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    docs = tmp_path / config["docs_dir"]
+    docs.mkdir()
+    faults = {
+        "[gone](no-such-page.md)": "'no-such-page.md', but the target is not found",
+        "[gone](other.md#no-such-heading)": "does not contain an anchor '#no-such-heading'",
+        "[source](../service/app.py)": "'../service/app.py', but the target is not found",
+    }
+    (docs / "index.md").write_text("# Home\n\n[fine](other.md#a-heading)\n" + "\n".join(faults))
+    (docs / "other.md").write_text("# Other\n\n## A heading\n")
+    (docs / "orphan.md").write_text("# Orphan\n")
+    result = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    for message in faults.values():
+        assert message in output
+    assert "orphan.md" in output and 'not included in the "nav"' in output
+    assert "Aborted with 4 warnings in strict mode" in output  # the fine link is not one
+
+
+# ---- links and the README -------------------------------------------------------------------
+
+
+def relative_links(markdown: str) -> list[str]:
+    """Link targets that point into the repository (no scheme, no bare #anchor)."""
+    targets = LINK.findall(markdown)
+    return [t for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_the_link_reader_finds_links_and_images():
+    text = "[a](docs/x.md#y) ![b](img.png) [c](https://example.org) [d](#top) <http://x>"
+    assert relative_links(text) == ["docs/x.md#y", "img.png"]
+
+
+@pytest.mark.parametrize("name", LOOSE_MARKDOWN)
+def test_every_relative_link_names_a_file_in_the_repository(name):
+    path = ROOT / name
+    links = relative_links(path.read_text())
+    if name == "README.md":
+        assert len(links) >= 20  # the README links into the docs: a reader that finds none is wrong
+    for target in links:
+        resolved = (path.parent / target.split("#")[0]).resolve()
+        assert resolved.exists(), f"{name}: {target} -> {resolved} does not exist"
+        assert resolved.is_relative_to(ROOT), f"{name}: {target} leaves the repository"
+
+
+def test_the_readme_is_a_front_door():
+    lines = README.read_text().splitlines()
+    assert 100 <= len(lines) < 250
+    for command in ("make serve", "make test", "-d @examples/predict.json", "examples/sneaker.png"):
+        assert any(command in line for line in lines), command
+
+
+def test_the_readme_quotes_no_benchmark_figure_outside_its_generated_block(figures):
+    text = README.read_text()
+    prose = figures.marker_pattern("commands").sub("", text)
+    assert prose != text
+    for unit in ("req/s", "images/s", "µs", " us ", "p99"):
+        assert unit not in prose, f"README quotes a benchmark figure ({unit}): link docs/figures.md"
+
+
+# ---- generated figures ----------------------------------------------------------------------
+
+
+def test_the_generated_figures_are_up_to_date(figures):
+    assert figures.outdated() == [], "run: make figures"
+
+
+def test_the_figures_go_stale_when_the_benchmark_results_change(figures, tmp_path, monkeypatch):
+    result = json.loads(figures.LATEST.read_text())
+    result["servers"]["batched"]["c64x1"]["requests_per_s"] += 1234.0
+    changed = tmp_path / "latest.json"
+    changed.write_text(json.dumps(result))
+    monkeypatch.setattr(figures, "LATEST", changed)
+    assert figures.outdated() == ["docs/figures.md: figures:benchmark"]
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "stale"),
+    [
+        pytest.param("setup", "rows", "docs/figures.md: figures:setup", id="a setup step"),
+        pytest.param("training", "rows", "docs/figures.md: figures:training", id="accuracy"),
+        pytest.param("setup", "readme", "README.md: figures:commands", id="the README's times"),
+    ],
+)
+def test_the_figures_go_stale_when_a_measured_figure_changes(
+    figures, tmp_path, monkeypatch, section, key, stale
+):
+    measured = json.loads(figures.MEASURED.read_text())
+    entry = measured[section][key]
+    first = entry[0] if isinstance(entry, list) else entry
+    first[next(iter(first))] += " (changed)"
+    changed = tmp_path / "measured.json"
+    changed.write_text(json.dumps(measured))
+    monkeypatch.setattr(figures, "MEASURED", changed)
+    assert figures.outdated() == [stale]
+
+
+def test_the_benchmark_block_shows_every_table_of_the_last_run(figures):
+    result = json.loads(figures.LATEST.read_text())
+    block = figures.benchmark_block(result)
+    assert result["date"] in block
+    c64 = result["servers"]["batched"]["c64x1"]
+    assert f"{c64['requests_per_s']:,.0f}" in block
+    for heading in ("Throughput by load", "Ratios to the ceiling", "By protocol", "Overload",
+                    "Targets"):  # fmt: skip
+        assert f"### {heading}" in block
+
+
+def test_a_missing_or_doubled_block_is_an_error(figures):
+    with pytest.raises(ValueError, match="0 blocks named figures:x"):
+        figures.rendered("no markers here", "x", "content", Path("page.md"))
+    twice = "<!-- BEGIN figures:x -->\n<!-- END figures:x -->\n" * 2
+    with pytest.raises(ValueError, match="2 blocks named figures:x"):
+        figures.rendered(twice, "x", "content", Path("page.md"))
+
+
+# ---- examples ---------------------------------------------------------------------------------
+
+
+def shipped_pixels() -> np.ndarray:
+    with Image.open(EXAMPLES / "sneaker.png") as image:
+        assert image.format == "PNG"
+        assert image.size == (28, 28)
+        assert image.mode == "L"
+        return np.asarray(image, dtype=np.uint8)
+
+
+def test_the_sample_image_is_a_real_28x28_grayscale_image():
+    pixels = shipped_pixels()
+    # Not blank: a Fashion-MNIST item, light on a dark border.
+    assert pixels.max() > 200 and (pixels > 0).mean() > 0.1
+    assert pixels[0].max() == 0 and pixels[-1].max() == 0
+
+
+def test_the_predict_body_is_the_same_image_as_one_instance_of_floats_in_0_1():
+    body = json.loads((EXAMPLES / "predict.json").read_text())
+    assert list(body) == ["instances"]
+    assert len(body["instances"]) == 1
+    image = np.asarray(body["instances"][0], dtype=np.float64)
+    assert image.shape == (28, 28)
+    assert image.min() >= 0.0 and image.max() <= 1.0
+    # Exactly the float32 the service makes of the PNG's pixels (artifact.contract's scaling).
+    expected = shipped_pixels().astype(np.float32) / np.float32(255.0)
+    np.testing.assert_array_equal(image.astype(np.float32), expected)
+
+
+def test_the_shipped_examples_are_what_the_script_writes(make_examples, real_data_dir, tmp_path):
+    written = make_examples.write_examples(real_data_dir, tmp_path)
+    assert [p.name for p in written] == ["sneaker.png", "predict.json"]
+    assert (tmp_path / "predict.json").read_text() == (EXAMPLES / "predict.json").read_text()
+    with Image.open(tmp_path / "sneaker.png") as image:
+        np.testing.assert_array_equal(np.asarray(image), shipped_pixels())
+
+
+def test_the_script_refuses_an_image_that_is_not_the_sneaker(make_examples, real_data_dir,
+                                                             tmp_path, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(make_examples, "INDEX", 0)  # test image 0 is an ankle boot
+    with pytest.raises(ValueError, match="is not a Sneaker"):
+        make_examples.write_examples(real_data_dir, tmp_path)
