@@ -21,7 +21,7 @@ from artifact.model_config import ConfigError
 from service.backends.base import Backend
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
-from service.door import Door
+from service.door import BodyBudget, Door
 from service.errors import ServiceError, error_response
 from service.metrics import Metrics
 from service.openapi import document_responses
@@ -134,7 +134,13 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     document_responses(app, routes)
     access = Access(tokens, settings.allowed_origins())
     service.door = Door(
-        app, routes, metrics, access, settings.max_body_bytes, settings.body_timeout_seconds
+        app,
+        routes,
+        metrics,
+        access,
+        settings.max_body_bytes,
+        settings.body_timeout_seconds,
+        BodyBudget(settings.max_body_bytes_in_flight),
     )
     return service
 
