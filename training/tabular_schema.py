@@ -234,9 +234,10 @@ def infer_schema(
             f"{HOLDOUT_EVERY}th row is held out for evaluation)"
         )
     label_index = header.index(label)
-    label_kind, task, classes = _label_task(path, label, [r[label_index] for r in rows], task)
-    if task == "classification" and len(classes) < 2:
-        raise DataError(f"{path}: label column {label!r} has only one class: {classes[0]!r}")
+    labels = [r[label_index] for r in rows]
+    label_kind, task, classes = _label_task(path, label, labels, task)
+    if task == "classification" and len(set(labels)) < 2:
+        raise DataError(f"{path}: label column {label!r} has only one class: {labels[0]!r}")
     columns = []
     for index, name in enumerate(header):
         if index == label_index:
