@@ -40,6 +40,7 @@ from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+IMAGE_FORMATS = ("PNG", "JPEG")
 CHANNELS = (1, 3)
 MODES = tf.estimator.ModeKeys
 
@@ -61,8 +62,12 @@ def _check_image(path: Path) -> None:
     try:
         with Image.open(path) as image:
             image.load()
+            found = image.format
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise DataError(f"{path}: unreadable image: {err}") from err
+    # TensorFlow decodes PNG and JPEG (and GIF, BMP), not everything Pillow reads.
+    if found not in IMAGE_FORMATS:
+        raise DataError(f"{path}: unreadable image: a {found} file, not PNG or JPEG")
 
 
 def scan_image_folder(root: str | Path) -> ImageFolder:

@@ -103,12 +103,28 @@ def _is_number(text: str) -> bool:
     return bool(_FLOAT.fullmatch(text))
 
 
-def read_rows(path: str | Path) -> tuple[list[str], list[list[str]]]:
-    """The header and the data rows of a CSV file; DataError when it is not a usable table."""
+def _records(f) -> tuple[list[list[str]], list[int]]:
+    """The records of a CSV stream and the line each starts on (a quoted field may span
+    lines; TensorFlow's CsvDataset reads those too)."""
+    reader = csv.reader(f)
+    records, lines, end = [], [], 0
+    for record in reader:
+        records.append(record)
+        lines.append(end + 1)
+        end = reader.line_num
+    return records, lines
+
+
+def read_rows(path: str | Path, with_lines: bool = False):
+    """The header and the data rows of a CSV file; DataError when it is not a usable table.
+
+    with_lines: also return the line number each data row starts on, for messages.
+    """
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
+        # utf-8-sig: a byte order mark must not become part of the first column's name.
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows, lines = _records(f)
     except FileNotFoundError as err:
         raise DataError(f"{path}: file not found") from err
     except OSError as err:
@@ -125,18 +141,18 @@ def read_rows(path: str | Path) -> tuple[list[str], list[list[str]]]:
     duplicates = sorted({n for n in header if header.count(n) > 1})
     if duplicates:
         raise DataError(f"{path}: header names a column twice: {', '.join(duplicates)}")
-    data = rows[1:]
-    for number, row in enumerate(data, start=2):
+    data, lines = rows[1:], lines[1:]
+    for number, row in zip(lines, data, strict=True):
         if len(row) != len(header):
             raise DataError(
                 f"{path}: line {number} has {len(row)} fields, the header has {len(header)}"
             )
     if not data:
         raise DataError(f"{path}: no data rows after the header")
-    return header, data
+    return (header, data, lines) if with_lines else (header, data)
 
 
-def _numeric_kind(path, name, values: list[str], first_line: int = 2) -> str | None:
+def _numeric_kind(path, name, values: list[str], lines: list[int]) -> str | None:
     """'int' or 'float' when the column is numeric, None when it is a string column.
 
     Numeric when most values are numbers; then every value must be one (a stray word in a
@@ -145,11 +161,11 @@ def _numeric_kind(path, name, values: list[str], first_line: int = 2) -> str | N
     numbers = sum(map(_is_number, values))
     if numbers * 2 <= len(values):
         return None
-    for offset, value in enumerate(values):
+    for line, value in zip(lines, values, strict=True):
         if not _is_number(value):
             shown = repr(value) if value else "an empty value"
             raise DataError(
-                f"{path}: line {first_line + offset}, column {name!r}: {shown} is not a number "
+                f"{path}: line {line}, column {name!r}: {shown} is not a number "
                 "(the column is numeric)"
             )
     return "int" if all(_INT.fullmatch(v) for v in values) else "float"
@@ -162,10 +178,10 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return round(mean, 6), round(std, 6) if std > 1e-12 else 1.0
 
 
-def _label_task(path, name, values: list[str], task: str | None):
+def _label_task(path, name, values: list[str], lines: list[int], task: str | None):
     """(label kind, task, classes) of the label column."""
     if not all(values):
-        line = 2 + values.index("")
+        line = lines[values.index("")]
         raise DataError(f"{path}: line {line}, label column {name!r}: empty label")
     numeric = all(map(_is_number, values))
     integers = numeric and all(_INT.fullmatch(v) for v in values)
@@ -221,7 +237,7 @@ def infer_schema(
             label column, a non-number in a numeric column, too few training rows.
         UsageError: the forced task does not fit the label column.
     """
-    header, rows = read_rows(path)
+    header, rows, lines = read_rows(path, with_lines=True)
     if label not in header:
         raise DataError(f"{path}: no label column {label!r} (columns: {', '.join(header)})")
     if len(header) < 2:
@@ -235,14 +251,14 @@ def infer_schema(
         )
     label_index = header.index(label)
     labels = [r[label_index] for r in rows]
-    label_kind, task, classes = _label_task(path, label, labels, task)
+    label_kind, task, classes = _label_task(path, label, labels, lines, task)
     if task == "classification" and len(set(labels)) < 2:
         raise DataError(f"{path}: label column {label!r} has only one class: {labels[0]!r}")
     columns = []
     for index, name in enumerate(header):
         if index == label_index:
             continue
-        kind = _numeric_kind(path, name, [r[index] for r in rows])
+        kind = _numeric_kind(path, name, [r[index] for r in rows], lines)
         values = [r[index] for r in train]
         if kind is not None:
             mean, std = _mean_std([float(v) for v in values])

@@ -392,6 +392,17 @@ def folder_unreadable_image(tmp):
     return tmp / "imgs", bad, "unreadable image"
 
 
+def folder_tiff_named_png(tmp):
+    from PIL import Image
+
+    for name in ("cats", "dogs"):
+        for i in range(6):
+            _png(tmp / "imgs" / name / f"{i}.png", (i * 20, 0, 0))
+    tiff = tmp / "imgs" / "cats" / "2.png"
+    Image.new("RGB", (12, 9)).save(tiff, format="TIFF")
+    return tmp / "imgs", tiff, "a TIFF file, not PNG or JPEG"
+
+
 def folder_missing(tmp):
     return tmp / "nowhere", tmp / "nowhere", "image folder not found"
 
@@ -401,6 +412,7 @@ def folder_missing(tmp):
     [
         pytest.param(folder_one_class, id="one_class"),
         pytest.param(folder_unreadable_image, id="unreadable_image"),
+        pytest.param(folder_tiff_named_png, id="tiff_named_png"),
         pytest.param(folder_missing, id="missing"),
     ],
 )

@@ -192,6 +192,24 @@ def test_bad_csv_names_the_file_and_the_problem(tmp_path, text, label, message):
     assert message in str(raised.value)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_name(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + table("label,x", [f"{i % 2},{i}" for i in range(5)]).encode()
+    )
+    assert infer_schema(path, "label").header == ("label", "x")
+
+
+def test_quoted_fields_may_hold_commas_and_lines_and_messages_count_lines(tmp_path):
+    # TensorFlow's CsvDataset, which reads the file for training, reads these too.
+    rows = [*ROWS[:2], '1,"two\nlines, one field",0', *ROWS[2:]]
+    schema = infer_schema(write(tmp_path, table("x,s,label", rows)), "label")
+    assert "two\nlines, one field" in schema.columns[1].vocabulary
+    rows[5] = "oops,a,0"  # on line 8: the quoted field took lines 4 and 5
+    with pytest.raises(DataError, match="line 8, column 'x': 'oops' is not a number"):
+        infer_schema(write(tmp_path, table("x,s,label", rows)), "label")
+
+
 def test_a_missing_file(tmp_path):
     with pytest.raises(DataError, match="file not found"):
         infer_schema(tmp_path / "none.csv", "label")
