@@ -42,6 +42,8 @@ from training.tabular_schema import HOLDOUT_EVERY
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 IMAGE_FORMATS = ("PNG", "JPEG")
 CHANNELS = (1, 3)
+DEFAULT_IMAGE_SIZE = 32
+DEFAULT_CHANNELS = 3
 MODES = tf.estimator.ModeKeys
 
 

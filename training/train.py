@@ -27,7 +27,7 @@ from training.estimator import (
 )
 from training.evaluation import format_report
 from training.hooks import DEFAULT_HOOKS, HOOKS, ProgressHook
-from training.image_folder import CHANNELS
+from training.image_folder import CHANNELS, DEFAULT_CHANNELS, DEFAULT_IMAGE_SIZE
 from training.model import DATA_FORMATS
 from training.publish import export_evaluated
 from training.runs import EVAL_BATCH_SIZE
@@ -181,30 +181,26 @@ def add_any_data_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-vocabulary",
         type=cli.positive_int,
-        default=DEFAULT_MAX_VOCABULARY,
         help="--csv: string columns with more distinct training values are hashed "
-        "(categorical_column_with_hash_bucket) (default: %(default)s)",
+        f"(categorical_column_with_hash_bucket) (default: {DEFAULT_MAX_VOCABULARY})",
     )
     group.add_argument(
         "--receiver",
         choices=RECEIVERS,
-        default="raw",
         help="--csv: the export's serving input: raw (one input per feature, TF's `predict` "
         "signature) or parsing (serialized tf.Examples in `examples`: also TF Serving's "
-        "`classification` / `regression` signatures) (default: %(default)s)",
+        "`classification` / `regression` signatures) (default: raw)",
     )
     group.add_argument(
         "--image-size",
         type=cli.positive_int,
-        default=32,
-        help="--image-folder: images are resized to N x N (default: %(default)s)",
+        help=f"--image-folder: images are resized to N x N (default: {DEFAULT_IMAGE_SIZE})",
     )
     group.add_argument(
         "--channels",
         type=int,
         choices=CHANNELS,
-        default=3,
-        help="--image-folder: 1 (grayscale) or 3 (RGB) (default: %(default)s)",
+        help=f"--image-folder: 1 (grayscale) or 3 (RGB) (default: {DEFAULT_CHANNELS})",
     )
 
 
@@ -377,9 +373,8 @@ def cmd_train(args) -> int:
     """Train (resuming from --model-dir), evaluate, and export a new version."""
     if args.csv or args.image_folder:
         return train_any.cmd_train_any(args, DEFAULT_EPOCHS)
-    for option, value in (("--label", args.label), ("--task", args.task)):
-        if value is not None:
-            raise UsageError(f"{option} is for --csv")
+    train_any.refuse_options(args, train_any.CSV_ONLY, "--csv")
+    train_any.refuse_options(args, train_any.FOLDER_ONLY, "--image-folder")
     if args.model in TABULAR_KINDS and args.model not in MODEL_KINDS:
         raise UsageError(f"--model {args.model} is for --csv")
     # The IDX defaults, as they always were.

@@ -22,9 +22,17 @@ from training.errors import UsageError
 from training.evaluation import format_report
 from training.hooks import ProgressHook
 from training.runs import EVAL_BATCH_SIZE
-from training.tabular_schema import infer_schema
+from training.tabular_schema import DEFAULT_MAX_VOCABULARY, infer_schema
 
-# Options of the IDX kinds that these runs do not support (yet): option -> args attribute.
+# Options of one kind of data: option -> args attribute (None when not given).
+CSV_ONLY = {
+    "--label": "label",
+    "--task": "task",
+    "--max-vocabulary": "max_vocabulary",
+    "--receiver": "receiver",
+}
+FOLDER_ONLY = {"--image-size": "image_size", "--channels": "channels"}
+# Options of the IDX kinds that these runs do not support (yet).
 _IDX_ONLY = {
     "--warm-start-from": "warm_start_from",
     "--fine-tune-from": "fine_tune_from",
@@ -38,27 +46,38 @@ def data_name(args) -> str:
     return Path(args.csv).stem if args.csv else Path(args.image_folder).resolve().name
 
 
+def refuse_options(args, options: dict[str, str], for_what: str) -> None:
+    """UsageError naming the first of `options` given: they are for `for_what` only."""
+    for option, attribute in options.items():
+        if getattr(args, attribute) is not None:
+            raise UsageError(f"{option} is for {for_what}")
+
+
 def _check_options(args) -> None:
+    """Refuse what does not apply to the data; fill in the defaults of what does."""
     source = "--csv" if args.csv else "--image-folder"
     for option, attribute in _IDX_ONLY.items():
         if getattr(args, attribute):
             raise UsageError(f"{option} is for the IDX image kinds; not with {source}")
     if distributed.read_tf_config() is not None:
         raise UsageError(f"TF_CONFIG is set: {source} trains on one host only; unset it")
-    if args.csv and args.model not in (None, *tabular.TABULAR_KINDS):
-        raise UsageError(
-            f"--model {args.model} is not for --csv; use {', '.join(tabular.TABULAR_KINDS)}"
-        )
-    if args.image_folder:
-        if args.model not in (None, "cnn"):
-            raise UsageError(f"--model {args.model} is not for --image-folder; use cnn")
-        if args.receiver != "raw":
-            raise UsageError("--image-folder exports the raw receiver only (--receiver raw)")
-        for option, value in (("--label", args.label), ("--task", args.task)):
-            if value is not None:
-                raise UsageError(
-                    f"{option} is for --csv; an image folder's classes are its folders"
-                )
+    if args.csv:
+        if args.model not in (None, *tabular.TABULAR_KINDS):
+            raise UsageError(
+                f"--model {args.model} is not for --csv; use {', '.join(tabular.TABULAR_KINDS)}"
+            )
+        refuse_options(args, FOLDER_ONLY, "--image-folder")
+        args.label = args.label or "label"
+        args.max_vocabulary = args.max_vocabulary or DEFAULT_MAX_VOCABULARY
+        args.receiver = args.receiver or "raw"
+        return
+    if args.model not in (None, "cnn"):
+        raise UsageError(f"--model {args.model} is not for --image-folder; use cnn")
+    # An image folder's classes are its subfolders, and its receiver is raw.
+    refuse_options(args, CSV_ONLY, "--csv")
+    args.image_size = args.image_size or image_folder.DEFAULT_IMAGE_SIZE
+    args.channels = args.channels or image_folder.DEFAULT_CHANNELS
+    args.receiver = "raw"
 
 
 def _run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
@@ -91,7 +110,7 @@ def cmd_train_any(args, default_epochs: float) -> int:
     model_dir = Path(args.model_dir or f"runs/{name}")
     export_dir = Path(args.export_dir or f"models/{name}")
     if args.csv:
-        schema = infer_schema(args.csv, args.label or "label", args.task, args.max_vocabulary)
+        schema = infer_schema(args.csv, args.label, args.task, args.max_vocabulary)
         kind, count, data = args.model or "linear", schema.train_rows, schema.to_json()
     else:
         folder = image_folder.scan_image_folder(args.image_folder)

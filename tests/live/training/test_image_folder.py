@@ -105,3 +105,31 @@ def test_report_and_labels(trained):
         assert row["recall"] == pytest.approx(confusion[k, k] / 3, abs=1e-4)
     params = json.loads((trained.model_dir / "params.json").read_text())
     assert params["data"]["image_size"] == SIZE and params["data"]["channels"] == CHANNELS
+
+
+def test_grayscale_at_another_size(tmp_path, capsys):
+    """--channels 1 --image-size 16: the same folder of RGB images, read as grayscale."""
+    folder = write_sample_data(tmp_path / "sample", rows=10, images_per_class=5)["images"]
+    export_dir = tmp_path / "models" / "gray"
+    code = main(
+        ["train", "--image-folder", str(folder), "--image-size", "16", "--channels", "1",
+         "--model-dir", str(tmp_path / "run"), "--export-dir", str(export_dir),
+         "--max-steps", "5", "--batch-size", "8", "--seed", "0"]
+    )  # fmt: skip
+    assert code == 0
+    signature = tf.saved_model.load(str(export_dir / "1")).signatures["serving_default"]
+    (spec,) = signature.structured_input_signature[1].values()
+    assert spec.shape.as_list() == [None, 16, 16, 1]
+    images, _ = image_folder.holdout_images(image_folder.scan_image_folder(folder), 16, 1)
+    assert images.shape == (3, 16, 16, 1)
+    probabilities = signature(image=tf.constant(images))["probabilities"].numpy()
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_an_image_folder_refuses_csv_options(tmp_path, capsys):
+    folder = write_sample_data(tmp_path / "sample", rows=10, images_per_class=5)["images"]
+    code = main(["train", "--image-folder", str(folder), "--receiver", "parsing",
+                 "--model-dir", str(tmp_path / "run"), "--export-dir", str(tmp_path / "m")])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "error: --receiver is for --csv"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "m").exists()

@@ -450,11 +450,49 @@ def test_csv_usage_errors(tmp_path, capsys, extra, message):
     assert not (tmp_path / "run").exists() and not (tmp_path / "models").exists()
 
 
-def test_idx_options_refuse_tabular_only_ones(tmp_path, capsys):
-    code = main(["train", "--model", "dnn_linear", "--model-dir", str(tmp_path / "run")])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        pytest.param(["--model", "dnn_linear"], "--model dnn_linear is for --csv", id="dnn_linear"),
+        pytest.param(["--receiver", "parsing"], "--receiver is for --csv", id="receiver"),
+        pytest.param(["--label", "y"], "--label is for --csv", id="label"),
+        pytest.param(["--image-size", "16"], "--image-size is for --image-folder", id="image_size"),
+    ],
+)
+def test_the_idx_path_refuses_the_other_kinds_options(tmp_path, capsys, extra, message):
+    code = main(["train", *extra, "--model-dir", str(tmp_path / "run"),
+                 "--export-dir", str(tmp_path / "models" / "m")])  # fmt: skip
     assert code == 2
-    assert_one_error_line(capsys.readouterr().err, "--model dnn_linear is for --csv")
-    assert not (tmp_path / "run").exists()
+    assert_one_error_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "models").exists()
+
+
+def test_a_model_dir_of_another_model_is_not_resumed(linear_classifier, tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    shutil.copytree(linear_classifier.model_dir, model_dir)
+    before = (model_dir / "params.json").read_bytes()
+    code = main(["train", "--csv", str(linear_classifier.csv), "--model", "dnn",
+                 "--model-dir", str(model_dir), "--export-dir", str(tmp_path / "models" / "m")])  # fmt: skip
+    assert code == 2
+    assert_one_error_line(
+        capsys.readouterr().err, f"error: {model_dir}: holds a run of another model"
+    )
+    assert (model_dir / "params.json").read_bytes() == before
+    assert not (tmp_path / "models").exists()
+
+
+def test_sample_data_command(tmp_path, capsys):
+    code = main(
+        ["sample-data", "--out", str(tmp_path / "s"), "--rows", "20", "--images-per-class", "2"]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"--csv {tmp_path / 's' / 'classification.csv'} --label label" in out
+    assert len((tmp_path / "s" / "regression.csv").read_text().splitlines()) == 21
+    assert sorted(p.name for p in (tmp_path / "s" / "shapes" / "square").iterdir()) == [
+        "square_000.png",
+        "square_001.png",
+    ]
 
 
 def test_sample_data_is_deterministic(tmp_path, sample):
