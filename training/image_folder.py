@@ -7,11 +7,13 @@ it); TensorFlow then reads the files in the graph, decodes them to `channels` (1
 resizes them to size x size and scales the pixels to [0, 1]. Within each class (files in name
 order), every HOLDOUT_EVERY-th image is held out for evaluation.
 
-The model is the custom model_fn pattern of training/model.py for any input: a small CNN
-(two conv+pool blocks, a dense layer, logits) with the image contract's outputs and
-signatures (`classes` int64 [n], `probabilities` float32 [n, K], as `serving_default` and
-`classify`), its input `image` float32 [-1, size, size, channels] in [0, 1]: a client resizes
-and scales as the training pipeline does.
+The model is a small CNN (two conv+pool blocks, a dense layer, logits), either in the custom
+model_fn pattern of training/model.py (`cnn`) or as a functional Keras model through
+`tf.keras.estimator.model_to_estimator` (`keras`, wrapped as training/baselines.py wraps the
+Keras baseline). Both export the image contract's outputs and signatures (`classes` int64
+[n], `probabilities` float32 [n, K], as `serving_default` and `classify`) for the input
+`image` float32 [-1, size, size, channels] in [0, 1]: a client resizes and scales as the
+training pipeline does.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from artifact.contract import (
     SIGNATURE_NAME,
 )
 from training import heads
+from training.baselines import LOGITS_KEY, keras_estimator, keras_optimizer, to_contract
 from training.errors import DataError
 from training.evaluation import build_report
 from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY
 
+IMAGE_KINDS = ("cnn", "keras")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 IMAGE_FORMATS = ("PNG", "JPEG")
 CHANNELS = (1, 3)
@@ -149,21 +153,58 @@ def holdout_images(folder: ImageFolder, size: int, channels: int) -> tuple[np.nd
     return images, np.array([c for _, c in folder.holdout], np.int64)
 
 
-def small_cnn(num_classes: int):
-    """Conv(16,3x3) -> pool -> Conv(32,3x3) -> pool -> Dense(64) -> logits, as Keras layers."""
+def small_cnn_layers(num_classes: int) -> list:
+    """Conv(16,3x3) -> pool -> Conv(32,3x3) -> pool -> Dense(64) -> logits."""
     layers = tf.keras.layers
-    return tf.keras.Sequential(
-        [
-            layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
-            layers.MaxPooling2D(2),
-            layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
-            layers.MaxPooling2D(2),
-            layers.Flatten(),
-            layers.Dense(64, activation="relu", name="dense1"),
-            layers.Dense(num_classes, name="logits"),
-        ],
-        name="image_cnn",
+    return [
+        layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+        layers.MaxPooling2D(2),
+        layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dense(64, activation="relu", name="dense1"),
+        layers.Dense(num_classes, name=LOGITS_KEY),
+    ]
+
+
+def small_cnn(num_classes: int) -> tf.keras.Model:
+    """The small CNN as one Keras model the custom model_fn calls."""
+    return tf.keras.Sequential(small_cnn_layers(num_classes), name="image_cnn")
+
+
+def keras_small_cnn(size: int, channels: int, num_classes: int, optimizer) -> tf.keras.Model:
+    """The same CNN as a compiled functional Keras model taking `image` [size, size,
+    channels], for model_to_estimator (its output layer is `logits`)."""
+    image = tf.keras.Input(shape=(size, size, channels), name=INPUT_KEY)
+    x = image
+    for layer in small_cnn_layers(num_classes):
+        x = layer(x)
+    model = tf.keras.Model(image, x, name="image_cnn")
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
+    return model
+
+
+def keras_model_fn(params: dict):
+    """A model_fn(features, labels, mode, params, config) around model_to_estimator's, with
+    the contract's PREDICT outputs and signatures and the eval metrics of `cnn`."""
+    data = params["data"]
+    model = keras_small_cnn(
+        data["image_size"], data["channels"], params["num_classes"], keras_optimizer(params)
+    )
+    inner = keras_estimator(params, model).model_fn
+
+    def model_fn(features, labels, mode, params, config):
+        # As the Keras baseline: its own scope keeps the Estimator's "loss" summary free.
+        with tf.name_scope("keras"):
+            spec = inner(features, labels, mode, config)
+        logits = spec.predictions[LOGITS_KEY]
+        probabilities = tf.nn.softmax(logits, name="softmax_tensor")
+        return to_contract(spec, labels, mode, params, logits, probabilities, params["num_classes"])
+
+    return model_fn
 
 
 def model_fn(features, labels, mode, params):
@@ -196,6 +237,13 @@ def model_fn(features, labels, mode, params):
 
 
 def make_estimator(params: dict, config: tf.estimator.RunConfig) -> tf.estimator.Estimator:
+    """The Estimator of params['model'] (an IMAGE_KINDS name; params as `train` records
+    them: num_classes, data.image_size, data.channels, learning_rate, decay_steps)."""
+    kind = params.get("model", "cnn")
+    if kind == "keras":
+        return tf.estimator.Estimator(model_fn=keras_model_fn(params), config=config, params=params)
+    if kind != "cnn":
+        raise ValueError(f"not an image folder kind: {kind!r}; known: {', '.join(IMAGE_KINDS)}")
     return tf.estimator.Estimator(model_fn=model_fn, config=config, params=params)
 
 

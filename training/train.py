@@ -112,7 +112,8 @@ def add_run_arguments(
             "a Keras model through model_to_estimator (default: cnn). --csv: linear, dnn or "
             "dnn_linear: the pre-made Linear, DNN or DNNLinearCombined Classifier or Regressor "
             "on feature columns (default: linear). --image-folder: cnn, a small CNN for the "
-            "folder's image size (the default)",
+            "folder's image size (the default), or keras: the same CNN as a Keras model "
+            "through model_to_estimator",
         )
         p.add_argument(
             "--model-dir",
@@ -181,6 +182,7 @@ def add_any_data_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-vocabulary",
         type=cli.positive_int,
+        metavar="N",
         help="--csv: string columns with more distinct training values are hashed "
         f"(categorical_column_with_hash_bucket) (default: {DEFAULT_MAX_VOCABULARY})",
     )
@@ -194,6 +196,7 @@ def add_any_data_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--image-size",
         type=cli.positive_int,
+        metavar="N",
         help=f"--image-folder: images are resized to N x N (default: {DEFAULT_IMAGE_SIZE})",
     )
     group.add_argument(

@@ -71,8 +71,11 @@ def _check_options(args) -> None:
         args.max_vocabulary = args.max_vocabulary or DEFAULT_MAX_VOCABULARY
         args.receiver = args.receiver or "raw"
         return
-    if args.model not in (None, "cnn"):
-        raise UsageError(f"--model {args.model} is not for --image-folder; use cnn")
+    if args.model not in (None, *image_folder.IMAGE_KINDS):
+        raise UsageError(
+            f"--model {args.model} is not for --image-folder; use "
+            f"{' or '.join(image_folder.IMAGE_KINDS)}"
+        )
     # An image folder's classes are its subfolders, and its receiver is raw.
     refuse_options(args, CSV_ONLY, "--csv")
     args.image_size = args.image_size or image_folder.DEFAULT_IMAGE_SIZE
@@ -114,7 +117,7 @@ def cmd_train_any(args, default_epochs: float) -> int:
         kind, count, data = args.model or "linear", schema.train_rows, schema.to_json()
     else:
         folder = image_folder.scan_image_folder(args.image_folder)
-        kind, count, data = "cnn", len(folder.train), folder.to_json()
+        kind, count, data = args.model or "cnn", len(folder.train), folder.to_json()
         data = {**data, "image_size": args.image_size, "channels": args.channels}
     steps_per_epoch = math.ceil(count / args.batch_size)
     max_steps = cli.budget_steps(args, default_epochs, steps_per_epoch)

@@ -1,7 +1,8 @@
 """`train --image-folder`: a small CNN on images of any size, exported and served by TF.
 
 sample-data's shapes/ folder (40x30 RGB PNGs and JPEGs, 3 classes) trained a few steps at
-32x32x3 through the real command line, once per module.
+32x32x3 through the real command line, once per module and kind (the custom model_fn's CNN,
+and the same CNN in Keras through model_to_estimator).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from training.sample_data import SHAPES, write_sample_data
 
 # TensorFlow and real training: the whole module belongs to the slow tier.
 pytestmark = pytest.mark.slow
+# Keras' graph-mode code under model_to_estimator warns about its own internals.
+pytestmark = [
+    pytestmark,
+    pytest.mark.filterwarnings("ignore:`tf.keras.backend.set_learning_phase` is deprecated"),
+]
 
 STEPS = 30
 SIZE, CHANNELS = 32, 3
@@ -33,9 +39,9 @@ class Trained:
         self.folder, self.model_dir, self.version = folder, model_dir, version
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Trained:
-    tmp = tmp_path_factory.mktemp("images")
+@pytest.fixture(scope="module", params=image_folder.IMAGE_KINDS)
+def trained(request, tmp_path_factory) -> Trained:
+    tmp = tmp_path_factory.mktemp(f"images-{request.param}")
     folder = write_sample_data(tmp / "sample")["images"]
     model_dir, export_dir = tmp / "run", tmp / "models" / "shapes"
     out = io.StringIO()
@@ -44,7 +50,7 @@ def trained(tmp_path_factory) -> Trained:
             ["train", "--image-folder", str(folder), "--image-size", str(SIZE),
              "--channels", str(CHANNELS), "--model-dir", str(model_dir),
              "--export-dir", str(export_dir), "--max-steps", str(STEPS), "--batch-size", "16",
-             "--seed", "0", "--eval-every-secs", "1"]
+             "--seed", "0", "--eval-every-secs", "1", "--model", request.param]
         )  # fmt: skip
     assert code == 0, out.getvalue()
     versions = sorted(p.name for p in export_dir.iterdir())
@@ -105,6 +111,7 @@ def test_report_and_labels(trained):
         assert row["recall"] == pytest.approx(confusion[k, k] / 3, abs=1e-4)
     params = json.loads((trained.model_dir / "params.json").read_text())
     assert params["data"]["image_size"] == SIZE and params["data"]["channels"] == CHANNELS
+    assert params["model"] in image_folder.IMAGE_KINDS and params["num_classes"] == len(SHAPES)
 
 
 def test_grayscale_at_another_size(tmp_path, capsys):
