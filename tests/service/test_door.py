@@ -68,7 +68,7 @@ KINDS = [
     ("friendly bad query", "POST", "/predict?include_pixels=maybe", {"json": {"instances": [PIXELS.tolist()]}}, 400),
     ("v2 JSON", "POST", f"/v2/models/{MODEL_NAME}/infer", {"json": v2_body(IMAGE[None])}, 200),
     ("v2 unknown model", "POST", "/v2/models/nope/infer", {"json": v2_body(IMAGE[None])}, 404),
-    ("v2 compressed", "POST", f"/v2/models/{MODEL_NAME}/infer", {"content": b"x", "headers": {"Content-Encoding": "gzip"}}, 400),
+    ("v2 malformed gzip", "POST", f"/v2/models/{MODEL_NAME}/infer", {"content": b"x", "headers": {"Content-Encoding": "gzip"}}, 400),
     ("feedback while off", "POST", f"{V1}/feedback", {"json": {"instances": [PIXELS.tolist()], "labels": [1]}}, 403),
     ("status", "GET", V1, {}, 200),
     ("metadata", "GET", f"{V1}/metadata", {}, 200),
