@@ -21,7 +21,7 @@ from artifact.model_config import ConfigError
 from service.backends.base import Backend
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
-from service.door import Door
+from service.door import BodyBudget, Door
 from service.errors import ServiceError, error_response
 from service.metrics import Metrics
 from service.openapi import document_responses
@@ -121,7 +121,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     )
     tf_serving = TFServingREST(dataplane, watcher)
     people = PeopleAPI(dataplane, settings.max_body_bytes, settings.max_request_pixels)
-    v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION)
+    v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     routes: list[CallRoute] = [
         *tf_serving.call_routes(),
         *v2.call_routes(),
@@ -134,7 +134,13 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     document_responses(app, routes)
     access = Access(tokens, settings.allowed_origins())
     service.door = Door(
-        app, routes, metrics, access, settings.max_body_bytes, settings.body_timeout_seconds
+        app,
+        routes,
+        metrics,
+        access,
+        settings.max_body_bytes,
+        settings.body_timeout_seconds,
+        BodyBudget(settings.max_body_bytes_in_flight),
     )
     return service
 
@@ -162,6 +168,7 @@ def _dataplane(settings: Settings, backend: Backend, metrics: Metrics):
 def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
     # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
     from service.protocols.grpc_server import GRPCServer
+    from service.protocols.v2_grpc import OpenInferenceGRPC
 
     return GRPCServer(
         dataplane,
@@ -171,6 +178,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         tokens,
         share_port=settings.workers > 1,
         grace=settings.shutdown_timeout_seconds,
+        services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION, tokens)],
     )
 
 

@@ -13,7 +13,10 @@ Every request the service answers passes here first, in this order:
    costs next to nothing: predictions are refused with 503 while the batching queue is full,
    feedback while it is off.
 5. **Body**: read whole within MAX_BODY_BYTES (413, checked against Content-Length before
-   reading), within BODY_TIMEOUT_SECONDS (408), a client leaving mid-body is 499.
+   reading), within BODY_TIMEOUT_SECONDS (408), a client leaving mid-body is 499; and within
+   the process's MAX_BODY_BYTES_IN_FLIGHT, summed over every request whose body is coming or
+   held (503 with Retry-After, before a declared body is read, or as soon as a chunked one
+   passes it), so memory is bounded across requests, not only per request.
 6. **Handler**: called with a `Call` (body, headers, query) and its path parameters, and
    cancelled if the client leaves before the answer is ready (which frees its place in the
    batch queue).
@@ -32,6 +35,7 @@ its handler's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -41,7 +45,13 @@ from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, error_response
+from service.errors import (
+    BodiesInFlight,
+    ClientClosedRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    error_response,
+)
 from service.metrics import Metrics
 from service.protocols.http import Call, CallRoute
 from service.security import NOSNIFF, Access
@@ -66,6 +76,7 @@ class Door:
         metrics: the service's metrics.
         access: the origin and token rules.
         max_body_bytes, body_timeout: MAX_BODY_BYTES and BODY_TIMEOUT_SECONDS.
+        body_budget: the bytes of bodies held at once (MAX_BODY_BYTES_IN_FLIGHT).
     """
 
     def __init__(
@@ -76,8 +87,10 @@ class Door:
         access: Access,
         max_body_bytes: int,
         body_timeout: float,
+        body_budget: BodyBudget | None = None,
     ):
         self.app = app
+        self.body_budget = body_budget or BodyBudget(1 << 62)
         self.routes = list(routes)
         self.metrics = metrics
         self.access = access
@@ -152,16 +165,65 @@ class Door:
         query = request.query_params
         if route.before_body is not None:
             route.before_body(params, query)
-        body = await read_body(request, self.max_body_bytes, self.body_timeout)
-        call = Call(body, request.headers, query)
-        return await unless_disconnected(request, route.handler(call, **params))
+        with self.body_budget.hold() as held:
+            body = await read_body(request, self.max_body_bytes, self.body_timeout, held)
+            call = Call(body, request.headers, query)
+            return await unless_disconnected(request, route.handler(call, **params))
 
 
-async def read_body(request: Request, limit: int, timeout: float = 30.0) -> bytes:
-    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all.
+class BodyBudget:
+    """Request-body bytes held at once, process-wide (MAX_BODY_BYTES_IN_FLIGHT): each body's
+    bytes count from when they are reserved (its declared length, before any is read; a
+    chunked body's chunks as they come) until its request is answered.
+
+    Args:
+        limit: the most bytes held at once.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+
+    @contextlib.contextmanager
+    def hold(self):
+        """A request's share: `reserve(n)` on the yielded holder; all of it is given back
+        when the block ends (answered, failed or cancelled)."""
+        holder = _Held(self)
+        try:
+            yield holder
+        finally:
+            self.held -= holder.bytes
+
+    def _reserve(self, holder: _Held, count: int) -> None:
+        if self.held + count > self.limit:
+            raise BodiesInFlight(
+                f"the service holds {self.held} bytes of request bodies already; another "
+                f"{count} would pass MAX_BODY_BYTES_IN_FLIGHT={self.limit}; retry shortly"
+            )
+        self.held += count
+        holder.bytes += count
+
+
+class _Held:
+    __slots__ = ("budget", "bytes")
+
+    def __init__(self, budget: BodyBudget):
+        self.budget = budget
+        self.bytes = 0
+
+    def reserve(self, count: int) -> None:
+        self.budget._reserve(self, count)
+
+
+async def read_body(
+    request: Request, limit: int, timeout: float = 30.0, held: _Held | None = None
+) -> bytes:
+    """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all,
+    each byte reserved first from the process's budget (`held`, from BodyBudget.hold).
 
     Raises:
         PayloadTooLarge: over the limit (413).
+        BodiesInFlight: the process's budget has no room for it (503).
         RequestTimeout: the body took longer than `timeout` seconds (BODY_TIMEOUT_SECONDS).
         ClientClosedRequest: the client hung up before sending it all (499: not a 5xx).
     """
@@ -171,6 +233,10 @@ async def read_body(request: Request, limit: int, timeout: float = 30.0) -> byte
         raise PayloadTooLarge(
             f"request body is {declared} bytes; the limit is {limit} bytes (MAX_BODY_BYTES)"
         )
+    # A declared length is reserved whole, before anything is read; then only what passes it.
+    reserved = int(declared) if declared and declared.isdigit() else 0
+    if held is not None and reserved:
+        held.reserve(reserved)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout):
@@ -184,6 +250,9 @@ async def read_body(request: Request, limit: int, timeout: float = 30.0) -> byte
                     raise PayloadTooLarge(
                         f"request body exceeds the limit of {limit} bytes (MAX_BODY_BYTES)"
                     )
+                if held is not None and size > reserved:
+                    held.reserve(size - reserved)
+                    reserved = size
                 if not message.get("more_body", False):
                     # Mostly the whole body came in one message: no join, no copy.
                     return b"".join((*chunks, chunk)) if chunks else chunk

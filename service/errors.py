@@ -81,6 +81,12 @@ OVERLOADED = (
     "the service is overloaded (the batching queue is full, BATCH_MAX_QUEUE); retry shortly"
 )
 
+
+class BodiesInFlight(Overloaded):
+    """The process holds MAX_BODY_BYTES_IN_FLIGHT of request bodies already: refuse the next
+    before reading it (memory bounded across requests, not only per request)."""
+
+
 # What an overloaded service tells clients to wait before they try again (Retry-After).
 RETRY_AFTER_SECONDS = "1"
 

@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
     )
+    max_body_bytes_in_flight: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Most request-body bytes the process holds at once, being received or "
+        "being answered, across all requests; a body past it gets 503 with Retry-After before "
+        "it is read.",
+    )
     max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
     # --- feedback and prediction logs (docs/retraining.md) -------------------------------
     feedback_dir: str | None = Field(
@@ -268,6 +275,11 @@ class Settings(BaseSettings):
         # One 28x28 image is at least ~1.6 KB as JSON; a limit below that rejects everything.
         if self.max_body_bytes < 4096:
             raise ValueError(f"MAX_BODY_BYTES={self.max_body_bytes} is too small for one image")
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(
+                f"MAX_BODY_BYTES_IN_FLIGHT={self.max_body_bytes_in_flight} is below "
+                f"MAX_BODY_BYTES={self.max_body_bytes}: no body of the largest size could come"
+            )
         # One image as a float32 tensor is 3,136 bytes.
         if self.grpc_max_message_bytes < 4096:
             raise ValueError(

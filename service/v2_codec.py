@@ -15,6 +15,7 @@ imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,14 +23,14 @@ import numpy as np
 from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME, to_json
-from service import codec
-from service.errors import BadInput, NotFound
+from service import codec, v2_proto
+from service.errors import BadInput, NotFound, PayloadTooLarge
 from service.tensors import IMAGE_BATCH_SHAPE, IMAGE_ELEMENTS, V2_DATATYPES, v2_datatype
 from service.types import ModelMetadata, PredictResult, TensorSpec
 
 JSON = "application/json"
 PLATFORM = "tensorflow_savedmodel"
-EXTENSIONS = ("binary_tensor_data",)
+EXTENSIONS = ("binary_tensor_data", "model_configuration")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 OCTET_STREAM = "application/octet-stream"
 INPUT_DATATYPE = "FP32"
@@ -64,6 +65,10 @@ class _Input:
     data: Any = None
     binary_size: int | None = None
     binary: memoryview | None = None
+    # What the message calls the binary data's size ("binary_data_size is", over HTTP).
+    binary_field: str = "binary_data_size is"
+    # What the message calls the values ("'data'", over HTTP).
+    data_field: str = "'data'"
 
 
 # --- parsing --------------------------------------------------------------------------------
@@ -80,7 +85,9 @@ def _object(value: Any, where: str) -> dict:
 
 
 def _parameters(holder: dict, where: str) -> dict:
-    return _object(holder.get("parameters", {}), f"{where}.parameters")
+    # null is no parameters, as KServe and MLServer read it.
+    value = holder.get("parameters")
+    return {} if value is None else _object(value, f"{where}.parameters")
 
 
 def _flag(parameters: dict, key: str, where: str) -> bool | None:
@@ -137,20 +144,26 @@ def parse_infer_request(
         raise BadInput(f"'id' must be a string, got {type(request_id).__name__}")
     binary_output = bool(_flag(_parameters(request, "request"), "binary_data_output", "request"))
     inputs = _parse_inputs(request.get("inputs"), binary, header_length is not None)
+    images = _model_input(inputs, check_count)
+    return InferRequest(request_id, images, _parse_outputs(request.get("outputs")), binary_output)
+
+
+def _model_input(inputs: list[_Input], check_count: Callable[[int], None]) -> np.ndarray:
+    """The model's one input as float32 [n, 28, 28], checked by the rules both transports
+    share (names, datatype, shape, the count, the values' size and finiteness)."""
     (image,) = _check_inputs(inputs)
     count = image.shape[0]
     check_count(count)
     if image.binary is not None:
-        if image.binary_size != count * IMAGE_BYTES:
+        if len(image.binary) != count * IMAGE_BYTES:
             raise BadInput(
-                f"{image.where}: binary_data_size is {image.binary_size} bytes; shape "
+                f"{image.where}: {image.binary_field} {len(image.binary)} bytes; shape "
                 f"{image.shape} of {INPUT_DATATYPE} takes {count * IMAGE_BYTES}"
             )
         images = np.frombuffer(image.binary, "<f4").reshape(image.shape)
     else:
         images = _json_tensor(image)
-    images = codec.as_model_input(images, image.where)
-    return InferRequest(request_id, images, _parse_outputs(request.get("outputs")), binary_output)
+    return codec.as_model_input(images, image.where)
 
 
 def _raw_binary_request(binary: memoryview, check_count) -> InferRequest:
@@ -251,24 +264,31 @@ def _check_inputs(inputs: list[_Input]) -> list[_Input]:
 
 
 def _json_tensor(item: _Input) -> np.ndarray:
-    """A tensor's `data` (flat or nested, row-major) as numbers of the declared shape."""
-    if not isinstance(item.data, list):
-        raise BadInput(
-            f"{item.where}: 'data' must be an array of numbers, got {type(item.data).__name__}"
-        )
-    try:
-        values = np.array(item.data)
-    except (ValueError, TypeError, OverflowError):
-        values = None
-    if values is None or values.dtype == np.object_:
-        raise BadInput(f"{item.where}: 'data' must be a regular array of numbers (ragged lists?)")
+    """A tensor's `data` (flat or nested, row-major; or gRPC's typed contents, already an
+    array) as numbers of the declared shape."""
+    if isinstance(item.data, np.ndarray):
+        values = item.data
+    else:
+        if not isinstance(item.data, list):
+            raise BadInput(
+                f"{item.where}: 'data' must be an array of numbers, got {type(item.data).__name__}"
+            )
+        try:
+            values = np.array(item.data)
+        except (ValueError, TypeError, OverflowError):
+            values = None
+        if values is None or values.dtype == np.object_:
+            raise BadInput(
+                f"{item.where}: 'data' must be a regular array of numbers (ragged lists?)"
+            )
     if values.dtype.kind not in "iuf":
         kind = {"b": "booleans", "U": "strings"}.get(values.dtype.kind, f"{values.dtype}")
         raise BadInput(f"{item.where}: 'data' must hold numbers for {item.datatype}, got {kind}")
     elements = int(np.prod(item.shape))
     if values.size != elements:
         raise BadInput(
-            f"{item.where}: shape {item.shape} takes {elements} values; 'data' has {values.size}"
+            f"{item.where}: shape {item.shape} takes {elements} values; {item.data_field} has "
+            f"{values.size}"
         )
     return values.reshape(item.shape)
 
@@ -285,21 +305,159 @@ def _parse_outputs(value: Any) -> dict[str, bool | None] | None:
         if not isinstance(name, str):
             raise BadInput(f"outputs[{i}].name must be a string, got {type(name).__name__}")
         where = f"output '{name}'"
-        if name not in OUTPUT_KEYS:
-            raise BadInput(
-                f"unknown {where}: the model's outputs are "
-                + ", ".join(f"'{key}'" for key in OUTPUT_KEYS)
-            )
-        if name in requested:
-            raise BadInput(f"{where} is requested twice")
         parameters = _parameters(item, where)
-        if "classification" in parameters:
-            raise BadInput(
-                f"{where}: the classification extension is not supported (see GET /v2 "
-                "'extensions'); request the probabilities instead"
-            )
+        _check_output(name, parameters, requested)
         requested[name] = _flag(parameters, "binary_data", where)
     return requested or None
+
+
+def _check_output(name: str, parameters, requested) -> None:
+    """An output asked for: one of the model's, once, without classification (both
+    transports' rule)."""
+    where = f"output '{name}'"
+    if name not in OUTPUT_KEYS:
+        raise BadInput(
+            f"unknown {where}: the model's outputs are "
+            + ", ".join(f"'{key}'" for key in OUTPUT_KEYS)
+        )
+    if name in requested:
+        raise BadInput(f"{where} is requested twice")
+    if "classification" in parameters:
+        raise BadInput(
+            f"{where}: the classification extension is not supported (see the server "
+            "metadata's 'extensions'); request the probabilities instead"
+        )
+
+
+# --- compressed bodies ----------------------------------------------------------------------
+
+# Content-Encoding -> zlib's wbits: gzip's format; deflate is the zlib format (RFC 9110, 8.4.1.2),
+# what tritonclient's request_compression_algorithm="deflate" sends (zlib.compress).
+COMPRESSED = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decompress_body(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """A body as its Content-Encoding (gzip, deflate or identity) says to read it, within
+    `limit` bytes once decompressed: decompressed incrementally, so a body that would expand
+    past the limit costs no more than the limit in memory.
+
+    Raises:
+        PayloadTooLarge: more than `limit` bytes decompressed (MAX_BODY_BYTES).
+        BadInput: an encoding other than these, or a body that is not what it says.
+    """
+    name = (encoding or "identity").strip().lower()
+    if name == "identity":
+        return body
+    if name not in COMPRESSED:
+        raise BadInput(
+            f"Content-Encoding {name!r:.40} is not supported; send gzip, deflate or identity"
+        )
+    stream = zlib.decompressobj(COMPRESSED[name])
+    try:
+        data = stream.decompress(body, limit + 1)
+    except zlib.error as err:
+        raise BadInput(f"the body is not valid {name} data (Content-Encoding): {err}") from err
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            f"the {name} body is over {limit} bytes decompressed; the limit is {limit} bytes "
+            "(MAX_BODY_BYTES)"
+        )
+    if not stream.eof:
+        raise BadInput(f"the {name} body ends before its compressed data does (truncated?)")
+    if stream.unused_data:
+        raise BadInput(
+            f"the {name} body has {len(stream.unused_data)} bytes after its compressed data"
+        )
+    return data
+
+
+# --- the gRPC messages ----------------------------------------------------------------------
+
+# A datatype -> the InferTensorContents field that holds its values (inference_grpc.md).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    **dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents"),
+    "INT64": "int64_contents",
+    **dict.fromkeys(("UINT8", "UINT16", "UINT32"), "uint_contents"),
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parse_grpc_infer_request(
+    request, check_count: Callable[[int], None] = lambda count: None
+) -> InferRequest:
+    """A gRPC ModelInferRequest (service/v2_proto.py) to images and outputs, by the HTTP
+    route's rules: the same checks, the same messages, the fields named as gRPC names them.
+
+    Inputs come as typed `contents` or as `raw_input_contents` (one entry per input, in
+    order); the answer uses the same form (`InferRequest.binary_output`).
+
+    Raises:
+        BadInput: the message names the field and says what was expected and what came.
+    """
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise BadInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "send one per input, in the order of 'inputs'"
+        )
+    if not request.inputs:
+        raise BadInput(f"'inputs' must hold the model's one input, {INPUT_TEXT}")
+    inputs = []
+    for i, tensor in enumerate(request.inputs):
+        where = f"input '{tensor.name}'"
+        shape = list(tensor.shape)
+        if any(d < 0 for d in shape):
+            raise BadInput(f"{where}: 'shape' must hold non-negative integers, got {shape}")
+        item = _Input(where, tensor.name, tensor.datatype, shape)
+        filled = [field.name for field, _ in tensor.contents.ListFields()]
+        if raw:
+            if filled:
+                raise BadInput(
+                    f"{where} sets contents, but the request has raw_input_contents: send "
+                    "every input one way (inference_grpc.md)"
+                )
+            item.binary = memoryview(raw[i])
+            item.binary_field = f"raw_input_contents[{i}] has"
+        else:
+            field = CONTENTS_FIELD.get(tensor.datatype)
+            stray = [name for name in filled if name != field]
+            if stray and tensor.datatype == INPUT_DATATYPE:
+                raise BadInput(
+                    f"{where}: its values are in contents.{stray[0]}; {INPUT_DATATYPE} "
+                    f"takes contents.{field}"
+                )
+            item.data_field = f"contents.{field}"
+            if field is not None:
+                item.data = np.asarray(getattr(tensor.contents, field), np.float32)
+        inputs.append(item)
+    images = _model_input(inputs, check_count)
+    requested: dict[str, bool | None] = {}
+    for output in request.outputs:
+        _check_output(output.name, output.parameters, requested)
+        requested[output.name] = None
+    return InferRequest(request.id or None, images, requested or None, bool(raw))
+
+
+def render_grpc_infer_response(result: PredictResult, request: InferRequest):
+    """The answer as a ModelInferResponse: outputs as raw_output_contents when the request
+    sent raw_input_contents, else as typed contents (as KServe answers)."""
+    response = v2_proto.ModelInferResponse(
+        model_name=result.model, model_version=str(result.version), id=request.id or ""
+    )
+    for name in list(request.outputs) if request.outputs else list(result.outputs):
+        array = result.outputs[name]
+        datatype = v2_datatype(array.dtype)
+        output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        if request.binary_output:
+            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            response.raw_output_contents.append(blob)
+        else:
+            getattr(output.contents, CONTENTS_FIELD[datatype]).extend(array.ravel().tolist())
+    return response
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -341,13 +499,18 @@ def render_tensor(spec: TensorSpec) -> dict:
     return {"name": spec.name, "datatype": v2_datatype(spec.dtype), "shape": shape}
 
 
-def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
-    """A version's serving signature as the V2 model metadata object."""
+def _serving_signature(metadata: ModelMetadata):
     signature = metadata.signatures.get(SIGNATURE_NAME)
     if signature is None:
         raise NotFound(
             f"version {metadata.version} of {metadata.name} has no {SIGNATURE_NAME!r} signature"
         )
+    return signature
+
+
+def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
+    """A version's serving signature as the V2 model metadata object."""
+    signature = _serving_signature(metadata)
     return {
         "name": metadata.name,
         "versions": [str(v) for v in versions],
@@ -357,8 +520,36 @@ def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
     }
 
 
-# --- the routes -----------------------------------------------------------------------------
+def _config_tensor(spec: TensorSpec) -> dict:
+    # Triton's dims leave out the batch dimension; a tensor that is only a batch ([-1]) is
+    # dims [1] reshaped to [] (docs/user_guide/model_configuration.md, "Reshape", in
+    # triton-inference-server/server).
+    datatype = v2_datatype(spec.dtype)
+    tensor: dict[str, Any] = {
+        "name": spec.name,
+        "data_type": "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}",
+    }
+    dims = [-1] if spec.shape is None else list(spec.shape[1:])
+    tensor["dims"] = dims or [1]
+    if not dims:
+        tensor["reshape"] = {"shape": []}
+    return tensor
 
 
-# Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
-# than they do.
+def render_model_config(metadata: ModelMetadata, max_batch_size: int) -> dict:
+    """A version's serving signature as Triton's model configuration (the model configuration
+    extension, docs/protocol/extension_model_configuration.md in
+    triton-inference-server/server): the fields of model_config.proto that a signature
+    decides.
+
+    Args:
+        max_batch_size: the most images one request may hold (MAX_IMAGES).
+    """
+    signature = _serving_signature(metadata)
+    return {
+        "name": metadata.name,
+        "platform": PLATFORM,
+        "max_batch_size": max_batch_size,
+        "input": [_config_tensor(spec) for spec in signature.inputs],
+        "output": [_config_tensor(spec) for spec in signature.outputs],
+    }

@@ -1,5 +1,5 @@
-"""Command line: `python -m training {train,evaluate,export,predict,compare,promote,retrain}
---help`."""
+"""Command line: `python -m training
+{train,evaluate,export,predict,compare,promote,retrain,sample-data} --help`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ import argparse  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
-from training import compare, evaluate, export, predict, promote, retrain, train  # noqa: E402
+from training import (  # noqa: E402
+    compare,
+    evaluate,
+    export,
+    predict,
+    promote,
+    retrain,
+    sample_data,
+    train,
+)
 from training.data import DataError  # noqa: E402
 from training.errors import NumericsError, UsageError  # noqa: E402
 
@@ -26,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Train Estimators (the reference CNN and its baselines) on MNIST-format "
-        "data, export them, compare them, and predict with an exported version.",
+        "data, or pre-made Estimators on a CSV file and a CNN on an image folder; export "
+        "them, compare them, and predict with an exported version.",
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show TensorFlow's INFO log lines too"
@@ -92,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
             "75 another retrain holds the lock.",
         )
     )
+    sample_data.add_arguments(
+        sub.add_parser(
+            "sample-data",
+            help="write small deterministic example data: a classification CSV, a regression "
+            "CSV and an image folder (for train --csv / --image-folder)",
+            description="Write, from a fixed seed and without downloading anything: "
+            "classification.csv (numeric x1, x2, integer rooms, string color; label "
+            "low/mid/high), regression.csv (x1, x2, rooms, city; float price) and shapes/ "
+            "(40x30 RGB circles, squares and triangles, one subfolder per class).",
+        )
+    )
     return parser
 
 
@@ -103,6 +124,7 @@ INTERRUPTED = {
     "compare": "the kinds done so far are in the work dir; the table was not written.",
     "promote": "the model config was left as it was.",
     "retrain": "nothing was published; run the same command to resume from its last checkpoint.",
+    "sample-data": "the files written so far are in the output folder.",
 }
 COMMANDS = {
     "train": train.cmd_train,
@@ -112,6 +134,7 @@ COMMANDS = {
     "compare": compare.cmd_compare,
     "promote": promote.cmd_promote,
     "retrain": retrain.cmd_retrain,
+    "sample-data": sample_data.cmd_sample_data,
 }
 
 

@@ -78,8 +78,9 @@ def premade_estimator(kind: str, params: dict, config: tf.estimator.RunConfig):
     raise ValueError(f"not a pre-made kind: {kind!r}")
 
 
-def keras_estimator(params: dict):
-    """The Keras CNN through tf.keras.estimator.model_to_estimator.
+def keras_estimator(params: dict, model: tf.keras.Model | None = None):
+    """The Keras CNN (or another compiled Keras model) through
+    tf.keras.estimator.model_to_estimator.
 
     model_to_estimator saves the Keras model's initial weights into its model dir and warm-
     starts from them; only its model_fn is used here (the weights start from the run's seed
@@ -88,7 +89,8 @@ def keras_estimator(params: dict):
     `saver` checkpoints keep the variables' names (keras/conv1/kernel, ...) for warm starts
     and fine-tuning scopes.
     """
-    model = keras_cnn(params["data_format"], optimizer=keras_optimizer(params))
+    if model is None:
+        model = keras_cnn(params["data_format"], optimizer=keras_optimizer(params))
     scratch = tempfile.mkdtemp(prefix="model-to-estimator-")
     try:
         return tf.keras.estimator.model_to_estimator(
@@ -125,7 +127,7 @@ def baseline_model_fn(kind: str, params: dict, config: tf.estimator.RunConfig):
     return contract_model_fn
 
 
-def to_contract(spec, labels, mode, params, logits, probabilities):
+def to_contract(spec, labels, mode, params, logits, probabilities, num_classes=NUM_CLASSES):
     """Rebuild a baseline's EstimatorSpec with the contract's outputs and the CNN's extras.
 
     PREDICT: the contract's outputs and signature (heads.predict_spec), as the CNN's model_fn.
@@ -149,7 +151,7 @@ def to_contract(spec, labels, mode, params, logits, probabilities):
         return tf.estimator.EstimatorSpec(
             mode,
             loss=loss,
-            eval_metric_ops=heads.eval_metric_ops(labels, classes),
+            eval_metric_ops=heads.eval_metric_ops(labels, classes, num_classes),
             evaluation_hooks=spec.evaluation_hooks,
             scaffold=spec.scaffold,
         )

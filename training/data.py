@@ -20,16 +20,15 @@ import tensorflow as tf
 
 from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES, normalize_pixels
 
+# Defined beside UsageError (no TensorFlow there), still importable from here as before.
+from training.errors import DataError
+
 IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 IMAGES_HEADER_BYTES = 16
 LABELS_HEADER_BYTES = 8
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 SPLITS = {"train": "train", "test": "t10k"}
-
-
-class DataError(Exception):
-    """A data file is missing or not valid IDX; the message names the file and the problem."""
 
 
 @dataclasses.dataclass(frozen=True)

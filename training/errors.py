@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+class DataError(Exception):
+    """A data file is missing or not valid; the message names the file and the problem."""
+
+
 class UsageError(Exception):
     """A user's mistake: printed as one line, exit code 2."""
 

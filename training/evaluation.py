@@ -1,4 +1,5 @@
-"""The evaluation report: accuracy, per-class precision and recall, confusion matrix."""
+"""The evaluation reports: for classifiers accuracy, per-class precision and recall and the
+confusion matrix; for regressors RMSE, MAE and the largest error, overall and over slices."""
 
 from __future__ import annotations
 
@@ -6,20 +7,19 @@ import datetime as dt
 
 import numpy as np
 
-from artifact.contract import NUM_CLASSES
-
 
 def build_report(true_classes, predicted_classes, labels, **context) -> dict:
     """A JSON-ready report comparing predictions with the truth.
 
     Args:
         true_classes, predicted_classes: integer arrays of equal length.
-        labels: the NUM_CLASSES class names.
+        labels: the class names, in class-id order (10 for the image contract).
         context: extra fields to record (data set, steps, model dir, ...).
     """
     true_classes = np.asarray(true_classes, np.int64)
     predicted_classes = np.asarray(predicted_classes, np.int64)
-    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+    num_classes = len(labels)
+    confusion = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(confusion, (true_classes, predicted_classes), 1)
     support = confusion.sum(axis=1)
     predicted = confusion.sum(axis=0)
@@ -32,7 +32,7 @@ def build_report(true_classes, predicted_classes, labels, **context) -> dict:
             "recall": round(float(hits[k] / support[k]), 4) if support[k] else 0.0,
             "support": int(support[k]),
         }
-        for k in range(NUM_CLASSES)
+        for k in range(num_classes)
     ]
     return {
         "accuracy": round(float(hits.sum() / max(len(true_classes), 1)), 4),
@@ -44,8 +44,60 @@ def build_report(true_classes, predicted_classes, labels, **context) -> dict:
     }
 
 
+def _errors(truth: np.ndarray, predicted: np.ndarray) -> dict:
+    errors = predicted - truth
+    return {
+        "examples": int(len(truth)),
+        "rmse": round(float(np.sqrt(np.mean(errors**2))), 6),
+        "mae": round(float(np.mean(np.abs(errors))), 6),
+        "max_error": round(float(np.max(np.abs(errors))), 6),
+    }
+
+
+def build_regression_report(truth, predicted, slices: dict | None = None, **context) -> dict:
+    """A JSON-ready regression report: RMSE, MAE and the largest absolute error, overall and
+    per slice.
+
+    Args:
+        truth, predicted: float arrays of equal, non-zero length.
+        slices: column name -> the rows' values of that column (categorical columns); each
+            value's rows get their own errors, worst RMSE first.
+        context: extra fields to record.
+    """
+    truth = np.asarray(truth, np.float64)
+    predicted = np.asarray(predicted, np.float64)
+    by_slice = {}
+    for column, values in (slices or {}).items():
+        values = np.asarray(values, object)
+        rows = [
+            {"value": str(value), **_errors(truth[values == value], predicted[values == value])}
+            for value in sorted(set(values.tolist()))
+        ]
+        by_slice[column] = sorted(rows, key=lambda row: -row["rmse"])
+    return {
+        **_errors(truth, predicted),
+        "label_mean": round(float(truth.mean()), 6),
+        "label_std": round(float(truth.std()), 6),
+        "slices": by_slice,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **context,
+    }
+
+
 def format_report(report: dict) -> str:
     """The report as a few lines for a terminal."""
+    if "rmse" in report:
+        lines = [
+            f"rmse {report['rmse']:.4f}, mae {report['mae']:.4f}, largest error "
+            f"{report['max_error']:.4f} on {report['examples']} examples"
+        ]
+        for column, rows in report["slices"].items():
+            worst = rows[0]
+            lines.append(
+                f"{column}: worst slice {worst['value']!r} rmse {worst['rmse']:.4f} "
+                f"({worst['examples']} examples)"
+            )
+        return "\n".join(lines)
     lines = [f"accuracy {report['accuracy']:.4f} on {report['examples']} examples"]
     lines.append(f"{'class':<14}{'precision':>10}{'recall':>8}{'support':>9}")
     for row in report["per_class"]:

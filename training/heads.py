@@ -38,10 +38,10 @@ def predict_spec(classes, probabilities, **spec_fields) -> tf.estimator.Estimato
     )
 
 
-def eval_metric_ops(labels, classes) -> dict:
+def eval_metric_ops(labels, classes, num_classes: int = NUM_CLASSES) -> dict:
     """Accuracy plus per-class precision and recall ('precision/3', 'recall/3', ...)."""
     ops = {"accuracy": tf.compat.v1.metrics.accuracy(labels=labels, predictions=classes)}
-    for k in range(NUM_CLASSES):
+    for k in range(num_classes):
         is_true = tf.equal(labels, k)
         is_pred = tf.equal(classes, k)
         ops[f"precision/{k}"] = tf.compat.v1.metrics.precision(is_true, is_pred)

@@ -144,15 +144,10 @@ def staged_version(
         model_name: the name the warmup requests carry (the repository folder's name).
         The rest: as export_model's.
     """
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=where))
-    try:
-        staged = Path(
-            estimator.export_saved_model(
-                str(staging), serving_input_receiver_fn(), checkpoint_path=checkpoint_path
-            ).decode()
-        )
+    with _staged_saved_model(
+        estimator, where, serving_input_receiver_fn(), checkpoint_path
+    ) as staged:
         extra = staged / ASSETS_EXTRA
-        extra.mkdir(exist_ok=True)
         (extra / LABELS_FILE).write_text("\n".join(labels) + "\n", encoding="utf-8")
         write_warmup_file(staged, build_warmup_requests(staged, model_name, warmup_images))
         report = build_report(staged) if build_report is not None else None
@@ -161,8 +156,52 @@ def staged_version(
         if write_extras is not None:
             write_extras(extra, report)
         yield staged
+
+
+@contextlib.contextmanager
+def _staged_saved_model(estimator, where, receiver_fn, checkpoint_path=None) -> Iterator[Path]:
+    """The estimator's SavedModel exported into a hidden staging folder under `where`, with
+    an empty assets.extra/; the folder is removed when the block ends unless renamed away."""
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=where))
+    try:
+        staged = Path(
+            estimator.export_saved_model(
+                str(staging), receiver_fn, checkpoint_path=checkpoint_path
+            ).decode()
+        )
+        (staged / ASSETS_EXTRA).mkdir(exist_ok=True)
+        yield staged
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def export_version(
+    estimator: tf.estimator.Estimator,
+    export_base: str | Path,
+    receiver_fn: Callable,
+    write_assets: Callable[[Path], object],
+    checkpoint_path: str | None = None,
+) -> Path:
+    """Export any Estimator through any serving input receiver as the next version.
+
+    What export_model does for the image contract, for every other model (pre-made
+    Estimators on feature columns, image folders of any size): staged in a hidden folder
+    beside the versions, published by one rename, never half-written.
+
+    Args:
+        receiver_fn: the serving input receiver function (raw or tf.Example parsing).
+        write_assets: called with the staged version's folder before it is published, to
+            write assets.extra/ (labels, evaluation report) from the staged SavedModel
+            itself; whatever it raises leaves no version behind.
+    Returns:
+        The published version directory.
+    """
+    base = Path(export_base)
+    base.mkdir(parents=True, exist_ok=True)
+    _sweep_stale_staging(base)
+    with _staged_saved_model(estimator, base, receiver_fn, checkpoint_path) as staged:
+        write_assets(staged)
+        return _publish(staged, base)
 
 
 def publish_staged(

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from artifact.contract import normalize_pixels
 from artifact.repository import read_report
-from training import cli, data, distributed, finetune, runs
+from training import cli, data, distributed, finetune, runs, train_any
 from training.errors import NumericsError, UsageError
 from training.estimator import (
     DEFAULT_HIDDEN_UNITS,
@@ -27,9 +27,17 @@ from training.estimator import (
 )
 from training.evaluation import format_report
 from training.hooks import DEFAULT_HOOKS, HOOKS, ProgressHook
+from training.image_folder import CHANNELS, DEFAULT_CHANNELS, DEFAULT_IMAGE_SIZE
 from training.model import DATA_FORMATS
 from training.publish import export_evaluated
 from training.runs import EVAL_BATCH_SIZE
+from training.tabular import RECEIVERS, TABULAR_KINDS
+from training.tabular_schema import (
+    DEFAULT_MAX_VOCABULARY,
+    HOLDOUT_EVERY,
+    MAX_INTEGER_CLASSES,
+    TASKS,
+)
 
 # Measured here (README): 10 epochs of batch 100, Adam 1e-3 with cosine decay: 0.93 in ~3.5 min.
 DEFAULT_EPOCHS = 10
@@ -86,8 +94,40 @@ def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> 
 def add_run_arguments(
     p: argparse.ArgumentParser,
     model_dir_help: str = "checkpoints and TensorBoard events; an existing run resumes",
+    *,
+    any_data: bool = False,
 ) -> None:
-    """--model, --model-dir and --export-dir (shared with `retrain`)."""
+    """--model, --model-dir and --export-dir (shared with `retrain`).
+
+    any_data: `train`'s form, which also takes --csv and --image-folder: the tabular kind
+    dnn_linear too, and defaults that follow the data (resolved by cmd_train).
+    """
+    if any_data:
+        p.add_argument(
+            "--model",
+            choices=(*MODEL_KINDS, *(k for k in TABULAR_KINDS if k not in MODEL_KINDS)),
+            default=None,
+            help="IDX data: cnn: the custom CNN Estimator; linear / dnn: the pre-made "
+            "LinearClassifier / DNNClassifier over a numeric feature column; keras: the CNN as "
+            "a Keras model through model_to_estimator (default: cnn). --csv: linear, dnn or "
+            "dnn_linear: the pre-made Linear, DNN or DNNLinearCombined Classifier or Regressor "
+            "on feature columns (default: linear). --image-folder: cnn, a small CNN for the "
+            "folder's image size (the default), or keras: the same CNN as a Keras model "
+            "through model_to_estimator",
+        )
+        p.add_argument(
+            "--model-dir",
+            default=None,
+            help=f"{model_dir_help} (default: {cli.DEFAULT_MODEL_DIR}; with --csv or "
+            "--image-folder runs/NAME, NAME the file's stem or the folder's name)",
+        )
+        p.add_argument(
+            "--export-dir",
+            default=None,
+            help="model repository folder that receives a new integer version (default: "
+            f"{cli.DEFAULT_EXPORT_DIR}; with --csv or --image-folder models/NAME)",
+        )
+        return
     p.add_argument(
         "--model",
         choices=MODEL_KINDS,
@@ -105,6 +145,65 @@ def add_run_arguments(
         "--export-dir",
         default=cli.DEFAULT_EXPORT_DIR,
         help="model repository folder that receives a new integer version (default: %(default)s)",
+    )
+
+
+def add_any_data_arguments(p: argparse.ArgumentParser) -> None:
+    """--csv / --image-folder and their options: training on other data than IDX files."""
+    group = p.add_argument_group(
+        "CSV files and image folders",
+        "Instead of --data-dir's IDX files: a CSV file with a header (pre-made Estimators on "
+        "feature columns), or a folder with one subfolder of PNG/JPEG images per class. Every "
+        f"{HOLDOUT_EVERY}th row (or image of a class) is held out for evaluation; the export's "
+        "assets.extra/evaluation.json reports on it. `python -m training sample-data --out "
+        "DIR` writes a small example of each.",
+    )
+    source = group.add_mutually_exclusive_group()
+    source.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="train on a CSV file: numeric columns become normalized numeric feature "
+        "columns (int64 inputs where the values are integers), string columns vocabulary "
+        "(or, past --max-vocabulary values, hashed) categorical columns",
+    )
+    source.add_argument(
+        "--image-folder",
+        metavar="DIR",
+        help="train on DIR/<class>/*.png|jpg: images of any size, resized to --image-size",
+    )
+    group.add_argument("--label", metavar="COLUMN", help="--csv: the label column (default: label)")
+    group.add_argument(
+        "--task",
+        choices=TASKS,
+        help="--csv: force the task; by default strings or integers 0-"
+        f"{MAX_INTEGER_CLASSES - 1} in the label column are classes (string labels through "
+        "label_vocabulary), other numbers a regression target",
+    )
+    group.add_argument(
+        "--max-vocabulary",
+        type=cli.positive_int,
+        metavar="N",
+        help="--csv: string columns with more distinct training values are hashed "
+        f"(categorical_column_with_hash_bucket) (default: {DEFAULT_MAX_VOCABULARY})",
+    )
+    group.add_argument(
+        "--receiver",
+        choices=RECEIVERS,
+        help="--csv: the export's serving input: raw (one input per feature, TF's `predict` "
+        "signature) or parsing (serialized tf.Examples in `examples`: also TF Serving's "
+        "`classification` / `regression` signatures) (default: raw)",
+    )
+    group.add_argument(
+        "--image-size",
+        type=cli.positive_int,
+        metavar="N",
+        help=f"--image-folder: images are resized to N x N (default: {DEFAULT_IMAGE_SIZE})",
+    )
+    group.add_argument(
+        "--channels",
+        type=int,
+        choices=CHANNELS,
+        help=f"--image-folder: 1 (grayscale) or 3 (RGB) (default: {DEFAULT_CHANNELS})",
     )
 
 
@@ -146,7 +245,7 @@ def add_hook_arguments(p: argparse.ArgumentParser) -> None:
 def add_arguments(train: argparse.ArgumentParser) -> None:
     """The `train` subcommand's options."""
     cli.add_data_arguments(train)
-    add_run_arguments(train)
+    add_run_arguments(train, any_data=True)
     cli.add_budget_arguments(train, DEFAULT_EPOCHS)
     add_model_arguments(train)
     add_schedule_arguments(train)
@@ -197,6 +296,7 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
         help="train with MirroredStrategy over this many GPUs of this host (falls back to the "
         "CPU, and says so, when there is none); not with TF_CONFIG",
     )
+    add_any_data_arguments(train)
 
 
 def model_params(args, kind: str, max_steps: int, pixel_stats: tuple[float, float]) -> dict:
@@ -274,6 +374,16 @@ def _fine_tuning(args, estimator, start_step: int, model_dir: Path):
 
 def cmd_train(args) -> int:
     """Train (resuming from --model-dir), evaluate, and export a new version."""
+    if args.csv or args.image_folder:
+        return train_any.cmd_train_any(args, DEFAULT_EPOCHS)
+    train_any.refuse_options(args, train_any.CSV_ONLY, "--csv")
+    train_any.refuse_options(args, train_any.FOLDER_ONLY, "--image-folder")
+    if args.model in TABULAR_KINDS and args.model not in MODEL_KINDS:
+        raise UsageError(f"--model {args.model} is for --csv")
+    # The IDX defaults, as they always were.
+    args.model = args.model or "cnn"
+    args.model_dir = args.model_dir or cli.DEFAULT_MODEL_DIR
+    args.export_dir = args.export_dir or cli.DEFAULT_EXPORT_DIR
     labels = cli.labels(args)
     task = distributed.read_tf_config()
     if task is not None and args.num_gpus:

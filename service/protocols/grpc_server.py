@@ -23,6 +23,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 import grpc
@@ -109,12 +110,14 @@ class RPCError(Exception):
         self.message = message
 
 
-def _rpc(method):
+def _rpc(method, needed: str | None = None):
     """Count the call, and answer its errors with their gRPC status, logged as the HTTP side
-    logs them."""
+    logs them. `needed`: the token scope the call takes (by default STATUS for the Get
+    methods, PREDICT for the others)."""
     name = method.__name__
 
-    needed = STATUS if name.startswith("Get") or name == "HandleReloadConfigRequest" else PREDICT
+    scope = STATUS if name.startswith("Get") or name == "HandleReloadConfigRequest" else PREDICT
+    needed = needed or scope
 
     @functools.wraps(method)
     async def handler(self, request, context):
@@ -380,6 +383,8 @@ class GRPCServer:
         share_port: listen beside the other workers on the same port (SO_REUSEPORT).
         grace: how long in-flight calls may take to finish once it stops
             (SHUTDOWN_TIMEOUT_SECONDS).
+        services: other services on the same server and port, each registered with its
+            `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
     """
 
     def __init__(
@@ -391,8 +396,10 @@ class GRPCServer:
         tokens: dict[bytes, frozenset[str]] | None = None,
         share_port: bool = False,
         grace: float = SHUTDOWN_GRACE_SECONDS,
+        services: Sequence = (),
     ):
         self.dataplane = dataplane
+        self.services = tuple(services)
         self.grace = grace
         self._stopping: asyncio.Future | None = None
         self.tokens = tokens
@@ -420,6 +427,8 @@ class GRPCServer:
         servicer = _Servicer(self.dataplane, self.tokens)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
+        for service in self.services:
+            service.add_to_server(server)
         try:
             port = server.add_insecure_port(self.address)
         except RuntimeError as err:

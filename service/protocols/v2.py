@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
 from service.dataplane import DataPlane
-from service.errors import BadInput, NotReady
+from service.errors import NotReady
 from service.protocols.http import (
     JSON,
     Call,
@@ -40,8 +40,10 @@ from service.v2_codec import (
     HEADER_LENGTH,
     INPUT_DATATYPE,
     OCTET_STREAM,
+    decompress_body,
     parse_infer_request,
     render_infer_response,
+    render_model_config,
     render_model_metadata,
 )
 
@@ -99,10 +101,14 @@ class OpenInferenceREST:
     Args:
         dataplane: what serves the model.
         server_name, server_version: what GET /v2 says the server is.
+        max_body_bytes: the most a body may hold, decompressed too (MAX_BODY_BYTES).
     """
 
-    def __init__(self, dataplane: DataPlane, server_name: str, server_version: str):
+    def __init__(
+        self, dataplane: DataPlane, server_name: str, server_version: str, max_body_bytes: int
+    ):
         self.dataplane = dataplane
+        self.max_body_bytes = max_body_bytes
         self.server_metadata_body = {
             "name": server_name,
             "version": server_version,
@@ -121,6 +127,16 @@ class OpenInferenceREST:
         )
         r.add_api_route(
             "/v2/models/{name}/ready", self.model_ready_latest, summary="200 once the model answers"
+        )
+        r.add_api_route(
+            "/v2/models/{name}/config",
+            self.model_config_latest,
+            summary="Model configuration (Triton's model configuration extension)",
+        )
+        r.add_api_route(
+            "/v2/models/{name}/versions/{version}/config",
+            self.model_config_version,
+            summary="Model configuration of one version",
         )
         r.add_api_route(
             "/v2/models/{name}/versions/{version}/ready",
@@ -164,6 +180,19 @@ class OpenInferenceREST:
         available = sorted(s.version for s in statuses if s.state == VersionState.AVAILABLE)
         return json_response(render_model_metadata(metadata, available))
 
+    async def model_config_latest(self, name: str):
+        return await self.model_config(name, None)
+
+    async def model_config_version(self, name: str, version: str):
+        return await self.model_config(name, version_in_url(version))
+
+    async def model_config(self, name: str, version: int | None):
+        # max_batch_size is what one request may hold (MAX_IMAGES), what Triton's clients
+        # (perf_analyzer, ...) read it for; BATCH_MAX_SIZE bounds the batches the service
+        # merges requests into, which no client sends.
+        metadata = await self.dataplane.metadata(name, version)
+        return json_response(render_model_config(metadata, self.dataplane.max_images))
+
     async def model_ready_latest(self, name: str):
         readiness = self.dataplane.model_readiness(name)  # NotFound: no such model
         if not readiness.ready:
@@ -184,19 +213,22 @@ class OpenInferenceREST:
     async def infer(self, call: Call, name: str, version: str | None = None) -> Response:
         """V2 inference, JSON or binary (a Call route: the door has read the body)."""
         parsed_version = version_in_url(version)
-        encoding = call.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
-            raise BadInput(
-                f"Content-Encoding {encoding!r:.40} is not supported; send the body uncompressed"
-            )
         body = call.body
+        encoding = call.headers.get("content-encoding")
         parse = functools.partial(
-            parse_infer_request,
+            self._parse,
             body,
+            encoding,
             call.headers.get(HEADER_LENGTH),
-            self.dataplane.check_image_count,
         )
-        # A large body is parsed in a thread: it must not stall other clients' requests.
-        parsed = await asyncio.to_thread(parse) if len(body) > INLINE_PARSE_BYTES else parse()
+        # A large or compressed body is parsed in a thread: it must not stall other clients'
+        # requests.
+        inline = len(body) <= INLINE_PARSE_BYTES and encoding in (None, "identity")
+        parsed = parse() if inline else await asyncio.to_thread(parse)
         result = await self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
         return render_infer_response(result, parsed)
+
+    def _parse(self, body: bytes, encoding: str | None, header_length: str | None):
+        # Triton measures the header length and the body limit on the decompressed body.
+        body = decompress_body(body, encoding, self.max_body_bytes)
+        return parse_infer_request(body, header_length, self.dataplane.check_image_count)

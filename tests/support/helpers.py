@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import httpx
@@ -69,3 +70,15 @@ def require_tool(command: str, package: str) -> None:
         pytest.fail(f"{command} not found: run `make setup` (it installs Debian's {package})")
     pytest.skip(f"{command} not found and this user cannot install it: run "
                 f"`sudo apt-get install {package}`")  # fmt: skip
+
+
+def open_upload(url: str, path: str, length: int, first: bytes) -> socket.socket:
+    """A connection that declared a body of `length` bytes and sent only `first` of it."""
+    host, port = url.split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n".encode()
+        + first
+    )
+    return sock

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import socket
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 from starlette.testclient import TestClient
-from support.fakes import MODEL_NAME, FakeBackend, app_client, threaded_server
-from support.helpers import png_bytes
+from support.fakes import MODEL_NAME, FakeBackend, app_client, threaded_server, wait_until
+from support.helpers import open_upload, png_bytes
 
 from service.app import create_app
+from service.door import BodyBudget
+from service.errors import BodiesInFlight
 from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
@@ -62,7 +65,7 @@ KINDS = [
     ("friendly bad query", "POST", "/predict?include_pixels=maybe", {"json": {"instances": [PIXELS.tolist()]}}, 400),
     ("v2 JSON", "POST", f"/v2/models/{MODEL_NAME}/infer", {"json": v2_body(IMAGE[None])}, 200),
     ("v2 unknown model", "POST", "/v2/models/nope/infer", {"json": v2_body(IMAGE[None])}, 404),
-    ("v2 compressed", "POST", f"/v2/models/{MODEL_NAME}/infer", {"content": b"x", "headers": {"Content-Encoding": "gzip"}}, 400),
+    ("v2 malformed gzip", "POST", f"/v2/models/{MODEL_NAME}/infer", {"content": b"x", "headers": {"Content-Encoding": "gzip"}}, 400),
     ("feedback while off", "POST", f"{V1}/feedback", {"json": {"instances": [PIXELS.tolist()], "labels": [1]}}, 403),
     ("status", "GET", V1, {}, 200),
     ("metadata", "GET", f"{V1}/metadata", {}, 200),
@@ -159,3 +162,59 @@ def test_the_door_refuses_a_full_queue_before_reading_the_body():
             assert response.status_code == 503, (path, response.text)
             assert response.headers["retry-after"] == "1"
     assert backend.calls == []
+
+
+# --- bodies in flight: memory bounded across requests ---------------------------------------
+
+
+def test_the_body_budget_reserves_and_gives_back():
+    budget = BodyBudget(100)
+    with budget.hold() as first:
+        first.reserve(60)
+        with (
+            pytest.raises(BodiesInFlight, match="MAX_BODY_BYTES_IN_FLIGHT=100"),
+            budget.hold() as second,
+        ):
+            second.reserve(30)
+            second.reserve(20)  # 110 in all: refused, and its 30 are given back
+        assert budget.held == 60
+    assert budget.held == 0
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def test_a_body_past_the_process_budget_is_refused_before_it_is_read():
+    settings = Settings(max_body_bytes=2_000_000, max_body_bytes_in_flight=3_000_000)
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+    with threaded_server(create_app(settings, FakeBackend()), http=protocol) as (url, _):
+        held = open_upload(url, f"{V1}:predict", 2_000_000, b"{" * 1000)
+        try:
+            wait_until(lambda: metric_value(url, "http_requests_in_flight") >= 2, "the upload")
+            refused = open_upload(url, "/predict", 1_500_000, b"")
+            answer = read_answer(refused)
+            refused.close()
+            head = answer.lower()
+            assert head.startswith(b"http/1.1 503 ") and b"retry-after: 1" in head, answer
+            assert b"MAX_BODY_BYTES_IN_FLIGHT=3000000" in answer
+        finally:
+            held.close()  # the client leaves: its 2 MB are given back
+        wait_until(lambda: metric_value(url, "http_requests_in_flight") <= 1, "the upload to end")
+        body = orjson.dumps({"instances": [IMAGE.tolist()]}) + b" " * 1_400_000
+        again = open_upload(url, f"{V1}:predict", len(body), body)
+        assert read_answer(again).startswith(b"HTTP/1.1 200 ")
+        again.close()
+
+
+def metric_value(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")

@@ -103,11 +103,11 @@ def assert_outputs(arrays: dict, version: int, images: np.ndarray) -> None:
 # --- health and metadata --------------------------------------------------------------------
 
 
-def test_server_metadata_advertises_the_binary_extension(client):
+def test_server_metadata_advertises_the_extensions_it_serves(client):
     assert ok_json(client.get("/v2")) == {
         "name": "estimator-serving",
         "version": "0.1.0",
-        "extensions": ["binary_tensor_data"],
+        "extensions": ["binary_tensor_data", "model_configuration"],
     }
 
 
@@ -301,7 +301,7 @@ BAD_REQUESTS = [
     pytest.param(*_raw(b"[1, 2]"), 400, "the request must be a JSON object, got list", id="not-an-object"),
     pytest.param(*_raw(*binary_request(NAN_IMAGE)), 400, "input 'image'[0]: values must be finite numbers", id="nan-binary"),
     pytest.param(*_json(data=[1e39] * 784), 400, "input 'image'[0]: values must be finite numbers (NaN/Inf or too large)", id="too-large-json"),
-    pytest.param(*_raw(orjson.dumps({"inputs": [json_input(ONE)]}), {"Content-Encoding": "gzip"}), 400, "Content-Encoding 'gzip' is not supported", id="compressed"),
+    pytest.param(*_raw(orjson.dumps({"inputs": [json_input(ONE)]}), {"Content-Encoding": "br"}), 400, "Content-Encoding 'br' is not supported; send gzip, deflate or identity", id="unsupported-encoding"),
     # limits
     pytest.param(*_raw(orjson.dumps({"inputs": [json_input(np.zeros((17, 28, 28), np.float32))]})), 413, "request has 17 images; the limit is 16 per request (MAX_IMAGES)", id="count-json"),
     pytest.param(*binary_request(np.zeros((17, 28, 28), np.float32)), 413, "request has 17 images; the limit is 16", id="count-binary"),

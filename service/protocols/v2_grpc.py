@@ -1,0 +1,155 @@
+"""The Open Inference Protocol over gRPC: `inference.GRPCInferenceService`.
+
+What `tritonclient.grpc` and KServe's and MLServer's gRPC clients call, as
+kserve/open-inference-protocol's specification/protocol/inference_grpc.md defines it:
+ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer, with
+`raw_input_contents` and `raw_output_contents`. It is served on GRPC_PORT beside TF Serving's
+services (service/protocols/grpc_server.py): the same server, port, bearer tokens, admission,
+metrics (`grpc_requests_total{method}`) and data plane. The tensors are read by the HTTP
+route's rules (service/v2_codec.py), so a bad request gets the same words over both.
+
+The model takes one input, `image`, FP32 [-1, 28, 28], and answers `classes` INT64 [-1] and
+`probabilities` FP32 [-1, 10]. Errors are gRPC statuses: INVALID_ARGUMENT for a bad request,
+NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready or when the batching
+queue is full, RESOURCE_EXHAUSTED over MAX_IMAGES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import grpc
+
+from artifact.contract import SIGNATURE_NAME
+from service import v2_proto
+from service.dataplane import DataPlane
+from service.errors import BadInput
+from service.protocols.grpc_server import _rpc, _Servicer
+from service.protocols.http import version_in_url
+from service.security import STATUS
+from service.types import VersionState
+from service.v2_codec import (
+    EXTENSIONS,
+    parse_grpc_infer_request,
+    render_grpc_infer_response,
+    render_model_metadata,
+)
+
+# Health needs no token, as /v2/health/live and /v2/health/ready (service/security.py).
+OPEN = "open"
+# Requests up to this size (a few images) are parsed on the event loop: a thread hop costs
+# more than they do.
+INLINE_PARSE_BYTES = 64 * 1024
+
+_open_rpc = functools.partial(_rpc, needed=OPEN)
+_status_rpc = functools.partial(_rpc, needed=STATUS)
+
+
+def _model_name(name: str, field: str) -> str:
+    if not name:
+        raise BadInput(f"{field} is empty: name the model")
+    return name
+
+
+def _version(text: str) -> int | None:
+    # Empty: the version the server chooses (the specification's words); else digits, as in
+    # the HTTP routes' URLs.
+    return version_in_url(text) if text else None
+
+
+class OpenInferenceGRPC:
+    """`inference.GRPCInferenceService` over a data plane.
+
+    Args:
+        dataplane: what serves the model (the HTTP adapters' own).
+        server_name, server_version: what ServerMetadata says the server is.
+        tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
+    """
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        server_name: str,
+        server_version: str,
+        tokens: dict[bytes, frozenset[str]] | None = None,
+    ):
+        self.dataplane = dataplane
+        self.tokens = tokens
+        self.server_metadata = v2_proto.ServerMetadataResponse(
+            name=server_name, version=server_version, extensions=EXTENSIONS
+        )
+
+    def authorize(self, context, needed: str) -> None:
+        """TF Serving's methods' token rule (the same tokens, codes and messages)."""
+        if needed != OPEN:
+            _Servicer.authorize(self, context, needed)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Register every method of the service on a gRPC server."""
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(self, name),
+                request_deserializer=request_class.FromString,
+                response_serializer=response_class.SerializeToString,
+            )
+            for name, (request_class, response_class) in v2_proto.METHODS.items()
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(v2_proto.SERVICE, handlers),)
+        )
+
+    # --- health and metadata ------------------------------------------------------------
+    @_open_rpc
+    async def ServerLive(self, request, context):  # noqa: N802 - the protocol's method name
+        return v2_proto.ServerLiveResponse(live=True)
+
+    @_open_rpc
+    async def ServerReady(self, request, context):  # noqa: N802
+        # A bool to say it, as Triton and KServe answer (HTTP's 503 has no such field).
+        return v2_proto.ServerReadyResponse(ready=self.dataplane.readiness().ready)
+
+    @_status_rpc
+    async def ModelReady(self, request, context):  # noqa: N802
+        name = _model_name(request.name, "name")
+        version = _version(request.version)
+        if version is None:
+            ready = self.dataplane.model_readiness(name).ready  # NotFound: no such model
+        else:
+            (status,) = await self.dataplane.model_status(name, version)  # NotFound
+            ready = status.state == VersionState.AVAILABLE
+        return v2_proto.ModelReadyResponse(ready=ready)
+
+    @_status_rpc
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        return self.server_metadata
+
+    @_status_rpc
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        name = _model_name(request.name, "name")
+        metadata = await self.dataplane.metadata(name, _version(request.version))
+        statuses = await self.dataplane.model_status(name, None)
+        available = sorted(s.version for s in statuses if s.state == VersionState.AVAILABLE)
+        answer = render_model_metadata(metadata, available)
+        response = v2_proto.ModelMetadataResponse(
+            name=answer["name"], versions=answer["versions"], platform=answer["platform"]
+        )
+        for key in ("inputs", "outputs"):
+            for tensor in answer[key]:
+                getattr(response, key).add(**tensor)
+        return response
+
+    # --- inference ----------------------------------------------------------------------
+    @_rpc
+    async def ModelInfer(self, request, context):  # noqa: N802
+        self.dataplane.admit()  # a full queue refuses before the tensors are decoded
+        name = _model_name(request.model_name, "model_name")
+        version = _version(request.model_version)
+        parse = functools.partial(
+            parse_grpc_infer_request, request, self.dataplane.check_image_count
+        )
+        # A large request is parsed in a thread: it must not stall other clients' requests.
+        inline = request.ByteSize() <= INLINE_PARSE_BYTES
+        parsed = parse() if inline else await asyncio.to_thread(parse)
+        result = await self.dataplane.predict(name, parsed.images, version, SIGNATURE_NAME)
+        return render_grpc_infer_response(result, parsed)
