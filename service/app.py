@@ -33,7 +33,7 @@ from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
-from service.security import Access, read_tokens
+from service.security import Access, TokenFile, allowed_hosts
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -93,7 +93,10 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     """
     metrics = Metrics()
     dataplane, prediction_log = _dataplane(settings, backend, metrics)
-    tokens = read_tokens(settings.auth_tokens_file) if settings.auth_tokens_file else None
+    tokens = None
+    if settings.auth_tokens_file:
+        # One TokenFile for HTTP and gRPC: both see a rotation at the same moment.
+        tokens = TokenFile(settings.auth_tokens_file, settings.auth_tokens_check_seconds)
     watcher = None
     if settings.model_config_file:
         watcher = ConfigWatcher(
@@ -132,7 +135,13 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     adapters = (Operations(dataplane), tf_serving, v2, PageAPI(dataplane))
     _route_fastapi(app, [*adapters, DocsAPI(app.openapi_url, app.title)])
     document_responses(app, routes)
-    access = Access(tokens, settings.allowed_origins())
+    hosts = settings.allowed_host_names()
+    access = Access(
+        tokens,
+        settings.allowed_origins(),
+        allowed_hosts(settings.host, hosts),
+        enforce_hosts=bool(hosts),
+    )
     service.door = Door(
         app,
         routes,

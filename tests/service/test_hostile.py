@@ -215,7 +215,8 @@ def test_the_docs_load_nothing_from_the_network(client):
 
 def test_a_cross_site_form_post_is_refused_before_it_runs():
     backend = FakeBackend()
-    with app_client(backend) as client:
+    # Same-origin needs a Host the service answers for: TestClient's is `testserver`.
+    with app_client(backend, allowed_hosts="testserver") as client:
         files = {"files": ("a.png", png_bytes(np.zeros((28, 28), np.uint8)), "image/png")}
         response = client.post("/predict", files=files, headers={"Origin": "https://evil.example"})
         assert "cross-origin requests from 'https://evil.example'" in error_message(response, 403)
