@@ -45,6 +45,7 @@ from service.errors import (
     ServiceError,
     UpstreamError,
     overload_log,
+    printable,
     redact_paths,
 )
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
@@ -151,7 +152,9 @@ def _rpc(method, needed: str | None = None):
             overload_log.refused(message)
         else:
             level = logging.INFO if code in CLIENT_CODES else logging.WARNING
-            log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
+            log.log(level, "gRPC %s -> %s: %s", name, code.name, printable(message))
+        if code not in CLIENT_CODES:
+            message = redact_paths(message)  # as HTTP's bodies: no folder of the server's
         if len(message) > MESSAGE_LIMIT:
             message = message[:MESSAGE_LIMIT] + "...TRUNCATED"
         await context.abort(code, message)
