@@ -51,9 +51,22 @@ def gpu_config() -> dict:
     return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
 
 
+def port_bindings(service: dict) -> list[tuple[str | None, int, int]]:
+    """(host address or None, host port, container port) of each published port: compose
+    renders a port bound to an address as `ADDRESS:PUBLISHED:TARGET/PROTOCOL`."""
+    bindings = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            bindings.append((None, int(port["published"]), int(port["target"])))
+        else:
+            address, host_port, target = port.split("/")[0].rsplit(":", 2)
+            bindings.append((address, int(host_port), int(target)))
+    return bindings
+
+
 def published(service: dict) -> dict[int, int]:
     """{container port: host port}."""
-    return {int(p["target"]): int(p["published"]) for p in service.get("ports", [])}
+    return {target: host_port for _, host_port, target in port_bindings(service)}
 
 
 def mounts(service: dict) -> dict[str, tuple[str, str]]:
