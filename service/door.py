@@ -3,9 +3,9 @@
 Every request the service answers passes here first, in this order:
 
 1. **Metrics**: counted in flight and timed, then counted by route template and status.
-2. **Access** (service/security.py): a cross-origin browser request is refused or given its
-   CORS headers (a preflight is answered here); a request needing a token without a valid
-   one gets 401 or 403.
+2. **Access** (service/security.py): a request for a host ALLOWED_HOSTS does not list gets
+   400; a cross-origin browser request is refused or given its CORS headers (a preflight is
+   answered here); a request needing a token without a valid one gets 401 or 403.
 3. **Route**: the routes whose handlers take a `Call` (predictions, inference, feedback) are
    matched here, by their own compiled patterns; every other request (status, metadata,
    the page, the docs, /metrics) goes on to FastAPI's router, still inside the door.
