@@ -51,6 +51,12 @@ def gpu_config() -> dict:
     return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
 
 
+@pytest.fixture(scope="module")
+def feedback_config() -> dict:
+    """Feedback is off in docker-compose.yml; docker-compose.feedback.yml turns it on."""
+    return compose_config("docker-compose.yml", "docker-compose.feedback.yml")
+
+
 def port_bindings(service: dict) -> list[tuple[str | None, int, int]]:
     """(host address or None, host port, container port) of each published port: compose
     renders a port bound to an address as `ADDRESS:PUBLISHED:TARGET/PROTOCOL`."""
@@ -128,7 +134,10 @@ def test_trainer_is_a_profile_that_writes_the_shared_repository(config):
     assert mounts(trainer)["/app/runs"][0] in config["volumes"]
 
 
-def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(config):
+def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(
+    feedback_config,
+):
+    config = feedback_config
     services = config["services"]
     retrain, trainer = services["retrain"], services["trainer"]
     assert retrain["profiles"] == ["retrain"]

@@ -5,9 +5,11 @@ as tests/test_containers.py does; no engine runs here):
 - every published port is bound to 127.0.0.1;
 - every service has a read-only root filesystem, no capabilities, no privilege escalation,
   a memory limit and a tmpfs /tmp (with the GPU override too);
+- feedback is off unless docker-compose.feedback.yml turns it on;
 - the service, run with the environment compose gives the api service (AUTH_TOKENS_FILE, HOST
-  and FEEDBACK_DIR, paths mapped into a tmp dir; the fake backend), refuses an anonymous
-  prediction and an anonymous feedback post, and a predict token's feedback post.
+  and, with feedback on, FEEDBACK_DIR, paths mapped into a tmp dir; the fake backend),
+  refuses an anonymous prediction and an anonymous feedback post, and a predict token's
+  feedback post.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def config() -> dict:
 @pytest.fixture(scope="module")
 def gpu_config() -> dict:
     return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
+
+
+@pytest.fixture(scope="module")
+def feedback_config() -> dict:
+    return compose_config("docker-compose.yml", "docker-compose.feedback.yml")
 
 
 def secret_file(config: dict, service: dict, path: str) -> str:
@@ -59,7 +66,7 @@ def test_every_port_is_published_on_loopback_only(config):
     }
 
 
-@pytest.mark.parametrize("which", ["config", "gpu_config"])
+@pytest.mark.parametrize("which", ["config", "gpu_config", "feedback_config"])
 def test_every_service_is_hardened(which, request):
     problems = []
     for name, service in request.getfixturevalue(which)["services"].items():
@@ -75,17 +82,24 @@ def test_every_service_is_hardened(which, request):
     assert problems == []
 
 
-def test_the_api_with_composes_environment_refuses_anonymous_calls(config, tmp_path, make_tokens):
-    service = config["services"]["api"]
+def test_feedback_is_off_unless_the_feedback_override_turns_it_on(config, feedback_config):
+    for name in APIS:
+        assert "FEEDBACK_DIR" not in env(config["services"][name]), name
+        assert not any("/feedback" in v for v in config["services"][name]["volumes"]), name
+        assert env(feedback_config["services"][name])["FEEDBACK_DIR"] == "/feedback", name
+
+
+@pytest.mark.parametrize("which", ["config", "feedback_config"])
+def test_the_api_with_composes_environment_refuses_anonymous_calls(
+    which, request, tmp_path, make_tokens
+):
+    service = request.getfixturevalue(which)["services"]["api"]
     variables = env(service)
     host_file = tmp_path / variables["AUTH_TOKENS_FILE"].lstrip("/")
     make_tokens.write_tokens(host_file)
-    feedback_dir = tmp_path / variables["FEEDBACK_DIR"].lstrip("/")
-    settings = {
-        "host": variables["HOST"],
-        "auth_tokens_file": str(host_file),
-        "feedback_dir": str(feedback_dir),
-    }
+    settings = {"host": variables["HOST"], "auth_tokens_file": str(host_file)}
+    if "FEEDBACK_DIR" in variables:
+        settings["feedback_dir"] = str(tmp_path / variables["FEEDBACK_DIR"].lstrip("/"))
     tokens = read_tokens(host_file)
     (client_token,) = [t for t, scopes in tokens.items() if "predict" in scopes]
     (feedback_token,) = [t for t, scopes in tokens.items() if scopes == {"feedback"}]
@@ -103,4 +117,7 @@ def test_the_api_with_composes_environment_refuses_anonymous_calls(config, tmp_p
         assert refused.status_code == 403
         as_teacher = {"Authorization": f"Bearer {feedback_token.decode()}"}
         stored = client.post(feedback_url, json={**body, "labels": [1]}, headers=as_teacher)
-        assert stored.status_code == 200 and stored.json()["stored"] == 1
+        if "feedback_dir" in settings:
+            assert stored.status_code == 200 and stored.json()["stored"] == 1
+        else:
+            assert "feedback is off" in stored.json()["error"] and stored.status_code == 403
