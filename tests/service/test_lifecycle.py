@@ -201,7 +201,20 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
 
         # TF Serving's default policy, latest 1: version 2 replaces 1 once it is AVAILABLE.
         add_version(repository, "1", "2")
-        wait_for(lambda: list(statuses(client)) == ["2"], "version 2 alone", server)
+        wait_for(
+            lambda: (
+                {v: s["state"] for v, s in statuses(client).items()}
+                == {"2": "AVAILABLE", "1": "END"}
+            ),
+            "version 2 serving, 1 unloaded",
+            server,
+        )
+        # TF Serving keeps listing an unloaded version: END, error code OK.
+        unloaded = client.get(f"{MODEL}/versions/1")
+        assert unloaded.status_code == 200, unloaded.text
+        assert unloaded.json()["model_version_status"] == [
+            {"version": "1", "state": "END", "status": {"error_code": "OK", "error_message": ""}}
+        ]
         assert client.get("/readyz").json()["version"] == "2"
         assert served_version(client, ints[0]) == "2"
         assert 'model="fashion_mnist"' in gauge(client) and gauge(client).endswith(" 2.0")
