@@ -175,9 +175,17 @@ class _Servicer(
     prediction_service_pb2_grpc.PredictionServiceServicer,
     model_service_pb2_grpc.ModelServiceServicer,
 ):
-    def __init__(self, dataplane: DataPlane, tokens: dict[bytes, frozenset[str]] | None = None):
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        tokens: dict[bytes, frozenset[str]] | None = None,
+        tensor_content: bool = False,
+        strict_numbers: bool = False,
+    ):
         self.dataplane = dataplane
         self.tokens = tokens
+        self.tensor_content = tensor_content
+        self.strict_numbers = strict_numbers
 
     def authorize(self, context, needed: str) -> None:
         """The HTTP side's bearer tokens, from the call's `authorization` metadata."""
@@ -247,7 +255,10 @@ class _Servicer(
                 f"{{{','.join(sent)}}}, or default input alias set: "
             )
         images = images_from_tensor_proto(
-            request.inputs[INPUT_KEY], INPUT_KEY, self.dataplane.check_image_count
+            request.inputs[INPUT_KEY],
+            INPUT_KEY,
+            self.dataplane.check_image_count,
+            self.strict_numbers,
         )
         wanted = list(request.output_filter)
         for i, alias in enumerate(wanted):
@@ -264,7 +275,7 @@ class _Servicer(
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = signature_name
         for key in wanted or result.outputs:
-            fill_tensor_proto(response.outputs[key], result.outputs[key])
+            fill_tensor_proto(response.outputs[key], result.outputs[key], self.tensor_content)
         return response
 
     @_rpc
@@ -385,6 +396,8 @@ class GRPCServer:
             (SHUTDOWN_TIMEOUT_SECONDS).
         services: other services on the same server and port, each registered with its
             `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
+        tensor_content: GRPC_TENSOR_CONTENT: answer outputs as raw bytes, not typed fields.
+        strict_numbers: STRICT_NUMBERS: refuse values that are not finite, short float_val.
     """
 
     def __init__(
@@ -397,7 +410,11 @@ class GRPCServer:
         share_port: bool = False,
         grace: float = SHUTDOWN_GRACE_SECONDS,
         services: Sequence = (),
+        tensor_content: bool = False,
+        strict_numbers: bool = False,
     ):
+        self.tensor_content = tensor_content
+        self.strict_numbers = strict_numbers
         self.dataplane = dataplane
         self.services = tuple(services)
         self.grace = grace
@@ -424,7 +441,7 @@ class GRPCServer:
                 ("grpc.so_reuseport", int(self.share_port)),
             ]
         )
-        servicer = _Servicer(self.dataplane, self.tokens)
+        servicer = _Servicer(self.dataplane, self.tokens, self.tensor_content, self.strict_numbers)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:
