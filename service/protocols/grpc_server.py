@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import grpc
+import numpy as np
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -227,18 +228,10 @@ class _Servicer(
         return signature.inputs[INPUT_KEY].name
 
     # --- PredictionService --------------------------------------------------------------
-    @_rpc
-    async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
-        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
-        name, version, label = self.servable(_model_spec(request))
-        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        if signature_name != SIGNATURE_NAME:
-            metadata = await self.dataplane.metadata(name, version, label)
-            if signature_name not in metadata.signatures:
-                raise RPCError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f'Serving signature key "{signature_name}" not found.',
-                )
+    async def _predict_inputs(
+        self, request, name: str, version: int | None, label: str | None, signature_name: str
+    ) -> tuple[np.ndarray, list[str]]:
+        """The request's images and output filter, checked as TF Serving checks them."""
         sent = sorted(request.inputs)
         if len(sent) != 1:
             raise BadInput(
@@ -269,6 +262,29 @@ class _Servicer(
                 )
             if alias in wanted[:i]:
                 raise BadInput(f"duplicate output tensor alias: {alias}")
+        return images, wanted
+
+    @_rpc
+    async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
+        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
+        name, version, label = self.servable(_model_spec(request))
+        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
+        if signature_name != SIGNATURE_NAME:
+            metadata = await self.dataplane.metadata(name, version, label)
+            if signature_name not in metadata.signatures:
+                raise RPCError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f'Serving signature key "{signature_name}" not found.',
+                )
+        try:
+            images, wanted = await self._predict_inputs(
+                request, name, version, label, signature_name
+            )
+        except (BadInput, PayloadTooLarge):
+            # TF Serving finds the servable before it reads the inputs
+            # (servables/tensorflow/predict_impl.cc): an unknown model is NOT_FOUND first.
+            await self.dataplane.metadata(name, version, label)
+            raise
         result = await self.dataplane.predict(name, images, version, signature_name, label)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name

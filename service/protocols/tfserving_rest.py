@@ -62,8 +62,7 @@ PREDICT_DOC = {
 
 # TF Serving writes non-finite floats as these literals (util/json_tensor.cc, WriteDecimal);
 # orjson alone would write null.
-_NON_FINITE = {"nan": orjson.Fragment(b"NaN"), "inf": orjson.Fragment(b"Infinity")}
-_NEGATIVE_INFINITY = orjson.Fragment(b"-Infinity")
+NAN, INFINITY, MINUS_INFINITY = (orjson.Fragment(t) for t in (b"NaN", b"Infinity", b"-Infinity"))
 
 
 def with_non_finite_literals(array: np.ndarray):
@@ -71,14 +70,11 @@ def with_non_finite_literals(array: np.ndarray):
     written as TF Serving writes them (`NaN`, `Infinity`, `-Infinity`)."""
     if array.dtype.kind != "f" or np.isfinite(array).all():
         return array
-    values = [
-        v
-        if np.isfinite(v)
-        else (_NEGATIVE_INFINITY if v < 0 else _NON_FINITE["nan" if np.isnan(v) else "inf"])
+    holder = np.empty(array.size, dtype=object)
+    holder[:] = [
+        v if np.isfinite(v) else NAN if np.isnan(v) else INFINITY if v > 0 else MINUS_INFINITY
         for v in array.ravel()
     ]
-    holder = np.empty(len(values), dtype=object)
-    holder[:] = values
     return holder.reshape(array.shape).tolist()
 
 

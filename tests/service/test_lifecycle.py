@@ -271,12 +271,18 @@ def test_a_deleted_version_is_unloaded_and_the_newest_left_serves(launch, reposi
 
         # Rolling back by deleting the bad version: TF Serving's latest policy does the same.
         shutil.rmtree(repository / "2")
-        wait_for(lambda: "2" not in statuses(client), "version 2 to be unloaded", server)
-        assert set(statuses(client)) == {"1"}
+        wait_for(lambda: state_of(client, "2") == "END", "version 2 to be unloaded", server)
+        wait_for(lambda: state_of(client, "1") == "AVAILABLE", "version 1 back", server)
+        # Unloaded, and still listed, as TF Serving lists it.
+        assert {v: s["state"] for v, s in statuses(client).items()} == {
+            "1": "AVAILABLE",
+            "2": "END",
+        }
         assert served_version(client, ints[0]) == "1"
         assert client.get("/readyz").json()["version"] == "1"
         assert client.get(f"{MODEL}/metadata").json()["model_spec"]["version"] == "1"
-        assert client.get(f"{MODEL}/versions/2").status_code == 404
+        (gone,) = client.get(f"{MODEL}/versions/2").json()["model_version_status"]
+        assert gone["state"] == "END" and gone["status"]["error_code"] == "OK"
         answer = client.post("/predict", json={"instances": [ints[0]]}).json()
         assert answer["predictions"][0]["label"] in FASHION_MNIST_LABELS
         np.testing.assert_allclose(

@@ -125,3 +125,15 @@ def test_strict_numbers_refuses_them(proto):
         stub.Predict(request_of(proto()), timeout=TIMEOUT_SECONDS)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "image" in caught.value.details()
+
+
+def test_an_unknown_model_is_not_found_before_its_inputs_are_read():
+    # TF Serving finds the servable first (servables/tensorflow/predict_impl.cc), then
+    # checks the inputs: a double tensor for an unknown model is NOT_FOUND, not
+    # INVALID_ARGUMENT.
+    request = request_of(tf.make_tensor_proto(IMAGES.astype(np.float64)))
+    request.model_spec.name = "other"
+    with stub_of(FakeBackend()) as stub, pytest.raises(grpc.RpcError) as caught:
+        stub.Predict(request, timeout=TIMEOUT_SECONDS)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == "Servable not found for request: Latest(other)"
