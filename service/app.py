@@ -122,7 +122,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         docs_url=None,
         redoc_url=None,
     )
-    tf_serving = TFServingREST(dataplane, watcher)
+    tf_serving = TFServingREST(
+        dataplane, watcher, settings.strict_numbers, settings.tfserving_extra_keys
+    )
     people = PeopleAPI(dataplane, settings.max_body_bytes, settings.max_request_pixels)
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     routes: list[CallRoute] = [
@@ -188,6 +190,8 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         share_port=settings.workers > 1,
         grace=settings.shutdown_timeout_seconds,
         services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION, tokens)],
+        tensor_content=settings.grpc_tensor_content,
+        strict_numbers=settings.strict_numbers,
     )
 
 

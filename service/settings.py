@@ -117,6 +117,23 @@ class Settings(BaseSettings):
         "it is read.",
     )
     max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
+    # --- TF Serving's behaviour where this service may differ (docs/protocols.md) --------
+    grpc_tensor_content: bool = Field(
+        False,
+        description="gRPC Predict answers carry each output as raw `tensor_content` bytes; "
+        "false = TF Serving's default, the typed fields (float_val, int64_val...) and shape.",
+    )
+    strict_numbers: bool = Field(
+        False,
+        description="Refuse NaN, Infinity and values past float32's range in /v1 and gRPC "
+        "inputs, and a gRPC float_val shorter than its shape; false = TF Serving's way "
+        "(passed to the model; the last value repeated to fill the shape).",
+    )
+    tfserving_extra_keys: bool = Field(
+        True,
+        description="Add `model_version` to /v1 predict answers and `device` to /v1 metadata "
+        "(keys TF Serving does not send); false = TF Serving's bodies exactly.",
+    )
     # --- feedback and prediction logs (docs/retraining.md) -------------------------------
     feedback_dir: str | None = Field(
         None,

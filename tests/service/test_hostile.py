@@ -90,13 +90,13 @@ def test_images_are_counted_before_any_array_is_built(client, monkeypatch):
 
 def test_large_bodies_are_parsed_off_the_event_loop(client, monkeypatch):
     threads = []
-    parse = codec.parse_tf_serving_request
+    parse = codec.read_predict_body
 
     def recording(*args):
         threads.append(threading.current_thread().name)
         return parse(*args)
 
-    monkeypatch.setattr(codec, "parse_tf_serving_request", recording)
+    monkeypatch.setattr(codec, "read_predict_body", recording)
     small = orjson.dumps({"instances": ZEROS})
     large = orjson.dumps({"instances": [[[0.123456789] * 28] * 28] * 12})
     assert len(small) < protocols.tfserving_rest.INLINE_PARSE_BYTES < len(large)
