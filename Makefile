@@ -22,7 +22,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
-        figures docs
+        figures docs tokens
 
 setup: venv data compose browser tools
 
@@ -92,7 +92,17 @@ retrain: venv data
 	$(PY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 
-# Train with the defaults only when no version is exported yet, then serve.
+# Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file, mode 0600,
+# never overwritten; docker-compose.yml reads it as its `api-tokens` secret, and
+#   kubectl -n estimator-serving create secret generic api-tokens --from-file=tokens=secrets/api-tokens
+# makes the Kubernetes Secret. Standard library only: no venv needed.
+TOKENS_FILE ?= secrets/api-tokens
+tokens:
+	@if [ -e $(TOKENS_FILE) ]; then echo "$(TOKENS_FILE) exists: keeping it"; \
+	else $(PYTHON) deploy/make_tokens.py $(TOKENS_FILE); fi
+
+# Train with the defaults only when no version is exported yet, then serve. On 127.0.0.1 with
+# no AUTH_TOKENS_FILE it is open to this machine only (the service says so at start).
 serve: setup
 	@if ! ls -d $(MODEL_BASE_PATH)/$(MODEL_NAME)/[0-9]* >/dev/null 2>&1; then \
 	  echo "No version under $(MODEL_BASE_PATH)/$(MODEL_NAME): training one with the defaults first."; \

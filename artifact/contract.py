@@ -147,6 +147,40 @@ def pixels_to_input(array: np.ndarray) -> np.ndarray:
     return images
 
 
+# How far a row of probabilities may sum from 1 (float32 softmax rounding is ~1e-7 per term).
+PROBABILITY_SUM_TOLERANCE = 1e-3
+
+
+def output_problems(outputs: dict[str, np.ndarray]) -> list[str]:
+    """What is wrong with a prediction's contract outputs; [] when nothing is.
+
+    `probabilities` must be finite, within [0, 1] and each row sum to 1; `classes` must be
+    class ids of those rows. Cheap (a few numpy passes over [n, 10]): the service checks every
+    answer too, and counts the ones that fail.
+    """
+    problems = []
+    probabilities = outputs.get(PROBABILITIES_KEY)
+    if probabilities is not None and probabilities.size:
+        if not np.isfinite(probabilities).all():
+            problems.append("probabilities are not all finite")
+        elif probabilities.min() < 0.0 or probabilities.max() > 1.0:
+            problems.append(
+                f"probabilities outside [0, 1] (from {probabilities.min():g} to "
+                f"{probabilities.max():g})"
+            )
+        else:
+            sums = probabilities.reshape(len(probabilities), -1).sum(axis=1)
+            worst = float(np.abs(sums - 1.0).max())
+            if worst > PROBABILITY_SUM_TOLERANCE:
+                problems.append(f"a row of probabilities sums to {1.0 + worst:g}, not 1")
+    classes = outputs.get(CLASSES_KEY)
+    if classes is not None and probabilities is not None and classes.size:
+        width = probabilities.shape[-1] if probabilities.ndim == 2 else NUM_CLASSES
+        if classes.min() < 0 or classes.max() >= width:
+            problems.append(f"classes outside 0-{width - 1}")
+    return problems
+
+
 # --- predictions: what a person gets back ---------------------------------------------------
 
 

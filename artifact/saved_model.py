@@ -17,6 +17,7 @@ from artifact.contract import (
     NUM_CLASSES,
     PROBABILITIES_KEY,
     SIGNATURE_NAME,
+    output_problems,
 )
 from artifact.repository import SAVED_MODEL_FILE
 
@@ -99,13 +100,15 @@ class SavedModelPredictor:
         """Replay warmup PredictRequests (as TF Serving does on load); how many ran.
 
         Without any, one all-zero image through the default signature. Either way the first
-        call's tracing is paid here, before the version reports ready.
+        call's tracing is paid here, before the version reports ready, and the answers are
+        checked: a model is code, and one whose "probabilities" are not probabilities (out
+        of [0, 1], or rows not summing to 1) must not serve.
 
         Raises:
-            ValueError: a request does not fit the model.
+            ValueError: a request does not fit the model, or an answer breaks the contract.
         """
         if not requests:
-            self.run(np.zeros((1, *IMAGE_SHAPE), np.float32))
+            self._check_outputs(self.run(np.zeros((1, *IMAGE_SHAPE), np.float32)), "zero image")
             return 0
         for i, request in enumerate(requests):
             signature_name = request.model_spec.signature_name or SIGNATURE_NAME
@@ -115,8 +118,15 @@ class SavedModelPredictor:
                     f"{sorted(request.inputs)}; the model has {sorted(self.signatures)} "
                     f"taking {INPUT_KEY!r}"
                 )
-            self.run(tf.make_ndarray(request.inputs[INPUT_KEY]), signature_name)
+            outputs = self.run(tf.make_ndarray(request.inputs[INPUT_KEY]), signature_name)
+            self._check_outputs(outputs, f"warmup request {i}")
         return len(requests)
+
+    @staticmethod
+    def _check_outputs(outputs: dict[str, np.ndarray], what: str) -> None:
+        problems = output_problems(outputs)
+        if problems:
+            raise ValueError(f"its answer to {what} breaks the contract: {'; '.join(problems)}")
 
     def predict(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 [n, 28, 28] in [0, 1] -> (int64 classes [n], float32 probabilities [n, 10])."""

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.errors import printable
-from service.security import TokenFileError, read_tokens
+from service.security import TokenFileError, open_access_notice, read_tokens
 from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
@@ -80,6 +80,9 @@ def main() -> int:
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s",
     )
+    notice = open_access_notice(settings.host, settings.auth_tokens_file)
+    if notice is not None and worker is None:  # once: the supervisor's, not each worker's
+        logging.getLogger("service").log(*notice)
     if settings.workers > 1 and worker is None:
         sock.close()  # the workers bind their own, beside each other
         # Stopping: each worker's drain and shutdown, and a margin before it is killed.

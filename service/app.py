@@ -33,7 +33,7 @@ from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
-from service.security import Access, read_tokens
+from service.security import Access, TokenFile, allowed_hosts
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -93,7 +93,10 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     """
     metrics = Metrics()
     dataplane, prediction_log = _dataplane(settings, backend, metrics)
-    tokens = read_tokens(settings.auth_tokens_file) if settings.auth_tokens_file else None
+    tokens = None
+    if settings.auth_tokens_file:
+        # One TokenFile for HTTP and gRPC: both see a rotation at the same moment.
+        tokens = TokenFile(settings.auth_tokens_file, settings.auth_tokens_check_seconds)
     watcher = None
     if settings.model_config_file:
         watcher = ConfigWatcher(
@@ -119,7 +122,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         docs_url=None,
         redoc_url=None,
     )
-    tf_serving = TFServingREST(dataplane, watcher)
+    tf_serving = TFServingREST(
+        dataplane, watcher, settings.strict_numbers, settings.tfserving_extra_keys
+    )
     people = PeopleAPI(dataplane, settings.max_body_bytes, settings.max_request_pixels)
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     routes: list[CallRoute] = [
@@ -132,7 +137,13 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     adapters = (Operations(dataplane), tf_serving, v2, PageAPI(dataplane))
     _route_fastapi(app, [*adapters, DocsAPI(app.openapi_url, app.title)])
     document_responses(app, routes)
-    access = Access(tokens, settings.allowed_origins())
+    hosts = settings.allowed_host_names()
+    access = Access(
+        tokens,
+        settings.allowed_origins(),
+        allowed_hosts(settings.host, hosts),
+        enforce_hosts=bool(hosts),
+    )
     service.door = Door(
         app,
         routes,
@@ -179,6 +190,8 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         share_port=settings.workers > 1,
         grace=settings.shutdown_timeout_seconds,
         services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION, tokens)],
+        tensor_content=settings.grpc_tensor_content,
+        strict_numbers=settings.strict_numbers,
     )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import json
 import threading
 from typing import Any
 
@@ -31,19 +33,52 @@ from artifact.contract import (
     pixels_to_input,
 )
 from artifact.images import MAX_PIXELS, ImageError, image_to_pixels, open_image
-from service.errors import BadInput, PayloadTooLarge, check_image_count
+from service.errors import BadInput, PayloadTooLarge, ServiceError, check_image_count
 
 SHAPE_TEXT = f"{IMAGE_HEIGHT}x{IMAGE_WIDTH}"
 
 
-def loads(body: bytes) -> Any:
-    """Parse JSON; BadInput naming the position when it is not valid JSON (NaN and Inf are not)."""
+def loads(body: bytes, non_finite: bool = False) -> Any:
+    """Parse JSON; BadInput in TF Serving's words ("JSON Parse error: ...", its offset) when it
+    is not valid JSON.
+
+    Args:
+        non_finite: also read the literals `NaN`, `Infinity` and `-Infinity` (what Python's
+            json.dumps writes), as TF Serving's parser does (rapidjson's
+            kParseNanAndInfFlag, tensorflow_serving/util/json_tensor.cc). Only a body orjson
+            refuses and that holds such a literal takes the slower parser.
+    """
     if not body:
-        raise BadInput("JSON Parse error: the request body is empty")
+        raise BadInput("JSON Parse error: The document is empty")
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as err:
-        raise BadInput(f"JSON Parse error: {err}") from err
+        if non_finite and (b"NaN" in body or b"Infinity" in body):
+            try:
+                return json.loads(body)
+            except (ValueError, RecursionError):
+                pass  # orjson's message says where
+        raise BadInput(_parse_error(body, err)) from err
+
+
+# Bytes a JSON value can begin with: anything else where orjson stops is rapidjson's
+# "Invalid value." (its GetParseError_En's words, which TF Serving's messages carry).
+_VALUE_STARTS = frozenset(b'{["-0123456789tfn')
+
+
+def _parse_error(body: bytes, err: orjson.JSONDecodeError) -> str:
+    at = f"at offset: {err.pos}"
+    if err.msg == "unexpected content after document":
+        words = "The document root must not be followed by other values."
+    elif (
+        err.msg.startswith("unexpected character")
+        and err.pos < len(body)
+        and body[err.pos] not in _VALUE_STARTS
+    ):
+        words = "Invalid value."
+    else:
+        return f"JSON Parse error: {err.msg} {at}"
+    return f"JSON Parse error: {words} {at} ({err.msg})"
 
 
 def _shape_of(value: Any) -> str:
@@ -62,8 +97,15 @@ def _shape_of(value: Any) -> str:
     return f"shape {tuple(arr.shape)}"
 
 
-def _diagnose(images: list, where: str, start: int) -> str:
-    """Find the first instance that is not a 28x28 array of numbers and say what it is."""
+def _diagnose(images: list, where: str, start: int, tf_words: bool = False) -> str:
+    """Find the first instance that is not a 28x28 array of numbers and say what it is; with
+    `tf_words`, in TF Serving's words first (tensorflow_serving/util/json_tensor.cc, which
+    fills the tensor element by element: a value of the wrong type where it comes, then an
+    element whose size or shape differs from the first's), then where and what was expected."""
+    if tf_words:
+        problem = _tf_diagnosis(images, where, start)
+        if problem is not None:
+            return problem
     for i, image in enumerate(images, start):
         at = f"{where}[{i}]"
         if not isinstance(image, list):
@@ -79,11 +121,95 @@ def _diagnose(images: list, where: str, start: int) -> str:
     return f"{where}: expected a list of {SHAPE_TEXT} arrays of numbers"
 
 
+def _tf_diagnosis(images: list, where: str, start: int) -> str | None:
+    """The first problem TF Serving would name, element by element, in its words and ours."""
+    first_size = first_shape = None
+    for i, image in enumerate(images, start):
+        at = f"{where}[{i}]"
+        element = (
+            f"Failed to process element: {i} of '{where}' list. Error: INVALID_ARGUMENT: "
+            if where == "instances"
+            else ""  # the columnar format is one tensor: no elements
+        )
+        expected = f"{at}: expected a {SHAPE_TEXT} array of numbers, got {_shape_of(image)}"
+        found = _first_non_number(image)
+        if found is not None:
+            path, value = found
+            return f"{element}{type_error(value)}; {at}{path}: expected a number, got " + (
+                _value_of(value)
+            )
+        size, shape = _size_and_shape(image)
+        if first_size is None:
+            first_size, first_shape = size, shape
+        elif not element:
+            continue
+        elif size != first_size:
+            return f"{element}Expecting tensor size: {first_size} but got: {size}; {expected}"
+        elif shape != first_shape:
+            return (
+                f"{element}Expecting shape {_shape_text(first_shape)} but got: "
+                f"{_shape_text(shape)}; {expected}"
+            )
+    return None
+
+
 def _value_of(value: Any) -> str:
     """A value for a message: its type, and its text when that is short and flat."""
     if isinstance(value, (list, dict)):
         return f"a {type(value).__name__}"  # its text could nest a thousand levels deep
     return f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return f"[{','.join(map(str, shape))}]"
+
+
+def _first_non_number(value: Any) -> tuple[str, Any] | None:
+    """The first value that is not a number, depth first, with its path ("[0][3]"); without
+    recursion (a hostile body may nest a thousand levels deep)."""
+    stack: list[tuple[Any, tuple[int, ...]]] = [(value, ())]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, list):
+            stack.extend((item[k], (*at, k)) for k in range(len(item) - 1, -1, -1))
+        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+            return "".join(f"[{k}]" for k in at), item
+    return None
+
+
+def _size_and_shape(value: Any) -> tuple[int, tuple[int, ...]]:
+    """The number of values in a nested list, and its shape as TF Serving reads it (the
+    lengths of the first list at each level)."""
+    shape, probe = [], value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        probe = probe[0] if probe else None
+    stack, size = [value], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        else:
+            size += 1
+    return size, tuple(shape)
+
+
+_JSON_TYPES = {str: "String", dict: "Object", list: "Array", type(None): "Null"}
+
+
+def type_error(value: Any, dtype: str = "float") -> str:
+    """TF Serving's words for a JSON value of the wrong type (json_tensor.cc, TypeError)."""
+    if isinstance(value, bool):
+        kind = "True" if value else "False"
+    else:
+        kind = _JSON_TYPES.get(type(value), "Number")
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+    except orjson.JSONEncodeError:  # nested past orjson's depth
+        text = f"{{{kind}}}"
+    if len(text) > 40:
+        text = text[:40] + "..."
+    return f"JSON Value: {text} Type: {kind} is not of expected type: {dtype}"
 
 
 def may_hold_booleans(body: bytes) -> bool:
@@ -94,9 +220,10 @@ def may_hold_booleans(body: bytes) -> bool:
     return b"l" in body or b"r" in body
 
 
-def refuse_booleans(images: Any, where: str, start: int = 0) -> None:
+def refuse_booleans(images: Any, where: str, start: int = 0, tf_words: bool = False) -> None:
     """BadInput naming the first boolean among images' pixels: numpy would read true as 1,
-    and TF Serving refuses a bool where a float is expected."""
+    and TF Serving refuses a bool where a float is expected (in its words first, with
+    `tf_words`)."""
     if not isinstance(images, list):
         return
     for i, image in enumerate(images, start):
@@ -107,35 +234,51 @@ def refuse_booleans(images: Any, where: str, start: int = 0) -> None:
                 continue
             for c, pixel in enumerate(row):
                 if isinstance(pixel, bool):
-                    raise BadInput(f"{where}[{i}][{r}][{c}]: expected a number, got bool {pixel!r}")
+                    detail = f"{where}[{i}][{r}][{c}]: expected a number, got bool {pixel!r}"
+                    raise BadInput(f"{type_error(pixel)}; {detail}" if tf_words else detail)
 
 
-def to_array(value: Any, where: str, start: int = 0) -> np.ndarray:
+def to_array(value: Any, where: str, start: int = 0, tf_words: bool = False) -> np.ndarray:
     """A JSON list of 28x28 number arrays as a numpy array [n, 28, 28] (int64 or float64).
 
     Args:
         value: the parsed JSON.
         where: the field's name in the body, for messages ("instances").
         start: the index of value's first image in that field (a slice of it is checked).
+        tf_words: messages begin with TF Serving's words for the same problem (/v1).
     Raises:
         BadInput: not a non-empty list of 28x28 arrays of numbers; the message names the
             first offending instance and what it is.
     """
     if not isinstance(value, list):
-        raise BadInput(f"{where}: expected a list of {SHAPE_TEXT} arrays, got {_shape_of(value)}")
+        words = "Expecting 'instances' to be an list/array; " if where == "instances" else ""
+        words = words if tf_words else ""
+        raise BadInput(
+            f"{words}{where}: expected a list of {SHAPE_TEXT} arrays, got {_shape_of(value)}"
+        )
     if not value:
-        raise BadInput(f"{where}: is empty; send at least one {SHAPE_TEXT} image")
+        words = "No values in 'instances' array; " if tf_words and where == "instances" else ""
+        raise BadInput(f"{words}{where}: is empty; send at least one {SHAPE_TEXT} image")
     try:
         arr = np.array(value)
     except (ValueError, TypeError, OverflowError, RecursionError):
         arr = None
     if arr is None or arr.dtype.kind not in "iuf" or arr.shape[1:] != IMAGE_SHAPE or arr.ndim != 3:
-        raise BadInput(_diagnose(value, where, start))
+        raise BadInput(_diagnose(value, where, start, tf_words))
     return arr
 
 
-def as_model_input(arr: np.ndarray, where: str) -> np.ndarray:
-    """float32 as TF Serving would feed it; BadInput on values that are not finite in float32."""
+def as_model_input(arr: np.ndarray, where: str, strict: bool = True) -> np.ndarray:
+    """float32 as TF Serving would feed it.
+
+    Args:
+        strict: BadInput on values that are not finite in float32 (STRICT_NUMBERS); when
+            false, NaN and Inf pass and values past float32's range become inf, as TF Serving
+            reads them (rapidjson's GetFloat, TensorFlow's float_val).
+    """
+    if not strict:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return arr.astype(np.float32)
     try:
         return finite_float32(arr)
     except PixelError as err:
@@ -254,56 +397,144 @@ def simple_pixel_images(body: bytes, max_images: int) -> list[np.ndarray] | None
     return images
 
 
-def parse_tf_serving_request(body: bytes, max_images: int) -> tuple[str, np.ndarray, bool]:
-    """A TF Serving REST predict body to (signature_name, float32 images, columnar).
+@dataclasses.dataclass(frozen=True)
+class PredictBody:
+    """A TF Serving REST predict body, read in TF Serving's order: its JSON and its
+    `signature_name` first (their errors are raised at once), then its tensors.
+
+    Attributes:
+        signature_name: the signature asked for (the default one when empty or absent).
+        images: float32 [n, 28, 28]; None when `problem` is set.
+        columnar: the columnar format (`inputs`), answered as `outputs`.
+        problem: what is wrong with the tensors, for the caller to raise once it has found
+            the model, version, label and signature (TF Serving looks them up before it
+            reads the tensors, tensorflow_serving/util/json_tensor.cc,
+            FillPredictRequestFromJson).
+    """
+
+    signature_name: str
+    images: np.ndarray | None
+    columnar: bool = False
+    problem: ServiceError | None = None
+
+
+def read_predict_body(body: bytes, max_images: int, strict: bool = True) -> PredictBody:
+    """A TF Serving REST predict body to its signature name and float32 images.
 
     Accepts the row format ({"instances": [...]}, each a tensor or {"image": tensor}) and the
-    columnar format ({"inputs": tensor} or {"inputs": {"image": tensor}}). The images are
-    counted before any array is built.
+    columnar format ({"inputs": tensor} or {"inputs": {"image": tensor, ...}}: only the
+    signature's input is read, as TF Serving reads it). The images are counted before any
+    array is built. The usual row body is read by simdjson; only others (and bodies with
+    NaN or Infinity) by orjson.
 
+    Args:
+        strict: STRICT_NUMBERS: refuse values that are not finite in float32; otherwise NaN,
+            Infinity and -Infinity literals are read and values past float32's range become
+            inf, as TF Serving reads them.
     Raises:
-        BadInput: not that, or not 28x28 arrays of finite numbers (the message says where).
-        PayloadTooLarge: more than max_images images.
+        BadInput: not JSON, not an object, `signature_name` not a string (TF Serving's words
+            first, then where and what).
     """
     simple = _simple_rows(body, max_images)
     if simple is not None:
         signature_name, images = simple
-        return signature_name, as_model_input(images, "instances"), False
-    request = loads(body)
+        try:
+            return PredictBody(signature_name, as_model_input(images, "instances", strict))
+        except BadInput as err:
+            return PredictBody(signature_name, None, False, err)
+    request = loads(body, non_finite=not strict)
     if not isinstance(request, dict):
-        raise BadInput(f"Request body must be a JSON object, got {type(request).__name__}")
+        raise BadInput(
+            f"JSON Value: {_value_of(request)} Is not object; Request body must be a JSON "
+            f"object, got {type(request).__name__}"
+        )
     signature_name = request.get("signature_name", SIGNATURE_NAME)
     if not isinstance(signature_name, str):
-        raise BadInput("'signature_name' must be a string")
+        raise BadInput(
+            "'signature_name' key must be a string value; it is " + _value_of(signature_name)
+        )
     # TF Serving reads an empty name as the default signature.
     signature_name = signature_name or SIGNATURE_NAME
+    has_instances = "instances" in request
+    try:
+        images = _tensor_images(request, body, max_images, strict)
+    except (BadInput, PayloadTooLarge) as err:
+        return PredictBody(signature_name, None, not has_instances, err)
+    return PredictBody(signature_name, images, not has_instances)
+
+
+def _tensor_images(request: dict, body: bytes, max_images: int, strict: bool) -> np.ndarray:
     has_instances, has_inputs = "instances" in request, "inputs" in request
-    if has_instances == has_inputs:
+    if has_instances and has_inputs:
         raise BadInput(
-            "Request body must have exactly one of 'instances' (row format) or 'inputs' "
-            "(columnar format)" + ("; it has both" if has_instances else "; it has neither")
+            "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to "
+            "exist; the request body must have exactly one of 'instances' (row format) or "
+            "'inputs' (columnar format), and it has both"
+        )
+    if not has_instances and not has_inputs:
+        raise BadInput(
+            "Missing 'inputs' or 'instances' key; the request body must have exactly one of "
+            "'instances' (row format) or 'inputs' (columnar format), and it has neither"
         )
     where = "instances" if has_instances else "inputs"
     images = request[where]
     if has_instances:
         if isinstance(images, list) and images and isinstance(images[0], dict):
-            images = [_named_input(item, f"instances[{i}]") for i, item in enumerate(images)]
+            images = [_named_input(item, i) for i, item in enumerate(images)]
     elif isinstance(images, dict):
-        images = _named_input(images, "inputs")
+        if INPUT_KEY not in images:
+            raise BadInput(
+                f"Missing named input: {INPUT_KEY} in 'inputs' object.; it has {sorted(images)[:8]}"
+            )
+        # TF Serving looks up only the signature's inputs: other keys are not read.
+        images = images[INPUT_KEY]
     # Counted before any array is built. A list whose first item is a list of numbers is a
     # shape mistake (one image sent without its outer list), said as such by to_array below.
     first = images[0] if isinstance(images, list) and images else None
     if isinstance(first, list) and (not first or isinstance(first[0], list)):
         check_image_count(len(images), max_images)
     if may_hold_booleans(body):
-        refuse_booleans(images, where)
-    return signature_name, as_model_input(to_array(images, where), where), not has_instances
+        refuse_booleans(images, where, tf_words=True)
+    return as_model_input(to_array(images, where, tf_words=True), where, strict)
 
 
-def _named_input(item: Any, where: str) -> Any:
-    if not isinstance(item, dict) or set(item) != {INPUT_KEY}:
-        got = sorted(item) if isinstance(item, dict) else _shape_of(item)
-        raise BadInput(f"{where}: expected an object with the one input '{INPUT_KEY}', got {got}")
+def parse_tf_serving_request(
+    body: bytes, max_images: int, strict: bool = True
+) -> tuple[str, np.ndarray, bool]:
+    """read_predict_body's (signature_name, float32 images, columnar), its problem raised.
+
+    Raises:
+        BadInput: not that, or not 28x28 arrays of (finite, when strict) numbers.
+        PayloadTooLarge: more than max_images images.
+    """
+    parsed = read_predict_body(body, max_images, strict)
+    if parsed.problem is not None:
+        raise parsed.problem
+    return parsed.signature_name, parsed.images, parsed.columnar
+
+
+def _named_input(item: Any, index: int) -> Any:
+    """An instance of the row format's named form, {"image": tensor}: TF Serving's words for
+    a key the signature does not have, or a missing one."""
+    if not isinstance(item, dict):
+        raise BadInput(
+            f"Expecting object but got list at item {index} of input list; instances[{index}]: "
+            f"expected an object with the one input '{INPUT_KEY}', got {_shape_of(item)}"
+        )
+    if set(item) != {INPUT_KEY}:
+        got = sorted(item)
+        unknown = [key for key in got if key != INPUT_KEY]
+        words = (
+            f"Failed to process element: {index} key: {unknown[0]} of 'instances' list. "
+            f"Error: INVALID_ARGUMENT: JSON object: does not have named input: {unknown[0]}"
+            if unknown
+            else f"Failed to process element: {index} of 'instances' list. JSON object: {{}} "
+            f"keys must be equal to: {INPUT_KEY}"
+        )
+        raise BadInput(
+            f"{words}; instances[{index}]: expected an object with the one input "
+            f"'{INPUT_KEY}', got {got[:8]}"
+        )
     return item[INPUT_KEY]
 
 

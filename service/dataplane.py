@@ -15,9 +15,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from artifact.contract import CLASSES_KEY, SIGNATURE_NAME
+from artifact.contract import CLASSES_KEY, SIGNATURE_NAME, output_problems
 from service.backends.base import Backend
-from service.errors import OVERLOADED, NotFound, NotReady, Overloaded, check_image_count
+from service.errors import (
+    OVERLOADED,
+    NotFound,
+    NotReady,
+    Overloaded,
+    UpstreamInternal,
+    check_image_count,
+)
 from service.metrics import Metrics
 from service.traffic import SHADOW, Traffic
 from service.types import ModelMetadata, PredictResult, Readiness, VersionStatus
@@ -137,6 +144,17 @@ class DataPlane:
         metrics = self.metrics
         metrics.images_per_request.observe(count)
         metrics.child(metrics.answered, name, str(prediction.version), route).inc()
+        problems = output_problems(prediction.outputs)
+        if problems:
+            # Checked at load too (its warmup answers); a model may still answer otherwise.
+            metrics.child(metrics.contract_violations, name, str(prediction.version)).inc()
+            message = (
+                f"version {prediction.version} of {name} answered outside its contract: "
+                + "; ".join(problems)
+            )
+            log.warning("%s", message)
+            if any(problem.startswith("classes") for problem in problems):
+                raise UpstreamInternal(message)  # no label to answer with
         classes = prediction.outputs.get(CLASSES_KEY)
         if classes is not None:
             counts = np.bincount(classes, minlength=len(class_labels))

@@ -3,12 +3,14 @@
 Every request the service answers passes here first, in this order:
 
 1. **Metrics**: counted in flight and timed, then counted by route template and status.
-2. **Access** (service/security.py): a cross-origin browser request is refused or given its
-   CORS headers (a preflight is answered here); a request needing a token without a valid
-   one gets 401 or 403.
-3. **Route**: the routes whose handlers take a `Call` (predictions, inference, feedback) are
-   matched here, by their own compiled patterns; every other request (status, metadata,
-   the page, the docs, /metrics) goes on to FastAPI's router, still inside the door.
+2. **Access** (service/security.py): a request for a host ALLOWED_HOSTS does not list gets
+   400; a cross-origin browser request is refused or given its CORS headers (a preflight is
+   answered here); a request needing a token without a valid one gets 401 or 403.
+3. **Route**: a `/v1` path's fixed words are matched in any case, as TF Serving's URL
+   patterns are (`canonical_v1_path`); the routes whose handlers take a `Call`
+   (predictions, inference, feedback) are matched here, by their own compiled patterns;
+   every other request (status, metadata, the page, the docs, /metrics) goes on to
+   FastAPI's router, still inside the door.
 4. **Admission**: a route's `before_body` check runs before the body is read, so refusing
    costs next to nothing: predictions are refused with 503 while the batching queue is full,
    feedback while it is off.
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -57,6 +60,32 @@ from service.protocols.http import Call, CallRoute
 from service.security import NOSNIFF, Access
 
 T = TypeVar("T")
+
+# The fixed words of /v1 paths, by their place in `/v1/models/{name}/{word}/{value}/{word}`,
+# and the verbs after a name or a value (`:predict`). TF Serving's patterns are RE2 with
+# `(?i)` (tensorflow_serving/model_servers/http_rest_api_util.cc): `/V1/MODELS/m:PREDICT`
+# is `/v1/models/m:predict`; the names (model, label) keep their case.
+_V1_WORDS = {
+    1: {"v1"},
+    2: {"models"},
+    4: {"versions", "labels", "metadata", "rollout", "feedback"},
+    6: {"metadata"},
+}
+_V1_VERB = re.compile(r":(predict|classify|regress)$", re.IGNORECASE)
+
+
+def canonical_v1_path(path: str) -> str:
+    """A /v1 path with its fixed words in lower case, the names as they came; any other path
+    unchanged."""
+    if path[:4].lower() != "/v1/" or path[:4] == "/v1/" and path.islower():
+        return path
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part.lower() in _V1_WORDS.get(i, ()):
+            parts[i] = part.lower()
+        elif i in (3, 5):
+            parts[i] = _V1_VERB.sub(lambda m: m[0].lower(), part)
+    return "/".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +169,10 @@ class Door:
             if decision.refusal is not None:
                 await decision.refusal(scope, receive, answer)
                 return
-            found = self.match(scope["path"])
+            path = canonical_v1_path(scope["path"])
+            if path != scope["path"]:
+                scope = {**scope, "path": path}  # FastAPI's routes are matched on it too
+            found = self.match(path)
             if found is None:
                 try:
                     await self.app(scope, receive, answer)

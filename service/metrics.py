@@ -98,6 +98,13 @@ class Metrics:
             ["model", "agreement"],
             registry=self.registry,
         )
+        self.contract_violations = Counter(
+            "model_contract_violations_total",
+            "Answers whose outputs break the contract (probabilities outside [0, 1] or not "
+            "summing to 1, class ids out of range), by model and version: a model is code.",
+            ["model", "version"],
+            registry=self.registry,
+        )
         self.shadow_errors = Counter(
             "shadow_errors_total",
             "Shadow copies that failed (the served answers were not affected).",

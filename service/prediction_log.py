@@ -9,9 +9,12 @@ request and the response) in TFRecord files, so TensorFlow's own tools read them
         .open-<writer>.tfrecord                              the file being written
 
 Each process writes its own file and closes it (renamed, atomically) every
-PREDICTION_LOG_FILE_RECORDS records and at shutdown; past PREDICTION_LOG_MAX_BYTES for the
-folder, sampled predictions are dropped and counted. A file left open by a dead process is
-cut back to its last whole record and closed by the next process to start.
+PREDICTION_LOG_FILE_RECORDS records and at shutdown. The logs rotate within
+PREDICTION_LOG_MAX_BYTES for the folder: a record that would not fit removes the oldest
+closed files (of any model and writer) until it does; only when no closed file is left to
+remove is it dropped (and counted). A file left open by a dead process is cut back to its
+last whole record and closed by the next process to start. Predictions are the clients'
+data: files are made readable by the service's user only (0600, folders 0700).
 
 The request path pays for a random draw and a queue put: the records are serialized and
 written by one thread of their own; when it falls behind, predictions are dropped (counted),
@@ -46,6 +49,9 @@ SUFFIX = ".tfrecord"
 QUEUE_SIZE = 1024
 # A TFRecord: uint64 length, uint32 masked crc32c of the length, data, uint32 masked crc32c.
 RECORD_OVERHEAD = 16
+# The clients' images and the model's answers: for the service's user only.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 def whole_records_length(path: Path) -> int:
@@ -87,7 +93,7 @@ class _ModelLog:
 
     def write(self, record: bytes) -> None:
         if self._file is None:
-            self._lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            self._lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._file = self.tf.io.TFRecordWriter(str(self.path))
         self._file.write(record)
@@ -196,7 +202,7 @@ class PredictionLogger:
         Raises:
             OSError: the folder cannot be created or written.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         for model_dir in [p for p in self.directory.iterdir() if p.is_dir()]:
             for path in recover_dead_files(model_dir):
                 log.info("Recovered the prediction log of a dead writer: %s", path)
@@ -256,14 +262,37 @@ class PredictionLogger:
                 self.dropped.labels(name, "error").inc()
                 log.exception("Writing the prediction log of %s failed", name)
 
+    def _make_room(self, size: int) -> None:
+        """Remove the oldest closed files (every model's, every writer's: their names start
+        with the time they were closed) until `size` more bytes fit, or none is left."""
+        closed = sorted(
+            (path for folder in self.directory.iterdir() if folder.is_dir()
+             for path in closed_logs(folder)),
+            key=lambda path: path.name,
+        )  # fmt: skip
+        # Measured afresh: other processes write here too.
+        self._used = store_bytes(self.directory)
+        for path in closed:
+            if self._used + size <= self.max_bytes:
+                return
+            try:
+                freed = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue  # another process removed it first
+            self._used -= freed
+            log.info("Prediction log over PREDICTION_LOG_MAX_BYTES: removed the oldest %s", path)
+
     def _write(self, name: str, record: bytes) -> None:
         size = len(record) + RECORD_OVERHEAD
+        if self._used + size > self.max_bytes:
+            self._make_room(size)
         if self._used + size > self.max_bytes:
             self.dropped.labels(name, "max_bytes").inc()
             if not self._full_warned:
                 log.warning(
-                    "The prediction log %s reached PREDICTION_LOG_MAX_BYTES=%s: sampled "
-                    "predictions are dropped until it has room",
+                    "The prediction log %s reached PREDICTION_LOG_MAX_BYTES=%s with no closed "
+                    "file left to remove: sampled predictions are dropped until it has room",
                     self.directory,
                     f"{self.max_bytes:,}",
                 )
@@ -272,7 +301,7 @@ class PredictionLogger:
         model_log = self._logs.get(name)
         if model_log is None:
             folder = self.directory / name
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(exist_ok=True, mode=DIR_MODE)
             model_log = self._logs[name] = _ModelLog(self._tf, folder, self.writer)
         model_log.write(record)
         self._used += size

@@ -2,10 +2,18 @@
 the headers every answer carries.
 
 - **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>]`; the scopes are
-  `predict` (POST: predictions, inference, feedback) and `status` (GET: model status,
-  metadata, metrics, the page's views). Health and readiness probes, the page's own files and
-  the API docs stay open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`;
-  a token without the scope 403. Tokens are compared in constant time, every one of them.
+  `predict` (POST: predictions, inference), `feedback` (POST /v1/models/{name}/feedback:
+  labels that train the next version) and `status` (GET: model status, metadata, metrics,
+  the page's views). Health and readiness probes, the page's own files and the API docs stay
+  open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`; a token without
+  the scope 403. Tokens are compared in constant time, every one of them. The file is read
+  again when it changes (`TokenFile`), so tokens rotate without a restart.
+- **Hosts**: a request is same-origin only when its `Host` is one this service answers for
+  (HOST when it is a name or an address, the loopback names, ALLOWED_HOSTS): a page on
+  another site whose name was made to resolve to this service (DNS rebinding) sends its own
+  name as `Host`, and stays cross-origin. With ALLOWED_HOSTS set, a request for any other
+  host is refused with 400 (Django's ALLOWED_HOSTS, Starlette's TrustedHostMiddleware);
+  probes (/healthz, /readyz) are exempt, since kubelets address pods by IP.
 - **Origins**: a browser request from another site (an `Origin` header that is neither this
   service's own nor in CORS_ALLOW_ORIGINS) is refused with 403 before it runs, so a
   cross-site form cannot post images here; allowed origins get CORS headers and preflights.
@@ -16,14 +24,32 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import ipaddress
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import orjson
 from starlette.responses import Response
 
+log = logging.getLogger("service.security")
+
 PREDICT = "predict"
+FEEDBACK = "feedback"
 STATUS = "status"
-SCOPES = (PREDICT, STATUS)
+SCOPES = (PREDICT, FEEDBACK, STATUS)
+# POST here stores labels the retrain job learns from: its own scope, not `predict`'s.
+FEEDBACK_PATH = re.compile(r"/v1/models/[^/]+/feedback")
+# Probes answer whatever Host they are sent (kubelets and load balancers use addresses).
+PROBE_PATHS = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready")
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+# How often, at most, AUTH_TOKENS_FILE is looked at for a change.
+TOKENS_CHECK_SECONDS = 2.0
 # Open without a token: probes, the page's own files and the API docs (no data in them).
 OPEN_PATHS = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/", "/favicon.ico")
 OPEN_PREFIXES = ("/static/", "/docs", "/openapi.json")
@@ -70,14 +96,88 @@ def read_tokens(path: str | Path) -> dict[bytes, frozenset[str]]:
     return tokens
 
 
+class TokenFile(Mapping):
+    """The tokens of AUTH_TOKENS_FILE (token -> scopes), read again when the file changes.
+
+    At most every `check_seconds` the file's identity (inode, size, modification time) is
+    looked at; when it changed, the file is read again. A new file that cannot be used keeps
+    the tokens read before, and says why in one log line (once per change). A Kubernetes
+    Secret mounted as a volume changes by an atomic swap of its folder, which this sees as a
+    new inode. HTTP (`Access`) and gRPC (`bearer_problem`) share one `TokenFile`.
+
+    Raises:
+        TokenFileError: at construction, the file cannot be used.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        check_seconds: float = TOKENS_CHECK_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.path = Path(path)
+        self.check_seconds = check_seconds
+        self._clock = clock
+        self._identity = self._stat()
+        self._tokens = read_tokens(self.path)
+        self._checked = clock()
+        self._refused: tuple | None = None
+        self._lock = threading.Lock()  # gRPC and HTTP may ask from different threads
+
+    def _stat(self) -> tuple | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return (info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def current(self) -> dict[bytes, frozenset[str]]:
+        """The tokens in force now (the file is read again first if it changed)."""
+        now = self._clock()
+        if now - self._checked < self.check_seconds:
+            return self._tokens
+        with self._lock:
+            self._checked = now
+            identity = self._stat()
+            if identity == self._identity or identity == self._refused:
+                return self._tokens
+            try:
+                tokens = read_tokens(self.path)
+            except TokenFileError as err:
+                self._refused = identity
+                log.warning(
+                    "AUTH_TOKENS_FILE changed but cannot be used, the %d tokens read before "
+                    "stay in force: %s",
+                    len(self._tokens),
+                    err,
+                )
+                return self._tokens
+            self._tokens, self._identity, self._refused = tokens, identity, None
+            log.info("AUTH_TOKENS_FILE read again: %d tokens", len(tokens))
+            return tokens
+
+    def items(self):
+        return self.current().items()
+
+    def __getitem__(self, token: bytes) -> frozenset[str]:
+        return self.current()[token]
+
+    def __iter__(self):
+        return iter(self.current())
+
+    def __len__(self) -> int:
+        return len(self.current())
+
+
 MISSING, INVALID, SCOPE = "missing", "invalid", "scope"
 
 
 def bearer_problem(
-    tokens: dict[bytes, frozenset[str]], authorization: bytes, needed: str
+    tokens: Mapping[bytes, frozenset[str]], authorization: bytes, needed: str
 ) -> tuple[str, str] | None:
     """What is wrong with an `Authorization` header for a request needing a scope: None when
-    nothing is, else (MISSING | INVALID | SCOPE, the message). HTTP and gRPC both ask this."""
+    nothing is, else (MISSING | INVALID | SCOPE, the message). HTTP and gRPC both ask this;
+    `tokens` may be a `TokenFile` (its tokens are taken once, as they are now)."""
     kind, _, token = authorization.partition(b" ")
     if kind.lower() != b"bearer" or not token.strip():
         return MISSING, "this service needs a bearer token (Authorization: Bearer ...)"
@@ -97,7 +197,65 @@ def scope_of(method: str, path: str) -> str | None:
     """The scope a request needs, or None when it is open."""
     if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
         return None
-    return PREDICT if method == "POST" else STATUS
+    if method != "POST":
+        return STATUS
+    return FEEDBACK if FEEDBACK_PATH.fullmatch(path) else PREDICT
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST is a loopback name or address (only this machine can connect)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def open_access_notice(host: str, tokens_file: str | None) -> tuple[int, str] | None:
+    """The line said at start when no AUTH_TOKENS_FILE is set: (log level, message); None
+    when tokens are on. On a loopback HOST that is the usual local setup (INFO); anywhere
+    else every endpoint answers anyone who can reach the port (WARNING)."""
+    if tokens_file:
+        return None
+    if is_loopback(host):
+        return logging.INFO, (
+            f"No AUTH_TOKENS_FILE: every endpoint is open, to this machine only (HOST={host})"
+        )
+    return logging.WARNING, (
+        f"No AUTH_TOKENS_FILE and HOST={host}: predictions, feedback, metrics and version "
+        "reports answer anyone who can reach this port; set AUTH_TOKENS_FILE "
+        "(docs/security.md)"
+    )
+
+
+def host_name(host_header: bytes) -> str:
+    """The name (or address) of a `Host` header, without its port, lowercased."""
+    text = host_header.decode("latin-1").strip().lower()
+    if text.startswith("["):  # [::1]:8000
+        return text[1 : text.find("]")] if "]" in text else text
+    if text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    return text.rstrip(".")
+
+
+def allowed_hosts(host: str, extra: Iterable[str]) -> frozenset[str]:
+    """The host names a request's `Host` may name for it to be same-origin: HOST itself
+    (unless it is a wildcard address), the loopback names (a page on another site cannot make
+    a browser send them), and ALLOWED_HOSTS."""
+    names = {name.strip().lower().rstrip(".") for name in extra if name.strip()}
+    if host.strip("[]") not in WILDCARD_HOSTS:
+        names.add(host.strip("[]").lower())
+    return frozenset(names | LOOPBACK_NAMES)
+
+
+def _host_matches(name: str, patterns: frozenset[str]) -> bool:
+    if name in patterns or "*" in patterns:
+        return True
+    # `.example.com` and `*.example.com` match example.com's subdomains (Django's and
+    # Starlette's forms).
+    suffixes = [p.lstrip("*") for p in patterns if p.startswith((".", "*."))]
+    return any(name.endswith(suffix) or name == suffix[1:] for suffix in suffixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,22 +271,46 @@ ALLOWED = Decision(None, [])
 
 
 class Access:
-    """Tokens and origins, for every HTTP request (service/door.py asks `check`).
+    """Tokens, hosts and origins, for every HTTP request (service/door.py asks `check`).
 
     Args:
-        tokens: token -> scopes; None when authentication is off.
+        tokens: token -> scopes (a `TokenFile`, or a dict); None when authentication is off.
         allowed_origins: origins (scheme://host[:port]) allowed to call from a browser.
+        hosts: the host names this service answers for (`allowed_hosts`); None: any
+            `Host` that equals the `Origin` is same-origin (tests of the rules alone).
+        enforce_hosts: refuse (400) a request whose `Host` is not in `hosts` (ALLOWED_HOSTS
+            is set).
     """
 
-    def __init__(self, tokens: dict[bytes, frozenset[str]] | None, allowed_origins):
+    def __init__(
+        self,
+        tokens: Mapping[bytes, frozenset[str]] | None,
+        allowed_origins,
+        hosts: Iterable[str] | None = None,
+        enforce_hosts: bool = False,
+    ):
         self.tokens = tokens
         self.allowed_origins = frozenset(allowed_origins)
+        self.hosts = None if hosts is None else frozenset(hosts)
+        self.enforce_hosts = enforce_hosts and self.hosts is not None
 
     def check(self, scope) -> Decision:
         """The decision for an HTTP request's scope (its method, path and headers)."""
-        if self.tokens is None and not any(name == b"origin" for name, _ in scope["headers"]):
+        if (
+            self.tokens is None
+            and not self.enforce_hosts
+            and not any(name == b"origin" for name, _ in scope["headers"])
+        ):
             return ALLOWED  # the usual case, decided without building a dict
         headers = dict(scope["headers"])
+        if self.enforce_hosts and scope["path"] not in PROBE_PATHS:
+            host = headers.get(b"host", b"")
+            if not _host_matches(host_name(host), self.hosts):
+                message = (
+                    f"the host {host.decode('latin-1')[:100]!r} is not one this service "
+                    "answers for (ALLOWED_HOSTS)"
+                )
+                return Decision(_error(400, message), [])
         origin = headers.get(b"origin")
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None and not self._same_origin(headers, origin):
@@ -147,12 +329,13 @@ class Access:
             return Decision(_error(status, message, [(b"www-authenticate", challenge)]), cors)
         return Decision(None, cors)
 
-    @staticmethod
-    def _same_origin(headers, origin: bytes) -> bool:
+    def _same_origin(self, headers, origin: bytes) -> bool:
         host = headers.get(b"host")
-        if host is None:
+        if host is None or origin not in (b"http://" + host, b"https://" + host):
             return False
-        return origin in (b"http://" + host, b"https://" + host)
+        # The Host names whatever the browser was pointed at: trusted only when it is a name
+        # this service answers for (else a rebound name of another site would pass).
+        return self.hosts is None or _host_matches(host_name(host), self.hosts)
 
     def _auth_problem(self, scope, headers) -> tuple[int, str, bytes] | None:
         if self.tokens is None:

@@ -117,6 +117,23 @@ class Settings(BaseSettings):
         "it is read.",
     )
     max_images: int = Field(1024, gt=0, description="Most images in one request; more gets 413.")
+    # --- TF Serving's behaviour where this service may differ (docs/protocols.md) --------
+    grpc_tensor_content: bool = Field(
+        False,
+        description="gRPC Predict answers carry each output as raw `tensor_content` bytes; "
+        "false = TF Serving's default, the typed fields (float_val, int64_val...) and shape.",
+    )
+    strict_numbers: bool = Field(
+        False,
+        description="Refuse NaN, Infinity and values past float32's range in /v1 and gRPC "
+        "inputs, and a gRPC float_val shorter than its shape; false = TF Serving's way "
+        "(passed to the model; the last value repeated to fill the shape).",
+    )
+    tfserving_extra_keys: bool = Field(
+        True,
+        description="Add `model_version` to /v1 predict answers and `device` to /v1 metadata "
+        "(keys TF Serving does not send); false = TF Serving's bodies exactly.",
+    )
     # --- feedback and prediction logs (docs/retraining.md) -------------------------------
     feedback_dir: str | None = Field(
         None,
@@ -218,7 +235,21 @@ class Settings(BaseSettings):
     auth_tokens_file: str | None = Field(
         None,
         description="Bearer tokens, one per line: `<token> <scope>[,<scope>]` with scopes "
-        "predict and status (# comments). Unset: no authentication.",
+        "predict, feedback and status (# comments); read again when it changes. Unset: no "
+        "authentication (said at start: a warning unless HOST is a loopback address).",
+    )
+    auth_tokens_check_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change (a new "
+        "file that cannot be used keeps the tokens in force); 0 = on every request.",
+    )
+    allowed_hosts: str = Field(
+        "",
+        description="Comma-separated host names (api.example.com, .example.com for its "
+        "subdomains, * for any) this service answers for, besides HOST and the loopback "
+        "names; when set, a request for another Host gets 400 (probes excepted). A request "
+        "is same-origin only when its Host is one of these (no DNS rebinding).",
     )
     cors_allow_origins: str = Field(
         "",
@@ -294,6 +325,10 @@ class Settings(BaseSettings):
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{name.upper()}={path}: no such file")
         return self
+
+    def allowed_host_names(self) -> list[str]:
+        """ALLOWED_HOSTS as a list."""
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
 
     def allowed_origins(self) -> list[str]:
         """CORS_ALLOW_ORIGINS as a list."""

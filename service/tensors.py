@@ -112,21 +112,28 @@ def _tensor_specs(tensor_infos) -> tuple[TensorSpec, ...]:
 
 
 def images_from_tensor_proto(
-    proto, alias: str, check_count: Callable[[int], None] = lambda count: None
+    proto,
+    alias: str,
+    check_count: Callable[[int], None] = lambda count: None,
+    strict: bool = True,
 ) -> np.ndarray:
     """float32 images [n, 28, 28] from a TensorProto, in any form a TF Serving client sends.
 
     `tensor_content` (raw little-endian floats, what tf.make_tensor_proto writes for arrays)
     or `float_val` with one value per element, or a single value for every element (what
-    tf.make_tensor_proto writes for a scalar and a shape).
+    tf.make_tensor_proto writes for a scalar and a shape). Not strict, as TensorFlow reads a
+    TensorProto (tensorflow/core/framework/tensor.cc, FromProtoField): fewer values than
+    the shape has are filled with the last one (none: zeros), and NaN and Inf pass.
 
     Args:
         proto: the tensorflow.TensorProto (read through its fields only).
         alias: the input's name, for messages.
         check_count: called with the number of images before any value is read (the limit).
+        strict: STRICT_NUMBERS: refuse values that are not finite, and a float_val of
+            neither one value nor one per element.
     Raises:
         BadInput: not DT_FLOAT, not [n, 28, 28] with n >= 1, a value count or byte count that
-            does not match the shape, or values that are not finite.
+            does not match the shape, or (strict) values that are not finite.
     """
     if proto.dtype != DT_FLOAT:
         raise BadInput(
@@ -161,25 +168,55 @@ def images_from_tensor_proto(
             images = np.fromiter(values, np.float32, count=elements).reshape(dims)
         elif len(values) == 1:
             images = np.full(dims, values[0], np.float32)
+        elif len(values) < elements and not strict:
+            flat = np.empty(elements, np.float32)
+            flat[: len(values)] = values
+            flat[len(values) :] = values[-1] if len(values) else 0.0
+            images = flat.reshape(dims)
         else:
             raise BadInput(
                 f"tensor parsing error: {alias} (float_val has {len(values)} values; shape "
                 f"{dims} takes {elements}, or 1 for all)"
             )
-    return codec.as_model_input(images, f"input '{alias}'")
+    return codec.as_model_input(images, f"input '{alias}'", strict)
 
 
-def fill_tensor_proto(proto, array: np.ndarray) -> None:
-    """Write a numpy array into an empty TensorProto: dtype, shape and little-endian
-    `tensor_content` (what TF Serving clients read with tf.make_ndarray).
+# numpy's dtype -> the TensorProto field TensorFlow writes its values in
+# (tensorflow/core/framework/tensor.proto; tensor.cc, AsProtoField).
+_VALUE_FIELDS = {
+    np.dtype(np.float32): "float_val",
+    np.dtype(np.float64): "double_val",
+    np.dtype(np.int32): "int_val",
+    np.dtype(np.int16): "int_val",
+    np.dtype(np.int8): "int_val",
+    np.dtype(np.uint8): "int_val",
+    np.dtype(np.uint16): "int_val",
+    np.dtype(np.int64): "int64_val",
+    np.dtype(np.bool_): "bool_val",
+    np.dtype(np.uint32): "uint32_val",
+    np.dtype(np.uint64): "uint64_val",
+}
+
+
+def fill_tensor_proto(proto, array: np.ndarray, tensor_content: bool = False) -> None:
+    """Write a numpy array into an empty TensorProto: dtype, shape and its values, as TF
+    Serving answers by default (servables/tensorflow/predict_util.cc with server_core.h's
+    kAsProtoField): in the dtype's typed field (float_val, int64_val, ...), what its example
+    clients read (tensorflow_serving/example/mnist_client.py); with `tensor_content`
+    (GRPC_TENSOR_CONTENT), as little-endian bytes. tf.make_ndarray reads either.
 
     Raises:
-        ValueError: a dtype TensorFlow has no number for here, or strings (not raw bytes).
+        ValueError: a dtype TensorFlow has no number for here, or strings.
     """
-    number = TF_OF_NUMPY.get(array.dtype.newbyteorder("="))
+    dtype = array.dtype.newbyteorder("=")
+    number = TF_OF_NUMPY.get(dtype)
     if number is None or array.dtype == np.object_:
-        raise ValueError(f"cannot write a {array.dtype} array as tensor_content")
+        raise ValueError(f"cannot write a {array.dtype} array into a TensorProto")
     proto.dtype = number
     for size in array.shape:
         proto.tensor_shape.dim.add().size = size
-    proto.tensor_content = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+    field = _VALUE_FIELDS.get(dtype)
+    if tensor_content or field is None:  # float16, complex: bytes only here
+        proto.tensor_content = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        return
+    getattr(proto, field).extend(array.ravel().tolist())

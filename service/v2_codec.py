@@ -104,6 +104,12 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     text = header_length.strip()
     if not (text.isascii() and text.isdigit()):
         raise BadInput(f"{HEADER_LENGTH} must be a number of bytes, got {header_length[:40]!r}")
+    # Past 18 digits it is more than any body (and int() refuses past 4,300 digits).
+    if len(text) > 18:
+        raise BadInput(
+            f"{HEADER_LENGTH} is a number of {len(text):,} digits ({text[:20]}...), but the "
+            f"whole body has only {len(body)} bytes"
+        )
     length = int(text)
     if length > len(body):
         raise BadInput(

@@ -10,7 +10,8 @@ model config (artifact/model_config.py):
 - A new aspired version is loaded and warmed before it takes any request; a version leaves
   (policy change, folder deleted) only once an aspired version is AVAILABLE, and is unloaded
   only after its in-flight requests finish (TF Serving's availability-preserving policy).
-- A version that fails to load ends in state END with its error, is tried again only once
+- A version that is unloaded stays listed in state END with error code OK, as TF Serving
+  lists it; one that fails to load ends in state END with its error, is tried again only once
   its files change, and does not count for the policy: a broken newest export leaves the
   next newest one serving at once (TF Serving would leave the model without a version).
 - Requests that name no version go to the `stable` label's version when the config has
@@ -246,8 +247,10 @@ class VersionRegistry:
                 return
             on_disk = dict(list_versions(self.model_dir))
             self._warn_foreign()
+            # A version gone from the folder is forgotten only if it never loaded: an unloaded
+            # or failed one keeps its END status, as TF Serving keeps it.
             for version in [v for v, r in self.records.items() if v not in on_disk]:
-                if self.records[version].state in (VersionState.START, VersionState.END):
+                if self.records[version].state == VersionState.START:
                     del self.records[version]
             # Versions that failed and have not changed since do not count for the policy:
             # the next newest takes their place. A failure makes another pass.
@@ -326,9 +329,11 @@ class VersionRegistry:
                 self._finish_unload(record)
 
     def _finish_unload(self, record: VersionRecord) -> None:
+        # The record stays, in END with no error: TF Serving's status keeps listing an
+        # unloaded version so, with error code OK (core/servable_state_monitor.cc keeps the
+        # last state of every servable it saw; model_servers/get_model_status_impl.cc).
         servable, record.servable = record.servable, None
-        if self.records.get(record.version) is record:
-            del self.records[record.version]
+        record.state, record.error = VersionState.END, ""
         task = asyncio.ensure_future(self.loader.unload(servable))
         self._unloads.add(task)
         task.add_done_callback(self._unloads.discard)

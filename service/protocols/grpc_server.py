@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import grpc
+import numpy as np
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -45,6 +46,7 @@ from service.errors import (
     ServiceError,
     UpstreamError,
     overload_log,
+    printable,
     redact_paths,
 )
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
@@ -151,7 +153,9 @@ def _rpc(method, needed: str | None = None):
             overload_log.refused(message)
         else:
             level = logging.INFO if code in CLIENT_CODES else logging.WARNING
-            log.log(level, "gRPC %s -> %s: %s", name, code.name, message)
+            log.log(level, "gRPC %s -> %s: %s", name, code.name, printable(message))
+        if code not in CLIENT_CODES:
+            message = redact_paths(message)  # as HTTP's bodies: no folder of the server's
         if len(message) > MESSAGE_LIMIT:
             message = message[:MESSAGE_LIMIT] + "...TRUNCATED"
         await context.abort(code, message)
@@ -175,9 +179,17 @@ class _Servicer(
     prediction_service_pb2_grpc.PredictionServiceServicer,
     model_service_pb2_grpc.ModelServiceServicer,
 ):
-    def __init__(self, dataplane: DataPlane, tokens: dict[bytes, frozenset[str]] | None = None):
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        tokens: dict[bytes, frozenset[str]] | None = None,
+        tensor_content: bool = False,
+        strict_numbers: bool = False,
+    ):
         self.dataplane = dataplane
         self.tokens = tokens
+        self.tensor_content = tensor_content
+        self.strict_numbers = strict_numbers
 
     def authorize(self, context, needed: str) -> None:
         """The HTTP side's bearer tokens, from the call's `authorization` metadata."""
@@ -219,18 +231,10 @@ class _Servicer(
         return signature.inputs[INPUT_KEY].name
 
     # --- PredictionService --------------------------------------------------------------
-    @_rpc
-    async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
-        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
-        name, version, label = self.servable(_model_spec(request))
-        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        if signature_name != SIGNATURE_NAME:
-            metadata = await self.dataplane.metadata(name, version, label)
-            if signature_name not in metadata.signatures:
-                raise RPCError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f'Serving signature key "{signature_name}" not found.',
-                )
+    async def _predict_inputs(
+        self, request, name: str, version: int | None, label: str | None, signature_name: str
+    ) -> tuple[np.ndarray, list[str]]:
+        """The request's images and output filter, checked as TF Serving checks them."""
         sent = sorted(request.inputs)
         if len(sent) != 1:
             raise BadInput(
@@ -247,7 +251,10 @@ class _Servicer(
                 f"{{{','.join(sent)}}}, or default input alias set: "
             )
         images = images_from_tensor_proto(
-            request.inputs[INPUT_KEY], INPUT_KEY, self.dataplane.check_image_count
+            request.inputs[INPUT_KEY],
+            INPUT_KEY,
+            self.dataplane.check_image_count,
+            self.strict_numbers,
         )
         wanted = list(request.output_filter)
         for i, alias in enumerate(wanted):
@@ -258,13 +265,36 @@ class _Servicer(
                 )
             if alias in wanted[:i]:
                 raise BadInput(f"duplicate output tensor alias: {alias}")
+        return images, wanted
+
+    @_rpc
+    async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
+        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
+        name, version, label = self.servable(_model_spec(request))
+        signature_name = request.model_spec.signature_name or SIGNATURE_NAME
+        if signature_name != SIGNATURE_NAME:
+            metadata = await self.dataplane.metadata(name, version, label)
+            if signature_name not in metadata.signatures:
+                raise RPCError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f'Serving signature key "{signature_name}" not found.',
+                )
+        try:
+            images, wanted = await self._predict_inputs(
+                request, name, version, label, signature_name
+            )
+        except (BadInput, PayloadTooLarge):
+            # TF Serving finds the servable before it reads the inputs
+            # (servables/tensorflow/predict_impl.cc): an unknown model is NOT_FOUND first.
+            await self.dataplane.metadata(name, version, label)
+            raise
         result = await self.dataplane.predict(name, images, version, signature_name, label)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = signature_name
         for key in wanted or result.outputs:
-            fill_tensor_proto(response.outputs[key], result.outputs[key])
+            fill_tensor_proto(response.outputs[key], result.outputs[key], self.tensor_content)
         return response
 
     @_rpc
@@ -385,6 +415,8 @@ class GRPCServer:
             (SHUTDOWN_TIMEOUT_SECONDS).
         services: other services on the same server and port, each registered with its
             `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
+        tensor_content: GRPC_TENSOR_CONTENT: answer outputs as raw bytes, not typed fields.
+        strict_numbers: STRICT_NUMBERS: refuse values that are not finite, short float_val.
     """
 
     def __init__(
@@ -397,7 +429,11 @@ class GRPCServer:
         share_port: bool = False,
         grace: float = SHUTDOWN_GRACE_SECONDS,
         services: Sequence = (),
+        tensor_content: bool = False,
+        strict_numbers: bool = False,
     ):
+        self.tensor_content = tensor_content
+        self.strict_numbers = strict_numbers
         self.dataplane = dataplane
         self.services = tuple(services)
         self.grace = grace
@@ -424,7 +460,7 @@ class GRPCServer:
                 ("grpc.so_reuseport", int(self.share_port)),
             ]
         )
-        servicer = _Servicer(self.dataplane, self.tokens)
+        servicer = _Servicer(self.dataplane, self.tokens, self.tensor_content, self.strict_numbers)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:

@@ -53,7 +53,11 @@ def version_in_url(text: str | None) -> int | None:
     version = parse_version(text)
     if version is None:
         if text.isascii() and text.isdigit():
-            raise BadInput(f"Malformed request: version {text[:30]}... is out of range (int64)")
+            # TF Serving's words (model_servers/http_rest_api_util.cc), then ours.
+            raise BadInput(
+                f"Failed to convert version: {text[:30]} to numeric.; Malformed request: "
+                f"version {text[:30]}... is out of range (int64)"
+            )
         raise BadInput(f"Malformed request: version must be a non-negative integer, got {text!r}")
     return version
 

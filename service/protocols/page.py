@@ -29,7 +29,7 @@ from starlette.responses import FileResponse
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
 from artifact.repository import list_versions, read_blessing, read_report
 from service.dataplane import DataPlane
-from service.errors import NotFound, ServiceError
+from service.errors import NotFound, ServiceError, redact_paths
 from service.protocols.http import json_response, version_in_url
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -80,6 +80,18 @@ def plot_file(version_path: Path, plot: str) -> Path | None:
     if not path.is_relative_to(extra) or not path.is_file():
         return None
     return path
+
+
+def redacted(value):
+    """A report (JSON values) with the folders of every absolute path in its strings left
+    out (service/errors.py: redact_paths)."""
+    if isinstance(value, str):
+        return redact_paths(value)
+    if isinstance(value, dict):
+        return {key: redacted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redacted(item) for item in value]
+    return value
 
 
 def version_summary(version: int, path: Path) -> dict:
@@ -209,8 +221,10 @@ class PageAPI:
             return {
                 "model_name": name,
                 "version": str(number),
-                "evaluation": evaluation,
-                "blessing": blessing,
+                # The trainer writes its own paths (data, model and export folders) into the
+                # reports: the server's filesystem is not the page's business.
+                "evaluation": redacted(evaluation),
+                "blessing": redacted(blessing),
                 "plots": plots,
             }
 

@@ -10,6 +10,8 @@ import asyncio
 import functools
 from pathlib import Path
 
+import numpy as np
+import orjson
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
@@ -17,7 +19,7 @@ from starlette.responses import Response
 from artifact.contract import SIGNATURE_NAME
 from service import codec
 from service.dataplane import DataPlane
-from service.errors import redact_paths
+from service.errors import BadInput, redact_paths
 from service.protocols.http import (
     JSON,
     Call,
@@ -58,6 +60,24 @@ PREDICT_DOC = {
 }
 
 
+# TF Serving writes non-finite floats as these literals (util/json_tensor.cc, WriteDecimal);
+# orjson alone would write null.
+NAN, INFINITY, MINUS_INFINITY = (orjson.Fragment(t) for t in (b"NaN", b"Infinity", b"-Infinity"))
+
+
+def with_non_finite_literals(array: np.ndarray):
+    """An output as it is, or, when it holds NaN or Inf, as nested lists in which those are
+    written as TF Serving writes them (`NaN`, `Infinity`, `-Infinity`)."""
+    if array.dtype.kind != "f" or np.isfinite(array).all():
+        return array
+    holder = np.empty(array.size, dtype=object)
+    holder[:] = [
+        v if np.isfinite(v) else NAN if np.isnan(v) else INFINITY if v > 0 else MINUS_INFINITY
+        for v in array.ravel()
+    ]
+    return holder.reshape(array.shape).tolist()
+
+
 def render_status(statuses: list[VersionStatus]) -> dict:
     """GetModelStatus as TF Serving's REST API renders it."""
     return {
@@ -75,23 +95,26 @@ def render_status(statuses: list[VersionStatus]) -> dict:
     }
 
 
-def render_metadata(metadata: ModelMetadata, device: str) -> dict:
-    """GetModelMetadata as TF Serving's REST API renders it, plus where the model runs."""
+def render_metadata(metadata: ModelMetadata, device: str | None) -> dict:
+    """GetModelMetadata as TF Serving's REST API renders it, plus where the model runs
+    (unless `device` is None)."""
     signature_def = MessageToDict(
         metadata.signature_defs,
         preserving_proto_field_name=True,
         including_default_value_fields=True,
     )
-    return {
+    answer = {
         "model_spec": {
             "name": metadata.name,
             "signature_name": "",
             "version": str(metadata.version),
         },
         "metadata": {"signature_def": signature_def},
-        # Not in TF Serving's answer (clients ignore the extra key): where the model runs.
-        "device": device,
     }
+    if device is not None:
+        # Not in TF Serving's answer (most clients ignore the extra key): where the model runs.
+        answer["device"] = device
+    return answer
 
 
 class TFServingREST:
@@ -100,18 +123,30 @@ class TFServingREST:
     A version is named in the URL by number (`/versions/3`) or by label (`/labels/stable`),
     never both; a request naming neither goes to the serving version (or to the canary, for
     its share). Every predict answer says which version answered (`model_version`, a key TF
-    Serving's clients ignore).
+    Serving does not send), unless `extra_keys` is off.
 
     Args:
         dataplane: what serves the models.
         config: the model config watcher, for the rollout status (None with the shortcut).
+        strict_numbers: STRICT_NUMBERS: refuse NaN, Infinity and values past float32's range.
+        extra_keys: TFSERVING_EXTRA_KEYS: `model_version` in predict answers, `device` in
+            metadata.
     """
 
-    def __init__(self, dataplane: DataPlane, config=None):
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        config=None,
+        strict_numbers: bool = False,
+        extra_keys: bool = True,
+    ):
         self.dataplane = dataplane
         self.config = config
+        self.strict_numbers = strict_numbers
+        self.extra_keys = extra_keys
         self.router = APIRouter(tags=["tf-serving"])
         r = self.router
+        r.add_api_route("/v1/models", self.no_model_name, summary="Model status needs a model name")
         r.add_api_route(
             "/v1/models/{name:name}", self.model_status, summary="Model status (all versions)"
         )
@@ -162,6 +197,10 @@ class TFServingREST:
             )
         ]
 
+    async def no_model_name(self):
+        # TF Serving's words (model_servers/http_rest_api_handler.cc): it does not list models.
+        raise BadInput("Missing model name in request.")
+
     async def model_status(self, name: str):
         return json_response(render_status(await self.dataplane.model_status(name, None)))
 
@@ -170,8 +209,9 @@ class TFServingREST:
         return json_response(render_status(statuses))
 
     async def label_status(self, name: str, label: str):
-        label_in_url(label)
-        return json_response(render_status(await self.dataplane.model_status(name, None, label)))
+        # TF Serving's GetModelStatus reads no label (model_servers/get_model_status_impl.cc):
+        # every version is answered, whatever the label.
+        return json_response(render_status(await self.dataplane.model_status(name, None)))
 
     async def model_metadata(self, name: str):
         return self._metadata(await self.dataplane.metadata(name, None))
@@ -184,7 +224,8 @@ class TFServingREST:
         return self._metadata(await self.dataplane.metadata(name, None, label))
 
     def _metadata(self, metadata: ModelMetadata) -> Response:
-        return json_response(render_metadata(metadata, self.dataplane.device()))
+        device = self.dataplane.device() if self.extra_keys else None
+        return json_response(render_metadata(metadata, device))
 
     async def rollout(self, name: str):
         status = self.dataplane.rollout(name)
@@ -199,18 +240,44 @@ class TFServingREST:
     async def predict(
         self, call: Call, name: str, version: str | None = None, label: str | None = None
     ) -> Response:
-        """TF Serving's REST predict (a Call route: the door has read the body)."""
+        """TF Serving's REST predict (a Call route: the door has read the body).
+
+        In TF Serving's order (model_servers/http_rest_api_handler.cc, util/json_tensor.cc):
+        the URL, the body's JSON and `signature_name`, then the model, version, label and
+        signature, and only then the tensors.
+        """
         parsed_version = version_in_url(version)
         label_in_url(label)
         body = call.body
-        parse = functools.partial(codec.parse_tf_serving_request, body, self.dataplane.max_images)
+        parse = functools.partial(
+            codec.read_predict_body, body, self.dataplane.max_images, self.strict_numbers
+        )
         # A large body is parsed in a thread: it must not stall other clients' requests.
         large = len(body) > INLINE_PARSE_BYTES
-        signature_name, images, columnar = await asyncio.to_thread(parse) if large else parse()
-        result = await self.dataplane.predict(name, images, parsed_version, signature_name, label)
-        outputs = result.outputs
-        if columnar:
-            return json_response({"outputs": outputs, "model_version": str(result.version)})
+        parsed = await asyncio.to_thread(parse) if large else parse()
+        signature_name = parsed.signature_name
+        if parsed.problem is not None:
+            await self._find_signature(name, parsed_version, label, signature_name)
+            raise parsed.problem
+        result = await self.dataplane.predict(
+            name, parsed.images, parsed_version, signature_name, label
+        )
+        outputs = {key: with_non_finite_literals(value) for key, value in result.outputs.items()}
+        extra = {"model_version": str(result.version)} if self.extra_keys else {}
+        if parsed.columnar:
+            return json_response({"outputs": outputs, **extra})
         keys = list(outputs)
         rows = [dict(zip(keys, row, strict=True)) for row in zip(*outputs.values(), strict=True)]
-        return json_response({"predictions": rows, "model_version": str(result.version)})
+        return json_response({"predictions": rows, **extra})
+
+    async def _find_signature(
+        self, name: str, version: int | None, label: str | None, signature_name: str
+    ) -> None:
+        """Raise what TF Serving would before it reads the tensors: an unknown model, version
+        or label, a model not ready, an unknown signature (its words)."""
+        metadata = await self.dataplane.metadata(name, version, label)
+        if signature_name not in metadata.signatures:
+            raise BadInput(
+                f'Serving signature name: "{signature_name}" not found in signature def; '
+                f"this model has {sorted(metadata.signatures)}"
+            )

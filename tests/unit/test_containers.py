@@ -9,35 +9,14 @@ Dockerfile must have its stages, a non-root user and a health check.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import pytest
-import yaml
+from support.compose import compose_config, env, port_bindings
 from support.helpers import REPO_ROOT
 
-COMPOSE = "docker-compose"
 SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain"}
 TF_SERVING_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+$")
 TF_SERVING_GPU_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+-gpu$")
-
-
-def compose_config(*files: str) -> dict:
-    """`docker-compose -f ... config`, parsed; fails the test with compose's own complaint."""
-    executable = shutil.which(COMPOSE)
-    if executable is None:
-        pytest.fail(
-            f"{COMPOSE} is not installed: run `make setup` (it installs Debian's docker-compose) "
-            "or `apt-get install docker-compose`"
-        )
-    command = [executable]
-    for name in files:
-        command += ["-f", name]
-    result = subprocess.run(
-        [*command, "config"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, f"{' '.join(command)} config failed:\n{result.stderr}"
-    return yaml.safe_load(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +29,15 @@ def gpu_config() -> dict:
     return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
 
 
+@pytest.fixture(scope="module")
+def feedback_config() -> dict:
+    """Feedback is off in docker-compose.yml; docker-compose.feedback.yml turns it on."""
+    return compose_config("docker-compose.yml", "docker-compose.feedback.yml")
+
+
 def published(service: dict) -> dict[int, int]:
     """{container port: host port}."""
-    return {int(p["target"]): int(p["published"]) for p in service.get("ports", [])}
+    return {target: host_port for _, host_port, target in port_bindings(service)}
 
 
 def mounts(service: dict) -> dict[str, tuple[str, str]]:
@@ -62,10 +47,6 @@ def mounts(service: dict) -> dict[str, tuple[str, str]]:
         source, target, *mode = volume.split(":")
         result[target] = (source, mode[0] if mode else "rw")
     return result
-
-
-def env(service: dict) -> dict[str, str]:
-    return {k: str(v) for k, v in (service.get("environment") or {}).items()}
 
 
 def test_compose_file_has_the_five_services(config):
@@ -114,7 +95,10 @@ def test_trainer_is_a_profile_that_writes_the_shared_repository(config):
     assert mounts(trainer)["/app/runs"][0] in config["volumes"]
 
 
-def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(config):
+def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(
+    feedback_config,
+):
+    config = feedback_config
     services = config["services"]
     retrain, trainer = services["retrain"], services["trainer"]
     assert retrain["profiles"] == ["retrain"]

@@ -199,7 +199,20 @@ def test_new_version_swapped_in_and_broken_version_ignored(launch, repository, i
 
         # TF Serving's default policy, latest 1: version 2 replaces 1 once it is AVAILABLE.
         add_version(repository, "1", "2")
-        wait_for(lambda: list(statuses(client)) == ["2"], "version 2 alone", server)
+        wait_for(
+            lambda: (
+                {v: s["state"] for v, s in statuses(client).items()}
+                == {"2": "AVAILABLE", "1": "END"}
+            ),
+            "version 2 serving, 1 unloaded",
+            server,
+        )
+        # TF Serving keeps listing an unloaded version: END, error code OK.
+        unloaded = client.get(f"{MODEL}/versions/1")
+        assert unloaded.status_code == 200, unloaded.text
+        assert unloaded.json()["model_version_status"] == [
+            {"version": "1", "state": "END", "status": {"error_code": "OK", "error_message": ""}}
+        ]
         assert client.get("/readyz").json()["version"] == "2"
         assert served_version(client, ints[0]) == "2"
         assert 'model="fashion_mnist"' in gauge(client) and gauge(client).endswith(" 2.0")
@@ -256,12 +269,18 @@ def test_a_deleted_version_is_unloaded_and_the_newest_left_serves(launch, reposi
 
         # Rolling back by deleting the bad version: TF Serving's latest policy does the same.
         shutil.rmtree(repository / "2")
-        wait_for(lambda: "2" not in statuses(client), "version 2 to be unloaded", server)
-        assert set(statuses(client)) == {"1"}
+        wait_for(lambda: state_of(client, "2") == "END", "version 2 to be unloaded", server)
+        wait_for(lambda: state_of(client, "1") == "AVAILABLE", "version 1 back", server)
+        # Unloaded, and still listed, as TF Serving lists it.
+        assert {v: s["state"] for v, s in statuses(client).items()} == {
+            "1": "AVAILABLE",
+            "2": "END",
+        }
         assert served_version(client, ints[0]) == "1"
         assert client.get("/readyz").json()["version"] == "1"
         assert client.get(f"{MODEL}/metadata").json()["model_spec"]["version"] == "1"
-        assert client.get(f"{MODEL}/versions/2").status_code == 404
+        (gone,) = client.get(f"{MODEL}/versions/2").json()["model_version_status"]
+        assert gone["state"] == "END" and gone["status"]["error_code"] == "OK"
         answer = client.post("/predict", json={"instances": [ints[0]]}).json()
         assert answer["predictions"][0]["label"] in FASHION_MNIST_LABELS
         np.testing.assert_allclose(

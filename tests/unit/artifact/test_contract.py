@@ -87,3 +87,21 @@ def test_resolve_labels(spec, data_dir, expected):
 def test_resolve_labels_refuses_wrong_lists(spec):
     with pytest.raises(ValueError, match="--labels"):
         resolve_labels(spec)
+
+
+def test_output_problems_names_what_is_wrong():
+    from artifact.contract import output_problems
+
+    good = np.full((3, 10), 0.1, np.float32)
+    classes = np.array([0, 4, 9])
+    assert output_problems({"classes": classes, "probabilities": good}) == []
+    cases = {
+        "probabilities outside [0, 1]": good * 20,
+        "not all finite": np.where(good > 0, np.nan, good),
+        "sums to": good * 0.5,
+    }
+    for words, probabilities in cases.items():
+        (problem,) = output_problems({"classes": classes, "probabilities": probabilities})
+        assert words in problem, problem
+    (problem,) = output_problems({"classes": classes + 1, "probabilities": good})
+    assert problem == "classes outside 0-9"

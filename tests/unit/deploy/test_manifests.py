@@ -361,13 +361,14 @@ def test_every_path_agrees_on_one_model_repository(all_pods):
         f"{setting(c, 'MODEL_BASE_PATH')}/{setting(c, 'MODEL_NAME')}" for _, _, c in apis
     }
     config_files = {setting(c, "MODEL_CONFIG_FILE") for _, _, c in apis}
-    feedback_dirs = {setting(c, "FEEDBACK_DIR") for _, _, c in apis}
+    # Feedback is on only where an overlay turns it on (components/feedback).
+    feedback_dirs = {env(c)["FEEDBACK_DIR"] for _, _, c in apis if "FEEDBACK_DIR" in env(c)}
     assert len(export_dirs) == len(config_files) == len(feedback_dirs) == 1
     for where, pod, c in apis:
-        for path, claim, read_only in (
-            (setting(c, "MODEL_BASE_PATH"), MODEL_PVC, True),
-            (setting(c, "FEEDBACK_DIR"), FEEDBACK_PVC, False),
-        ):
+        paths = [(setting(c, "MODEL_BASE_PATH"), MODEL_PVC, True)]
+        if "FEEDBACK_DIR" in env(c):
+            paths.append((env(c)["FEEDBACK_DIR"], FEEDBACK_PVC, False))
+        for path, claim, read_only in paths:
             assert mount_of(pod, c, path) == (claim, read_only), f"{where} {pod.owner} {path}"
     for label, args, pod, c in training_commands(all_pods):
         for flag, expected in (("--export-dir", export_dirs), ("--config", config_files),

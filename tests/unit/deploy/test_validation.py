@@ -28,6 +28,7 @@ from support.manifest_harness import (
 # added here, so that one silently failing to be found cannot pass.
 EXPECTED_KUSTOMIZATIONS = {
     "model-repository",
+    "access",
     "base",
     "overlays/tfserving",
     "overlays/tfserving-gpu",
@@ -36,6 +37,7 @@ EXPECTED_KUSTOMIZATIONS = {
     "overlays/prometheus-operator",
     "overlays/distributed-training",
     "overlays/kserve",
+    "overlays/feedback",
 }
 
 

@@ -273,8 +273,9 @@ def test_labels_in_urls_and_every_answer_says_which_version_answered(labeled):
         == "1"
     )
     assert ok_json(labeled.get(f"{V1}/labels/canary/metadata"))["model_spec"]["version"] == "3"
+    # TF Serving's model status reads no label: every version (get_model_status_impl.cc).
     status = ok_json(labeled.get(f"{V1}/labels/stable"))["model_version_status"]
-    assert [s["version"] for s in status] == ["2"]
+    assert [s["version"] for s in status] == ["3", "2", "1"]
     assert (
         ok_json(labeled.post("/predict", json={"instances": PIXELS[:1].astype(int).tolist()}))[
             "model_version"

@@ -42,7 +42,7 @@ def test_tf_serving_bodies(content, signature, columnar):
 @pytest.mark.parametrize(
     "raw, message",
     [
-        pytest.param(b"", "JSON Parse error: the request body is empty", id="empty"),
+        pytest.param(b"", "JSON Parse error: The document is empty", id="empty"),
         pytest.param(b"{", "JSON Parse error", id="truncated"),
         pytest.param(b'{"instances": [NaN]}', "JSON Parse error", id="nan-literal"),
         pytest.param(b"[1]", "Request body must be a JSON object, got list", id="not-object"),
@@ -55,7 +55,7 @@ def test_tf_serving_bodies(content, signature, columnar):
         pytest.param(body({"instances": [[[None] * 28] * 28]}), "instances[0][0][0]: expected a number, got NoneType", id="null"),
         pytest.param(body({"instances": [[[1e39] * 28] * 28]}), "instances[0]: values must be finite", id="past-float32"),
         pytest.param(body({"instances": [{"img": IMAGE}]}), "instances[0]: expected an object with the one input 'image', got ['img']", id="wrong-name"),
-        pytest.param(body({"instances": [IMAGE], "signature_name": 3}), "'signature_name' must be a string", id="signature-type"),
+        pytest.param(body({"instances": [IMAGE], "signature_name": 3}), "'signature_name' key must be a string value", id="signature-type"),
     ],
 )  # fmt: skip
 def test_tf_serving_errors_say_where_and_what(raw, message):

@@ -10,7 +10,7 @@ from support.fakes import MODEL_NAME, FakeBackend, toy_model
 
 from artifact.contract import CLASSES_KEY, FASHION_MNIST_LABELS
 from service.dataplane import DataPlane
-from service.errors import NotFound, PayloadTooLarge
+from service.errors import NotFound, PayloadTooLarge, UpstreamInternal
 from service.metrics import Metrics
 
 IMAGES = np.random.default_rng(1).random((5, 28, 28)).astype(np.float32)
@@ -117,3 +117,56 @@ def test_the_prediction_callback_sees_each_successful_prediction_and_cannot_fail
     first, second = asyncio.run(run())
     assert (first.version, second.version) == (3, 1)
     assert seen == [(MODEL_NAME, "serving_default", 2, 3), (MODEL_NAME, "serving_default", 1, 1)]
+
+
+class Misbehaving(FakeBackend):
+    """A model whose answers break the contract (a model is code): `outputs` change them."""
+
+    def __init__(self, change):
+        super().__init__()
+        self.change = change
+
+    async def predict(self, name, images, version=None, signature_name="serving_default",
+                      label=None):  # fmt: skip
+        prediction = await super().predict(name, images, version, signature_name, label)
+        outputs = {key: value.copy() for key, value in prediction.outputs.items()}
+        self.change(outputs)
+        return type(prediction)(prediction.version, outputs)
+
+
+@pytest.mark.parametrize(
+    "change, answered",
+    [
+        pytest.param(lambda o: o["probabilities"].__imul__(7.0), True, id="probabilities over 1"),
+        pytest.param(lambda o: o["probabilities"].__isub__(0.5), True, id="negative probabilities"),
+        pytest.param(lambda o: o["probabilities"].__imul__(0.5), True, id="rows not summing to 1"),
+        pytest.param(lambda o: o["classes"].__iadd__(10), False, id="class ids out of range"),
+    ],
+)
+def test_answers_outside_the_contract_are_counted_and_bad_class_ids_refused(change, answered):
+    dataplane = plane(Misbehaving(change))
+
+    async def run():
+        await dataplane.start()
+        return await dataplane.predict(MODEL_NAME, IMAGES[:2])
+
+    if answered:
+        assert asyncio.run(run()).version == 1
+    else:
+        with pytest.raises(UpstreamInternal, match="answered outside its contract: classes"):
+            asyncio.run(run())
+    violations = sample(dataplane.metrics, "model_contract_violations_total",
+                        model=MODEL_NAME, version="1")  # fmt: skip
+    assert violations == 1
+
+
+def test_answers_within_the_contract_are_not_counted():
+    dataplane = plane()
+
+    async def run():
+        await dataplane.start()
+        await dataplane.predict(MODEL_NAME, IMAGES[:4])
+
+    asyncio.run(run())
+    assert sample(dataplane.metrics, "model_contract_violations_total", model=MODEL_NAME,
+                  version="3") == 0  # fmt: skip

@@ -90,13 +90,13 @@ def test_images_are_counted_before_any_array_is_built(client, monkeypatch):
 
 def test_large_bodies_are_parsed_off_the_event_loop(client, monkeypatch):
     threads = []
-    parse = codec.parse_tf_serving_request
+    parse = codec.read_predict_body
 
     def recording(*args):
         threads.append(threading.current_thread().name)
         return parse(*args)
 
-    monkeypatch.setattr(codec, "parse_tf_serving_request", recording)
+    monkeypatch.setattr(codec, "read_predict_body", recording)
     small = orjson.dumps({"instances": ZEROS})
     large = orjson.dumps({"instances": [[[0.123456789] * 28] * 28] * 12})
     assert len(small) < protocols.tfserving_rest.INLINE_PARSE_BYTES < len(large)
@@ -215,7 +215,8 @@ def test_the_docs_load_nothing_from_the_network(client):
 
 def test_a_cross_site_form_post_is_refused_before_it_runs():
     backend = FakeBackend()
-    with app_client(backend) as client:
+    # Same-origin needs a Host the service answers for: TestClient's is `testserver`.
+    with app_client(backend, allowed_hosts="testserver") as client:
         files = {"files": ("a.png", png_bytes(np.zeros((28, 28), np.uint8)), "image/png")}
         response = client.post("/predict", files=files, headers={"Origin": "https://evil.example"})
         assert "cross-origin requests from 'https://evil.example'" in error_message(response, 403)

@@ -114,7 +114,8 @@ def test_a_new_version_takes_requests_only_once_loaded_and_the_old_one_leaves_af
     asyncio.run(run())
     assert loader.loads == [1, 2]
     assert loader.unloads == [1]
-    assert states(registry) == {2: "AVAILABLE"}
+    # Unloaded, and still listed as TF Serving lists it: END, error code OK.
+    assert states(registry) == {2: "AVAILABLE", 1: "END"}
 
 
 def test_a_leaving_version_is_unloaded_only_after_its_requests_finish(model_dir):
@@ -135,7 +136,7 @@ def test_a_leaving_version_is_unloaded_only_after_its_requests_finish(model_dir)
         assert loader.unloads == [1]
 
     asyncio.run(run())
-    assert states(registry) == {2: "AVAILABLE"}
+    assert states(registry) == {2: "AVAILABLE", 1: "END"}
 
 
 # --- failures ------------------------------------------------------------------------------
@@ -222,7 +223,8 @@ def test_a_deleted_version_is_unloaded_and_the_newest_left_serves(model_dir):
         assert registry.serving == 4
 
     asyncio.run(run())
-    assert states(registry) == {4: "AVAILABLE"}
+    # Deleted versions that were served stay listed in END (TF Serving's status history).
+    assert states(registry) == {4: "AVAILABLE", 3: "END", 2: "END"}
 
 
 @pytest.mark.parametrize(

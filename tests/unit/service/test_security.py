@@ -1,0 +1,243 @@
+"""service/security.py and the door that asks it: the `feedback` scope, the hosts a request
+may name (no DNS rebinding), the token file read again when it changes (HTTP and gRPC), and
+the one line said at start when there are no tokens. Fast tier: fakes, no TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+from support.fakes import MODEL_NAME, FakeBackend, app_client
+from support.helpers import error_message
+
+from service.security import (
+    FEEDBACK,
+    PREDICT,
+    STATUS,
+    Access,
+    TokenFile,
+    allowed_hosts,
+    host_name,
+    open_access_notice,
+    read_tokens,
+    scope_of,
+)
+
+PREDICT_TOKEN = "predict-token-0123456789"
+FEEDBACK_TOKEN = "feedback-token-0123456789"
+STATUS_TOKEN = "status-token-0123456789"
+NEW_TOKEN = "rotated-token-0123456789"
+PREDICT_URL = f"/v1/models/{MODEL_NAME}:predict"
+FEEDBACK_URL = f"/v1/models/{MODEL_NAME}/feedback"
+ZEROS = np.zeros((1, 28, 28)).tolist()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def tokens_file(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text(f"{PREDICT_TOKEN} predict\n{FEEDBACK_TOKEN} feedback\n{STATUS_TOKEN} status\n")
+    return path
+
+
+# --- the feedback scope ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method, path, needed",
+    [
+        pytest.param("POST", FEEDBACK_URL, FEEDBACK, id="feedback"),
+        pytest.param("POST", "/v1/models/other/feedback", FEEDBACK, id="another-model"),
+        pytest.param("POST", PREDICT_URL, PREDICT, id="predict"),
+        pytest.param("POST", "/predict", PREDICT, id="friendly"),
+        pytest.param("POST", "/v1/models/a/feedback/x", PREDICT, id="not-the-route"),
+        pytest.param("GET", FEEDBACK_URL, STATUS, id="get"),
+        pytest.param("GET", "/healthz", None, id="probe"),
+    ],
+)
+def test_the_scope_each_request_needs(method, path, needed):
+    assert scope_of(method, path) == needed
+
+
+def test_a_predict_token_cannot_post_feedback_and_a_feedback_token_can(tokens_file, tmp_path):
+    body = {"instances": ZEROS, "labels": [1]}
+    with app_client(
+        FakeBackend(), auth_tokens_file=str(tokens_file), feedback_dir=str(tmp_path / "fb")
+    ) as client:
+        refused = client.post(FEEDBACK_URL, json=body, headers=bearer(PREDICT_TOKEN))
+        assert "does not have the 'feedback' scope" in error_message(refused, 403)
+        assert 'scope="feedback"' in refused.headers["www-authenticate"]
+        assert client.post(FEEDBACK_URL, json=body, headers=bearer(FEEDBACK_TOKEN)).json() == {
+            "model_name": MODEL_NAME,
+            "stored": 1,
+            "labels": ["Trouser"],
+            "model_version": None,
+        }
+        # And the other way: a feedback token predicts nothing.
+        predict = {"instances": ZEROS}
+        assert (
+            client.post(PREDICT_URL, json=predict, headers=bearer(FEEDBACK_TOKEN)).status_code
+            == 403
+        )
+        assert (
+            client.post(PREDICT_URL, json=predict, headers=bearer(PREDICT_TOKEN)).status_code == 200
+        )
+
+
+def test_a_tokens_file_may_name_the_feedback_scope(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text(f"{PREDICT_TOKEN} predict,feedback,status\n")
+    assert read_tokens(path) == {PREDICT_TOKEN.encode(): {PREDICT, FEEDBACK, STATUS}}
+
+
+# --- hosts and origins ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        pytest.param(b"localhost:8000", "localhost", id="port"),
+        pytest.param(b"API.Example.com", "api.example.com", id="case"),
+        pytest.param(b"[::1]:8000", "::1", id="ipv6"),
+        pytest.param(b"example.com.", "example.com", id="trailing-dot"),
+    ],
+)
+def test_host_names(header, name):
+    assert host_name(header) == name
+
+
+def scope_of_request(host: str, origin: str | None = None, path: str = "/predict") -> dict:
+    headers = [(b"host", host.encode())]
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    return {"method": "POST", "path": path, "headers": headers}
+
+
+def test_a_rebound_name_is_not_same_origin():
+    """DNS rebinding: evil.example made to resolve to 127.0.0.1; the page's requests carry
+    Origin and Host `evil.example`, which today's same-origin rule took for the service's."""
+    access = Access(None, [], allowed_hosts("127.0.0.1", []))
+    rebound = access.check(scope_of_request("evil.example:8000", "http://evil.example:8000"))
+    assert rebound.refusal is not None and rebound.refusal.status_code == 403
+    for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000"):
+        own = access.check(scope_of_request(host, f"http://{host}"))
+        assert own.refusal is None, host
+
+
+def test_same_origin_for_the_names_the_service_answers_for():
+    access = Access(None, [], allowed_hosts("0.0.0.0", ["api.example.com", ".corp.example"]))
+    for host in ("api.example.com", "a.corp.example", "corp.example", "localhost:8000"):
+        assert access.check(scope_of_request(host, f"https://{host}")).refusal is None, host
+    # A wildcard HOST is no name: it does not make every Host the service's own.
+    for host in ("0.0.0.0:8000", "evil.example", "corp.example.evil"):
+        assert access.check(scope_of_request(host, f"http://{host}")).refusal is not None, host
+
+
+def test_with_allowed_hosts_another_host_is_refused_but_probes_answer():
+    backend = FakeBackend()
+    with app_client(backend, host="0.0.0.0", allowed_hosts="api.example.com") as client:
+        evil = client.post(PREDICT_URL, json={"instances": ZEROS}, headers={"Host": "evil.example"})
+        assert error_message(evil, 400) == (
+            "the host 'evil.example' is not one this service answers for (ALLOWED_HOSTS)"
+        )
+        assert backend.calls == []
+        good = client.post(
+            PREDICT_URL, json={"instances": ZEROS}, headers={"Host": "api.example.com"}
+        )
+        assert good.status_code == 200
+        # Kubelets probe by the pod's address.
+        assert client.get("/readyz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
+
+
+def test_without_allowed_hosts_any_host_is_served():
+    with app_client(FakeBackend(), host="0.0.0.0") as client:
+        response = client.post(
+            PREDICT_URL, json={"instances": ZEROS}, headers={"Host": "x.example"}
+        )
+        assert response.status_code == 200
+
+
+# --- the token file, read again -------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rewrite(path, text: str) -> None:
+    """A new file at the path (as a Secret's update swaps it), with a new modification time."""
+    new = path.with_suffix(".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens_file, caplog):
+    clock = Clock()
+    tokens = TokenFile(tokens_file, check_seconds=2.0, clock=clock)
+    assert set(tokens) == {PREDICT_TOKEN.encode(), FEEDBACK_TOKEN.encode(), STATUS_TOKEN.encode()}
+    rewrite(tokens_file, f"{NEW_TOKEN} predict\n")
+    clock.now += 1.0
+    assert PREDICT_TOKEN.encode() in tokens, "looked at again before check_seconds"
+    clock.now += 1.5
+    with caplog.at_level(logging.INFO, "service.security"):
+        assert dict(tokens.items()) == {NEW_TOKEN.encode(): {PREDICT}}
+    assert "AUTH_TOKENS_FILE read again: 1 tokens" in caplog.text
+
+
+def test_a_bad_new_token_file_keeps_the_old_tokens_and_says_so_once(tokens_file, caplog):
+    clock = Clock()
+    tokens = TokenFile(tokens_file, check_seconds=0, clock=clock)
+    before = dict(tokens.items())
+    rewrite(tokens_file, "short predict\n")
+    with caplog.at_level(logging.WARNING, "service.security"):
+        for _ in range(3):
+            clock.now += 10
+            assert dict(tokens.items()) == before
+    (record,) = caplog.records
+    assert "cannot be used, the 3 tokens read before stay in force" in record.getMessage()
+    assert "16 characters or more" in record.getMessage()
+    rewrite(tokens_file, f"{NEW_TOKEN} status\n")
+    clock.now += 10
+    assert dict(tokens.items()) == {NEW_TOKEN.encode(): {STATUS}}
+
+
+def test_http_sees_a_rotated_token(tokens_file):
+    """AUTH_TOKENS_CHECK_SECONDS=0: every request looks (gRPC shares the same TokenFile:
+    tests/live/service/test_security_grpc.py)."""
+    with app_client(
+        FakeBackend(), auth_tokens_file=str(tokens_file), auth_tokens_check_seconds=0
+    ) as client:
+        status_url = f"/v1/models/{MODEL_NAME}"
+        assert client.get(status_url, headers=bearer(NEW_TOKEN)).status_code == 401
+        rewrite(tokens_file, f"{NEW_TOKEN} status\n")
+        assert client.get(status_url, headers=bearer(NEW_TOKEN)).status_code == 200
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 401
+
+
+# --- said at start --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host, level",
+    [
+        pytest.param("127.0.0.1", logging.INFO, id="loopback"),
+        pytest.param("localhost", logging.INFO, id="localhost"),
+        pytest.param("::1", logging.INFO, id="ipv6-loopback"),
+        pytest.param("0.0.0.0", logging.WARNING, id="every-interface"),
+        pytest.param("10.0.0.5", logging.WARNING, id="an-address"),
+    ],
+)
+def test_no_tokens_is_said_at_start_a_warning_off_loopback(host, level):
+    found_level, message = open_access_notice(host, None)
+    assert found_level == level
+    assert message.startswith("No AUTH_TOKENS_FILE") and f"HOST={host}" in message
+    assert open_access_notice(host, "/run/secrets/api-tokens") is None
