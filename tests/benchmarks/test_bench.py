@@ -12,7 +12,7 @@ import threading
 import pytest
 from helpers import require_tool
 
-from benchmarks import bench
+from benchmarks import bench, common
 from benchmarks.probe import probe
 
 
@@ -65,7 +65,7 @@ def test_wrk_counts_answers_by_status(stand_in, tmp_path):
     require_tool("wrk", "wrk")
     body = tmp_path / "body.json"
     body.write_text("{}")
-    result = bench.run_wrk(stand_in.server_address[1], body, 4, 1, "/predict", statuses=True)
+    result = common.run_wrk(stand_in.server_address[1], body, 4, 1, "/predict", statuses=True)
     counts = result["statuses"]
     total = counts["ok"] + counts["refused"]
     assert total > 0 and counts["other"] == 0
