@@ -20,6 +20,7 @@ Results: benchmarks/results/latest.json and latest.png, and a Markdown table on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -540,7 +541,19 @@ def chart(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> int:
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every measurement of one run shares."""
+
+    version_path: Path
+    bodies: dict
+    # The service's environment without its ports: each server gets its own.
+    base_env: dict
+    workdir: Path
+    seconds: int
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
     parser.add_argument(
@@ -553,100 +566,128 @@ def main() -> int:
         action="store_true",
         help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def missing_load_tool() -> str | None:
+    """The error line for the first load generator not installed, or None."""
     for tool, package in (("wrk", "wrk"), ("h2load", "nghttp2-client")):
         if shutil.which(tool) is None:
-            print(
+            return (
                 f"error: {tool} is not installed (apt-get install {package}; `make bench` does it)"
             )
-            return 2
-    from artifact.quiet import quiet_tensorflow
+    return None
 
-    quiet_tensorflow()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
-    try:
-        version_path = find_or_train_model(workdir)
-        bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
-        base_env = {
-            **os.environ,
-            "MODEL_NAME": "fashion_mnist",
-            "MODEL_BASE_PATH": str(version_path.parent.parent),
-            "MODEL_POLL_SECONDS": "0",
-            "LOG_LEVEL": "warning",
-            "MAX_IMAGES": "1024",
-            "GRPC_PORT": "0",
+
+def prepare_run(workdir: Path, seconds: int) -> Setup:
+    """The model (trained now when none is exported) and every request body, in workdir."""
+    version_path = find_or_train_model(workdir)
+    bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
+    base_env = {
+        **os.environ,
+        "MODEL_NAME": "fashion_mnist",
+        "MODEL_BASE_PATH": str(version_path.parent.parent),
+        "MODEL_POLL_SECONDS": "0",
+        "LOG_LEVEL": "warning",
+        "MAX_IMAGES": "1024",
+        "GRPC_PORT": "0",
+    }
+    return Setup(version_path, bodies, base_env, workdir, seconds)
+
+
+def measure_protocols_only(setup: Setup) -> dict:
+    """`--protocols-only`: (4)'s rows by protocol, without its rows by load."""
+    port, grpc_port = free_port(), free_port()
+    env = {**setup.base_env, "PORT": str(port), "GRPC_PORT": str(grpc_port)}
+    protocols: dict = {}
+    bench_server(
+        "(4) this service, batching on, by protocol",
+        [sys.executable, "-m", "service"],
+        env,
+        port,
+        setup.bodies,
+        setup.seconds,
+        setup.workdir / "protocols.log",
+        loads=[],
+        extra=lambda port: protocols.update(
+            bench_protocols(port, grpc_port, setup.bodies, setup.seconds)
+        ),
+    )
+    return protocols
+
+
+def measure_servers(setup: Setup) -> tuple[dict, dict, dict]:
+    """(2) to (5) in turn at every load; (4) and (5) also by protocol and overloaded.
+
+    Returns the rows by server key, then (4)'s and (5)'s by protocol and their overload rows
+    (keyed "batched" and "workers")."""
+    naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
+    service = [sys.executable, "-m", "service"]
+    runs = [  # key, title, command, extra environment
+        ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(setup.version_path)}),
+        ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
+        ("batched", "(4) this service, batching on", service, {}),
+        ("workers", "(5) this service, WORKERS=2", service, {"WORKERS": "2"}),
+    ]
+    servers: dict = {}
+    protocols: dict = {"batched": {}, "workers": {}}
+    overload: dict = {"batched": {}, "workers": {}}
+
+    def measure_protocols_and_overload(port: int, grpc_port: int, key: str) -> None:
+        protocols[key].update(bench_protocols(port, grpc_port, setup.bodies, setup.seconds))
+        overload[key].update(run_overload(port, setup.bodies[1], setup.seconds))
+
+    for key, title, command, extra_env in runs:
+        port = free_port()
+        # PORT for the service's settings, UVICORN_* for the naive app's uvicorn command.
+        env = {
+            **setup.base_env,
+            **extra_env,
+            "PORT": str(port),
+            "UVICORN_PORT": str(port),
+            "UVICORN_LOG_LEVEL": "warning",
         }
-        protocols: dict = {"batched": {}, "workers": {}}
-        overload: dict = {"batched": {}, "workers": {}}
+        extra = None
+        if key in protocols:
+            env["GRPC_PORT"] = str(grpc_port := free_port())
+            extra = functools.partial(measure_protocols_and_overload, grpc_port=grpc_port, key=key)
+        servers[key] = bench_server(
+            title, command, env, port, setup.bodies, setup.seconds, setup.workdir / f"{key}.log",
+            extra=extra,
+        )  # fmt: skip
+    return servers, protocols, overload
 
-        def measure_protocols(port: int, grpc_port: int, server: str = "batched") -> None:
-            protocols[server].update(bench_protocols(port, grpc_port, bodies, args.seconds))
 
-        def measure_protocols_and_overload(port: int, grpc_port: int, server: str) -> None:
-            measure_protocols(port, grpc_port, server)
-            overload[server].update(run_overload(port, bodies[1], args.seconds))
+def measure_everything(setup: Setup, with_peers: bool) -> dict:
+    """The ceiling, (2) to (5), memory and, `with_peers`, the peers: result's measured parts."""
+    if with_peers:
+        from benchmarks.peers import run as peers_run
 
-        if args.protocols_only:
-            port, grpc_port = free_port(), free_port()
-            env = {**base_env, "PORT": str(port), "GRPC_PORT": str(grpc_port)}
-            bench_server(
-                "(4) this service, batching on, by protocol",
-                [sys.executable, "-m", "service"],
-                env,
-                port,
-                bodies,
-                args.seconds,
-                workdir / "protocols.log",
-                loads=[],
-                extra=functools.partial(measure_protocols, grpc_port=grpc_port),
-            )
-            print()
-            print(protocols_table(protocols["batched"]))
-            return 0
-        if args.peers:
-            from benchmarks.peers import run as peers_run
+        # Installs (minutes, the first time) before anything is timed.
+        peer_versions = peers_run.prepare()
+    print(f"Model {setup.version_path}; measuring the in-process ceiling...", flush=True)
+    ceiling = measure_ceiling(setup.version_path)
+    servers, protocols, overload = measure_servers(setup)
+    memory = measure_memory(setup.version_path, setup.workdir, setup.base_env, setup.bodies[1])
+    peers = {}
+    if with_peers:
+        tf_bodies = {n: setup.bodies[n] for n in sorted({n for _, n in LOADS})}
+        peers = peers_run.bench_peers(
+            setup.version_path, tf_bodies, setup.workdir, setup.seconds, LOADS,
+            versions=peer_versions,
+        )  # fmt: skip
+    return {
+        "ceiling": ceiling,
+        "servers": servers,
+        "protocols": protocols,
+        "overload": overload,
+        "memory": memory,
+        "peers": peers,
+    }
 
-            # Installs (minutes, the first time) before anything is timed.
-            peer_versions = peers_run.prepare()
-        print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
-        ceiling = measure_ceiling(version_path)
-        naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
-        service = [sys.executable, "-m", "service"]
-        runs = [  # key, title, command, extra environment
-            ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(version_path)}),
-            ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
-            ("batched", "(4) this service, batching on", service, {}),
-            ("workers", "(5) this service, WORKERS=2", service, {"WORKERS": "2"}),
-        ]
-        servers = {}
-        for key, title, command, extra_env in runs:
-            port = free_port()
-            # PORT for the service's settings, UVICORN_* for the naive app's uvicorn command.
-            env = {
-                **base_env,
-                **extra_env,
-                "PORT": str(port),
-                "UVICORN_PORT": str(port),
-                "UVICORN_LOG_LEVEL": "warning",
-            }
-            extra = None
-            if key in ("batched", "workers"):
-                env["GRPC_PORT"] = str(grpc_port := free_port())
-                extra = functools.partial(
-                    measure_protocols_and_overload, grpc_port=grpc_port, server=key
-                )
-            servers[key] = bench_server(
-                title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
-            )
-        memory = measure_memory(version_path, workdir, base_env, bodies[1])
-        peers = {}
-        if args.peers:
-            tf_bodies = {n: bodies[n] for n in sorted({n for _, n in LOADS})}
-            peers = peers_run.bench_peers(
-                version_path, tf_bodies, workdir, args.seconds, LOADS, versions=peer_versions
-            )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+def ratios_to_ceiling(servers: dict, ceiling: dict) -> dict:
+    """Per load: (3), (4) and (5) against the ceiling, and (4) against the naive app (2)."""
     ratios = {}
     for load in servers["batched"]:
         ratios[load] = {
@@ -659,6 +700,20 @@ def main() -> int:
             "workers_vs_ceiling": servers["workers"][load]["images_per_s"]
             / ceiling["images_per_s"],
         }
+    return ratios
+
+
+def build_result(
+    version_path: Path,
+    *,
+    ceiling: dict,
+    servers: dict,
+    protocols: dict,
+    overload: dict,
+    memory: dict,
+    peers: dict,
+) -> dict:
+    """The run's result as latest.json holds it, its targets included."""
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": {
@@ -670,7 +725,7 @@ def main() -> int:
         "model": str(version_path),
         "ceiling": ceiling,
         "servers": servers,
-        "ratios": ratios,
+        "ratios": ratios_to_ceiling(servers, ceiling),
         "protocols": protocols["batched"],
         "overload": overload["batched"],
         "protocols_workers": protocols["workers"],
@@ -680,6 +735,11 @@ def main() -> int:
     if peers:
         result["peers"] = peers
     result["targets"] = targets(result) + targets(result, "workers")
+    return result
+
+
+def save_and_print(result: dict) -> None:
+    """latest.json, latest.png and latest.md under benchmarks/results; the table on stdout."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, RESULTS / "latest.png")
@@ -687,6 +747,29 @@ def main() -> int:
     print()
     print(table(result))
     print(f"\nSaved {RESULTS / 'latest.json'}, latest.md and latest.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    missing = missing_load_tool()
+    if missing:
+        print(missing)
+        return 2
+    from artifact.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        setup = prepare_run(workdir, args.seconds)
+        if args.protocols_only:
+            protocols = measure_protocols_only(setup)
+            print()
+            print(protocols_table(protocols))
+            return 0
+        measured = measure_everything(setup, args.peers)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    save_and_print(build_result(setup.version_path, **measured))
     return 0
 
 

@@ -224,3 +224,14 @@ def test_the_grpc_row_counts_calls_and_failures(tmp_path, monkeypatch, fail_ever
         assert result["errors"] > 0
     else:
         assert result["errors"] == 0
+
+
+@pytest.mark.parametrize("missing, package", [("wrk", "wrk"), ("h2load", "nghttp2-client")])
+def test_the_bench_stops_at_once_without_a_load_generator(monkeypatch, capsys, missing, package):
+    monkeypatch.setattr(
+        bench.shutil, "which", lambda tool: None if tool == missing else f"/usr/bin/{tool}"
+    )
+    assert bench.main(["--seconds", "1"]) == 2
+    assert capsys.readouterr().out == (
+        f"error: {missing} is not installed (apt-get install {package}; `make bench` does it)\n"
+    )
