@@ -20,13 +20,13 @@ Results: benchmarks/results/latest.json and latest.png, and a Markdown table on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,13 +35,21 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import (
+    LOADS,
+    PATH,
+    ROOT,
+    find_or_train_model,
+    free_port,
+    request_bodies,
+    run_loads,
+    run_wrk,
+    start_server,
+    stop_server,
+)
+
 RESULTS = ROOT / "benchmarks" / "results"
-LUA = ROOT / "benchmarks" / "post.lua"
-PATH = "/v1/models/fashion_mnist:predict"
 V2_PATH = "/v2/models/fashion_mnist/infer"
-# (concurrency, images per request)
-LOADS = [(1, 1), (16, 1), (64, 1), (16, 8)]
 PROTOCOL_CONCURRENCY = 64
 # The overload row: 8x the clients of the c=64 row, for at least this long.
 OVERLOAD_CONCURRENCY = 512
@@ -53,64 +61,6 @@ SERVER_NAMES = {
     "batched": "(4) service, batching on",
     "workers": "(5) service, WORKERS=2",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def find_or_train_model(workdir: Path) -> Path:
-    """The newest exported version under models/fashion_mnist, or a quickly trained one."""
-    from artifact.repository import list_versions as version_dirs
-
-    versions = version_dirs(ROOT / "models" / "fashion_mnist")
-    if versions:
-        return versions[-1][1]
-    print(
-        "No exported model: training a small one for the benchmark (speed does not depend "
-        "on accuracy).",
-        flush=True,
-    )
-    export = workdir / "models" / "fashion_mnist"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "training",
-            "train",
-            "--max-steps",
-            "300",
-            "--model-dir",
-            str(workdir / "run"),
-            "--export-dir",
-            str(export),
-        ],
-        check=True,
-    )
-    return version_dirs(export)[-1][1]
-
-
-def request_bodies(workdir: Path) -> dict[int | str, Path]:
-    """Real test images as TF Serving row-format JSON, one file per batch size, and one
-    image as the friendly /predict's integer pixels ("friendly")."""
-    from artifact.contract import normalize_pixels
-    from training.data import DEFAULT_DATA_DIR, load_split
-
-    _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
-    bodies = {}
-    for n in sorted({n for _, n in LOADS}):
-        path = workdir / f"body-{n}.json"
-        # As a client writes them: 0.0039, not float32's 0.003899999894201755.
-        pixels = np.round(normalize_pixels(images[:n]).astype(np.float64), 4)
-        path.write_text(json.dumps({"instances": pixels.tolist()}))
-        bodies[n] = path
-    # The friendly /predict with a person's pixels: integers 0-255.
-    friendly = workdir / "body-friendly.json"
-    friendly.write_text(json.dumps({"instances": images[:1].astype(int).tolist()}))
-    bodies["friendly"] = friendly
-    return bodies
 
 
 def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
@@ -179,102 +129,6 @@ def measure_ceiling(version_path: Path) -> dict:
         "images_per_s": by_batch[best]["images_per_s"],
         "batch1_p50_ms": by_batch[1]["p50_ms"],
     }
-
-
-def start_server(
-    cmd: list[str],
-    env: dict,
-    port: int,
-    log_path: Path,
-    ready_path: str = "/docs",
-    cwd: Path = ROOT,
-    new_session: bool = False,
-) -> subprocess.Popen:
-    """Start a server with its output in log_path; return once `ready_path` answers 200.
-
-    `new_session`: in a process group of its own (a peer's workers can be ended with it).
-    """
-    import httpx
-
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            start_new_session=new_session,
-        )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"server did not start within 120 s: {log_path.read_text()[-2000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
-
-
-def run_wrk(
-    port: int,
-    body: Path,
-    concurrency: int,
-    seconds: int,
-    path: str = PATH,
-    header_length: int | None = None,
-    statuses: bool = False,
-) -> dict:
-    """wrk against the server: req/s, p50/p99 ms, errors (with `statuses`, also the answers
-    counted by status, from post.lua)."""
-    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path}
-    if header_length is not None:
-        env["BENCH_HEADER_LENGTH"] = str(header_length)
-    if statuses:
-        env["BENCH_STATUSES"] = "1"
-    cmd = [
-        "wrk",
-        "-t1",
-        f"-c{concurrency}",
-        f"-d{seconds}s",
-        "--latency",
-        "--timeout",
-        "10s",
-        "-s",
-        str(LUA),
-        f"http://127.0.0.1:{port}",
-    ]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
-    if set(latency) != {"50", "99"}:
-        raise RuntimeError(f"could not read wrk's latency distribution:\n{out}")
-    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    result = {
-        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": _ms(latency["50"]),
-        "p99_ms": _ms(latency["99"]),
-        "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
-    }
-    if statuses:
-        result["statuses"] = json.loads(re.search(r"^BENCH_STATUSES (.*)$", out, re.M).group(1))
-    return result
 
 
 def grpc_codes(port: int) -> dict[str, float]:
@@ -442,16 +296,7 @@ def bench_server(
     proc = start_server(cmd, env, port, log_path)
     try:
         run_wrk(port, bodies[1], 16, 2)  # warm up
-        results = {}
-        for concurrency, n in loads:
-            r = run_wrk(port, bodies[n], concurrency, seconds)
-            r["images_per_s"] = r["requests_per_s"] * n
-            results[f"c{concurrency}x{n}"] = r
-            print(
-                f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
-                f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
-                flush=True,
-            )
+        results = run_loads(port, bodies, loads, seconds)
         if extra is not None:
             extra(port)
         return results
@@ -696,7 +541,19 @@ def chart(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> int:
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every measurement of one run shares."""
+
+    version_path: Path
+    bodies: dict
+    # The service's environment without its ports: each server gets its own.
+    base_env: dict
+    workdir: Path
+    seconds: int
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
     parser.add_argument(
@@ -709,100 +566,128 @@ def main() -> int:
         action="store_true",
         help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def missing_load_tool() -> str | None:
+    """The error line for the first load generator not installed, or None."""
     for tool, package in (("wrk", "wrk"), ("h2load", "nghttp2-client")):
         if shutil.which(tool) is None:
-            print(
+            return (
                 f"error: {tool} is not installed (apt-get install {package}; `make bench` does it)"
             )
-            return 2
-    from artifact.quiet import quiet_tensorflow
+    return None
 
-    quiet_tensorflow()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
-    try:
-        version_path = find_or_train_model(workdir)
-        bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
-        base_env = {
-            **os.environ,
-            "MODEL_NAME": "fashion_mnist",
-            "MODEL_BASE_PATH": str(version_path.parent.parent),
-            "MODEL_POLL_SECONDS": "0",
-            "LOG_LEVEL": "warning",
-            "MAX_IMAGES": "1024",
-            "GRPC_PORT": "0",
+
+def prepare_run(workdir: Path, seconds: int) -> Setup:
+    """The model (trained now when none is exported) and every request body, in workdir."""
+    version_path = find_or_train_model(workdir)
+    bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
+    base_env = {
+        **os.environ,
+        "MODEL_NAME": "fashion_mnist",
+        "MODEL_BASE_PATH": str(version_path.parent.parent),
+        "MODEL_POLL_SECONDS": "0",
+        "LOG_LEVEL": "warning",
+        "MAX_IMAGES": "1024",
+        "GRPC_PORT": "0",
+    }
+    return Setup(version_path, bodies, base_env, workdir, seconds)
+
+
+def measure_protocols_only(setup: Setup) -> dict:
+    """`--protocols-only`: (4)'s rows by protocol, without its rows by load."""
+    port, grpc_port = free_port(), free_port()
+    env = {**setup.base_env, "PORT": str(port), "GRPC_PORT": str(grpc_port)}
+    protocols: dict = {}
+    bench_server(
+        "(4) this service, batching on, by protocol",
+        [sys.executable, "-m", "service"],
+        env,
+        port,
+        setup.bodies,
+        setup.seconds,
+        setup.workdir / "protocols.log",
+        loads=[],
+        extra=lambda port: protocols.update(
+            bench_protocols(port, grpc_port, setup.bodies, setup.seconds)
+        ),
+    )
+    return protocols
+
+
+def measure_servers(setup: Setup) -> tuple[dict, dict, dict]:
+    """(2) to (5) in turn at every load; (4) and (5) also by protocol and overloaded.
+
+    Returns the rows by server key, then (4)'s and (5)'s by protocol and their overload rows
+    (keyed "batched" and "workers")."""
+    naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
+    service = [sys.executable, "-m", "service"]
+    runs = [  # key, title, command, extra environment
+        ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(setup.version_path)}),
+        ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
+        ("batched", "(4) this service, batching on", service, {}),
+        ("workers", "(5) this service, WORKERS=2", service, {"WORKERS": "2"}),
+    ]
+    servers: dict = {}
+    protocols: dict = {"batched": {}, "workers": {}}
+    overload: dict = {"batched": {}, "workers": {}}
+
+    def measure_protocols_and_overload(port: int, grpc_port: int, key: str) -> None:
+        protocols[key].update(bench_protocols(port, grpc_port, setup.bodies, setup.seconds))
+        overload[key].update(run_overload(port, setup.bodies[1], setup.seconds))
+
+    for key, title, command, extra_env in runs:
+        port = free_port()
+        # PORT for the service's settings, UVICORN_* for the naive app's uvicorn command.
+        env = {
+            **setup.base_env,
+            **extra_env,
+            "PORT": str(port),
+            "UVICORN_PORT": str(port),
+            "UVICORN_LOG_LEVEL": "warning",
         }
-        protocols: dict = {"batched": {}, "workers": {}}
-        overload: dict = {"batched": {}, "workers": {}}
+        extra = None
+        if key in protocols:
+            env["GRPC_PORT"] = str(grpc_port := free_port())
+            extra = functools.partial(measure_protocols_and_overload, grpc_port=grpc_port, key=key)
+        servers[key] = bench_server(
+            title, command, env, port, setup.bodies, setup.seconds, setup.workdir / f"{key}.log",
+            extra=extra,
+        )  # fmt: skip
+    return servers, protocols, overload
 
-        def measure_protocols(port: int, grpc_port: int, server: str = "batched") -> None:
-            protocols[server].update(bench_protocols(port, grpc_port, bodies, args.seconds))
 
-        def measure_protocols_and_overload(port: int, grpc_port: int, server: str) -> None:
-            measure_protocols(port, grpc_port, server)
-            overload[server].update(run_overload(port, bodies[1], args.seconds))
+def measure_everything(setup: Setup, with_peers: bool) -> dict:
+    """The ceiling, (2) to (5), memory and, `with_peers`, the peers: result's measured parts."""
+    if with_peers:
+        from benchmarks.peers import run as peers_run
 
-        if args.protocols_only:
-            port, grpc_port = free_port(), free_port()
-            env = {**base_env, "PORT": str(port), "GRPC_PORT": str(grpc_port)}
-            bench_server(
-                "(4) this service, batching on, by protocol",
-                [sys.executable, "-m", "service"],
-                env,
-                port,
-                bodies,
-                args.seconds,
-                workdir / "protocols.log",
-                loads=[],
-                extra=functools.partial(measure_protocols, grpc_port=grpc_port),
-            )
-            print()
-            print(protocols_table(protocols["batched"]))
-            return 0
-        if args.peers:
-            from benchmarks.peers import run as peers_run
+        # Installs (minutes, the first time) before anything is timed.
+        peer_versions = peers_run.prepare()
+    print(f"Model {setup.version_path}; measuring the in-process ceiling...", flush=True)
+    ceiling = measure_ceiling(setup.version_path)
+    servers, protocols, overload = measure_servers(setup)
+    memory = measure_memory(setup.version_path, setup.workdir, setup.base_env, setup.bodies[1])
+    peers = {}
+    if with_peers:
+        tf_bodies = {n: setup.bodies[n] for n in sorted({n for _, n in LOADS})}
+        peers = peers_run.bench_peers(
+            setup.version_path, tf_bodies, setup.workdir, setup.seconds, LOADS,
+            versions=peer_versions,
+        )  # fmt: skip
+    return {
+        "ceiling": ceiling,
+        "servers": servers,
+        "protocols": protocols,
+        "overload": overload,
+        "memory": memory,
+        "peers": peers,
+    }
 
-            # Installs (minutes, the first time) before anything is timed.
-            peer_versions = peers_run.prepare()
-        print(f"Model {version_path}; measuring the in-process ceiling...", flush=True)
-        ceiling = measure_ceiling(version_path)
-        naive = [sys.executable, "-m", "uvicorn", "benchmarks.naive_app:app"]
-        service = [sys.executable, "-m", "service"]
-        runs = [  # key, title, command, extra environment
-            ("naive", "(2) naive FastAPI", naive, {"NAIVE_MODEL_PATH": str(version_path)}),
-            ("unbatched", "(3) this service, batching off", service, {"BATCH_MAX_SIZE": "1"}),
-            ("batched", "(4) this service, batching on", service, {}),
-            ("workers", "(5) this service, WORKERS=2", service, {"WORKERS": "2"}),
-        ]
-        servers = {}
-        for key, title, command, extra_env in runs:
-            port = free_port()
-            # PORT for the service's settings, UVICORN_* for the naive app's uvicorn command.
-            env = {
-                **base_env,
-                **extra_env,
-                "PORT": str(port),
-                "UVICORN_PORT": str(port),
-                "UVICORN_LOG_LEVEL": "warning",
-            }
-            extra = None
-            if key in ("batched", "workers"):
-                env["GRPC_PORT"] = str(grpc_port := free_port())
-                extra = functools.partial(
-                    measure_protocols_and_overload, grpc_port=grpc_port, server=key
-                )
-            servers[key] = bench_server(
-                title, command, env, port, bodies, args.seconds, workdir / f"{key}.log", extra=extra
-            )
-        memory = measure_memory(version_path, workdir, base_env, bodies[1])
-        peers = {}
-        if args.peers:
-            tf_bodies = {n: bodies[n] for n in sorted({n for _, n in LOADS})}
-            peers = peers_run.bench_peers(
-                version_path, tf_bodies, workdir, args.seconds, LOADS, versions=peer_versions
-            )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+def ratios_to_ceiling(servers: dict, ceiling: dict) -> dict:
+    """Per load: (3), (4) and (5) against the ceiling, and (4) against the naive app (2)."""
     ratios = {}
     for load in servers["batched"]:
         ratios[load] = {
@@ -815,6 +700,20 @@ def main() -> int:
             "workers_vs_ceiling": servers["workers"][load]["images_per_s"]
             / ceiling["images_per_s"],
         }
+    return ratios
+
+
+def build_result(
+    version_path: Path,
+    *,
+    ceiling: dict,
+    servers: dict,
+    protocols: dict,
+    overload: dict,
+    memory: dict,
+    peers: dict,
+) -> dict:
+    """The run's result as latest.json holds it, its targets included."""
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": {
@@ -826,7 +725,7 @@ def main() -> int:
         "model": str(version_path),
         "ceiling": ceiling,
         "servers": servers,
-        "ratios": ratios,
+        "ratios": ratios_to_ceiling(servers, ceiling),
         "protocols": protocols["batched"],
         "overload": overload["batched"],
         "protocols_workers": protocols["workers"],
@@ -836,6 +735,11 @@ def main() -> int:
     if peers:
         result["peers"] = peers
     result["targets"] = targets(result) + targets(result, "workers")
+    return result
+
+
+def save_and_print(result: dict) -> None:
+    """latest.json, latest.png and latest.md under benchmarks/results; the table on stdout."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, RESULTS / "latest.png")
@@ -843,6 +747,29 @@ def main() -> int:
     print()
     print(table(result))
     print(f"\nSaved {RESULTS / 'latest.json'}, latest.md and latest.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    missing = missing_load_tool()
+    if missing:
+        print(missing)
+        return 2
+    from artifact.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        setup = prepare_run(workdir, args.seconds)
+        if args.protocols_only:
+            protocols = measure_protocols_only(setup)
+            print()
+            print(protocols_table(protocols))
+            return 0
+        measured = measure_everything(setup, args.peers)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    save_and_print(build_result(setup.version_path, **measured))
     return 0
 
 

@@ -37,7 +37,8 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,39 @@ class Baseline:
     chosen_by: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """What a candidate is judged against, by which thresholds, and where a blessed one goes."""
+
+    args: argparse.Namespace  # its --data-dir, --export-dir, --config and --publish
+    thresholds: blessing.Thresholds
+    entry: ModelEntry | None  # --config's entry for --export-dir; None without --config
+    model_name: str
+    baseline: Baseline | None  # None: no version on disk yet
+    baseline_report: dict  # the baseline's evaluation report; {} when it has none
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """The run that trained the candidate, and on what."""
+
+    run_dir: Path
+    params: dict
+    labels: tuple[str, ...]
+    assembled: sources.Assembled
+    inputs_key: str  # _inputs_key's hash: a later retrain on the same inputs stops early
+    train_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """The held-out set both models are judged on."""
+
+    images: np.ndarray  # normalized, as the SavedModels take them
+    labels: np.ndarray
+    slices: dict[str, np.ndarray]  # slice name -> mask over the images
+
+
 def cmd_retrain(args) -> int:
     """Train a candidate, judge it against the serving version, publish it only if blessed."""
     if args.publish != "version" and not args.config:
@@ -311,123 +345,203 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
     else:
         print(f"{run_dir} is already at step {step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
-    code = _judge_and_publish(
-        args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
-        run_dir, params, train_seconds, inputs_key,
-    )  # fmt: skip
+    gate = Gate(
+        args=args,
+        thresholds=thresholds,
+        entry=entry,
+        model_name=model_name,
+        baseline=baseline,
+        baseline_report=baseline_report,
+    )
+    candidate = Candidate(
+        run_dir=run_dir,
+        params=params,
+        labels=labels,
+        assembled=assembled,
+        inputs_key=inputs_key,
+        train_seconds=train_seconds,
+    )
+    code = _judge_and_publish(gate, candidate)
     # The data's copy (the size of the data set) is written again if the run is ever resumed.
     shutil.rmtree(data_dir, ignore_errors=True)
     return code
 
 
-def _judge_and_publish(
-    args, thresholds, entry, model_name, baseline, baseline_report, labels, assembled,
-    run_dir: Path, params: dict, train_seconds: float, inputs_key: str,
-) -> int:  # fmt: skip
-    held_images = normalize_pixels(assembled.held_out_images)
-    truth = assembled.held_out_labels
-    slices = {
-        name: assembled.held_out_slices == name
-        for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
-    }
-    context = runs.report_context(args.data_dir, run_dir, params, train_seconds)
+def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
+    """Stage the candidate in its run dir, judge it against the baseline on the held-out set
+    and publish it only when blessed: 0 published, EXIT_NOT_BLESSED not."""
+    held_out = _held_out_set(candidate.assembled)
+    context = _report_context(gate, candidate, held_out)
+    _remove_half_staged(candidate.run_dir)
+    with _staged_candidate(gate, candidate, held_out, context) as (staged, candidate_classes):
+        verdict = _judge(gate, candidate.labels, held_out, candidate_classes)
+        document = _blessing_document(gate, candidate, context, verdict)
+        print(blessing.format_blessing(verdict), flush=True)
+        if not verdict.blessed:
+            _record_not_blessed(gate, candidate, document)
+            return EXIT_NOT_BLESSED
+        _pin_stable_before_a_canary(gate)
+        published = _publish_as_next_version(staged, gate.args.export_dir, document)
+    _record_published(gate, candidate, document, published)
+    return 0
+
+
+def _held_out_set(assembled: sources.Assembled) -> HeldOut:
+    return HeldOut(
+        images=normalize_pixels(assembled.held_out_images),
+        labels=assembled.held_out_labels,
+        slices={
+            name: assembled.held_out_slices == name
+            for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
+        },
+    )
+
+
+def _report_context(gate: Gate, candidate: Candidate, held_out: HeldOut) -> dict:
+    """What the candidate's evaluation report records besides its metrics."""
+    context = runs.report_context(
+        gate.args.data_dir, candidate.run_dir, candidate.params, candidate.train_seconds
+    )
     context.update(
         split="held out: the test split and the held-out share of the new data",
         held_out={
-            "examples": len(truth),
-            "sha256": assembled.hashes["held_out"],
-            "slices": {name: int(mask.sum()) for name, mask in slices.items()},
+            "examples": len(held_out.labels),
+            "sha256": candidate.assembled.hashes["held_out"],
+            "slices": {name: int(mask.sum()) for name, mask in held_out.slices.items()},
         },
     )
-    outcome: dict = {}
+    return context
 
-    def build(staged: Path) -> dict:
-        classes, _ = SavedModelPredictor(staged).predict_batched(held_images, EVAL_BATCH_SIZE)
-        outcome["candidate"] = classes
-        return build_report(truth, classes, labels, **context)
 
-    # A candidate a killed run left half-staged (we hold the lock: nobody else stages here).
+def _remove_half_staged(run_dir: Path) -> None:
+    """A candidate a killed run left half-staged (we hold the lock: nobody else stages here)."""
     for leftover in run_dir.glob(publish.STAGING_PREFIX + "*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    estimator = make_estimator(str(run_dir), {**params, "fine_tune_from": None})
-    warmup = normalize_pixels(assembled.held_out_images[: max(WARMUP_BATCH_SIZES)])
+
+
+@contextmanager
+def _staged_candidate(
+    gate: Gate, candidate: Candidate, held_out: HeldOut, context: dict
+) -> Iterator[tuple[Path, np.ndarray]]:
+    """The candidate staged as a complete version in its run dir (removed when the block ends
+    unless published), and its classes for the held-out images from that SavedModel."""
+    run_dir = candidate.run_dir
+    predicted: dict[str, np.ndarray] = {}
+
+    def build(staged: Path) -> dict:
+        classes, _ = SavedModelPredictor(staged).predict_batched(held_out.images, EVAL_BATCH_SIZE)
+        predicted["classes"] = classes
+        return build_report(held_out.labels, classes, candidate.labels, **context)
+
+    estimator = make_estimator(str(run_dir), {**candidate.params, "fine_tune_from": None})
+    warmup = normalize_pixels(candidate.assembled.held_out_images[: max(WARMUP_BATCH_SIZES)])
     with publish.staged_version(
-        estimator, run_dir, model_name, labels, build, context["checkpoint"], warmup,
+        estimator, run_dir, gate.model_name, candidate.labels, build, context["checkpoint"],
+        warmup,
         # The page's plots, as a trained version has them.
         write_extras=lambda extra, report: write_export_plots(extra, report, str(run_dir)),
     ) as staged:  # fmt: skip
-        candidate = blessing.metrics(_confusions(truth, outcome["candidate"], slices), labels)
-        baseline_metrics = None
-        if baseline is not None:
-            baseline_classes = _predict_baseline(baseline, held_images)
-            baseline_metrics = blessing.metrics(
-                _confusions(truth, baseline_classes, slices), labels
-            )
-        verdict = blessing.judge(candidate, baseline_metrics, thresholds)
-        document = blessing.blessing_json(
-            verdict,
-            model=model_name,
-            versions={
-                "candidate": None,
-                "baseline": baseline.version if baseline is not None else None,
-                "baseline_chosen_by": baseline.chosen_by if baseline is not None else None,
-            },
-            candidate_run={
-                "run_dir": os.path.abspath(run_dir),
-                "checkpoint": context["checkpoint"],
-                "global_step": context["global_step"],
-                "warm_start_from": params["warm_start_from"],
-                "train_seconds": round(train_seconds, 1),
-                "inputs_sha256": inputs_key,
-            },
-            baseline_run=(
-                {k: baseline_report.get(k) for k in ("model_dir", "checkpoint", "global_step")}
-                if baseline is not None
-                else None
-            ),
-            data={
-                "sources": assembled.sources,
-                "train": {
-                    "examples": len(assembled.train_labels),
-                    "sha256": assembled.hashes["train"],
-                },
-                "held_out": context["held_out"],
-                "holdout": assembled.holdout,
-            },
-            publish={
-                "mode": args.publish,
-                "config": args.config,
-                "version": None,
-                "label_changes": None,
-            },
+        yield staged, predicted["classes"]
+
+
+def _judge(
+    gate: Gate, labels: tuple[str, ...], held_out: HeldOut, candidate_classes: np.ndarray
+) -> blessing.Blessing:
+    """The candidate's metrics on the held-out set against the baseline's, by the thresholds."""
+    candidate = blessing.metrics(
+        _confusions(held_out.labels, candidate_classes, held_out.slices), labels
+    )
+    baseline_metrics = None
+    if gate.baseline is not None:
+        baseline_classes = _predict_baseline(gate.baseline, held_out.images)
+        baseline_metrics = blessing.metrics(
+            _confusions(held_out.labels, baseline_classes, held_out.slices), labels
         )
-        print(blessing.format_blessing(verdict), flush=True)
-        if not verdict.blessed:
-            _write_json(run_dir / BLESSING_FILE, document)
-            print(
-                f"Not published: the model repository {args.export_dir} is unchanged; the "
-                f"report is {run_dir / BLESSING_FILE}.",
-                flush=True,
-            )
-            return EXIT_NOT_BLESSED
-        if args.publish == "canary" and baseline is not None and "stable" not in entry.labels:
-            # Without a stable label the newest version takes all the traffic: pin the one
-            # serving now before the candidate appears, so that it gets the canary's share only.
-            for line in promote(args.config, entry.name, label="stable", version=baseline.version):
-                print(line)
+    return blessing.judge(candidate, baseline_metrics, gate.thresholds)
 
-        def name_version(version: int, folder: Path) -> None:
-            document["versions"]["candidate"] = version
-            document["publish"]["version"] = version
-            _write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
 
-        published = publish.publish_staged(staged, args.export_dir, name_version)
+def _blessing_document(
+    gate: Gate, candidate: Candidate, context: dict, verdict: blessing.Blessing
+) -> dict:
+    """blessing.json, before publishing: no candidate version, no label changes yet."""
+    baseline, assembled = gate.baseline, candidate.assembled
+    return blessing.blessing_json(
+        verdict,
+        model=gate.model_name,
+        versions={
+            "candidate": None,
+            "baseline": baseline.version if baseline is not None else None,
+            "baseline_chosen_by": baseline.chosen_by if baseline is not None else None,
+        },
+        candidate_run={
+            "run_dir": os.path.abspath(candidate.run_dir),
+            "checkpoint": context["checkpoint"],
+            "global_step": context["global_step"],
+            "warm_start_from": candidate.params["warm_start_from"],
+            "train_seconds": round(candidate.train_seconds, 1),
+            "inputs_sha256": candidate.inputs_key,
+        },
+        baseline_run=(
+            {k: gate.baseline_report.get(k) for k in ("model_dir", "checkpoint", "global_step")}
+            if baseline is not None
+            else None
+        ),
+        data={
+            "sources": assembled.sources,
+            "train": {
+                "examples": len(assembled.train_labels),
+                "sha256": assembled.hashes["train"],
+            },
+            "held_out": context["held_out"],
+            "holdout": assembled.holdout,
+        },
+        publish={
+            "mode": gate.args.publish,
+            "config": gate.args.config,
+            "version": None,
+            "label_changes": None,
+        },
+    )
+
+
+def _record_not_blessed(gate: Gate, candidate: Candidate, document: dict) -> None:
+    _write_json(candidate.run_dir / BLESSING_FILE, document)
+    print(
+        f"Not published: the model repository {gate.args.export_dir} is unchanged; the "
+        f"report is {candidate.run_dir / BLESSING_FILE}.",
+        flush=True,
+    )
+
+
+def _pin_stable_before_a_canary(gate: Gate) -> None:
+    """Without a stable label the newest version takes all the traffic: pin the one serving
+    now before the candidate appears, so that it gets the canary's share only."""
+    args, entry, baseline = gate.args, gate.entry, gate.baseline
+    if args.publish == "canary" and baseline is not None and "stable" not in entry.labels:
+        for line in promote(args.config, entry.name, label="stable", version=baseline.version):
+            print(line)
+
+
+def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> Path:
+    """The staged candidate renamed in as the next version, its blessing.json (naming that
+    version) written into it before the rename."""
+
+    def name_version(version: int, folder: Path) -> None:
+        document["versions"]["candidate"] = version
+        document["publish"]["version"] = version
+        _write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
+
+    return publish.publish_staged(staged, export_dir, name_version)
+
+
+def _record_published(gate: Gate, candidate: Candidate, document: dict, published: Path) -> None:
+    """Say so, move --publish's label, and keep blessing.json (with the label's changes) in
+    the run dir."""
     print(f"Blessed: published {published}", flush=True)
     version = int(published.name)
-    if args.publish != "version":
-        document["publish"]["label_changes"] = _label(args, entry, version)
-    _write_json(run_dir / BLESSING_FILE, document)
-    return 0
+    if gate.args.publish != "version":
+        document["publish"]["label_changes"] = _label(gate.args, gate.entry, version)
+    _write_json(candidate.run_dir / BLESSING_FILE, document)
 
 
 def _confusions(truth, predicted, slices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,16 +25,16 @@ from benchmarks.peers import report, spec, venvs
 
 def measure(variants, seconds: int, loads, model: Path | None = None) -> dict:
     from artifact.quiet import quiet_tensorflow
-    from benchmarks import bench
+    from benchmarks import common
     from benchmarks.peers import run
 
     quiet_tensorflow()
     versions = run.prepare(variants)
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     try:
-        version_path = model or bench.find_or_train_model(workdir)
+        version_path = model or common.find_or_train_model(workdir)
         print(f"Model {version_path}", flush=True)
-        bodies = bench.request_bodies(workdir)
+        bodies = common.request_bodies(workdir)
         return run.bench_peers(
             version_path, bodies, workdir, seconds, loads, variants, versions=versions
         )
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
         return 2
-    from benchmarks.bench import LOADS
+    from benchmarks.common import LOADS
 
     if args.command == "run":
         variants, loads = spec.ROWS, LOADS

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks import bench
+from benchmarks import common
 from benchmarks.peers import spec, venvs
 
 # The peers' answers against the SavedModel's own, probability by probability.
@@ -57,7 +57,7 @@ def peer_env(extra: dict[str, str]) -> dict[str, str]:
 def server_command(variant: spec.Variant, version_path: Path, rundir: Path, port: int):
     """(command, environment, working directory) to start one peer."""
     if variant.peer == "mlserver":
-        ports = (port, bench.free_port(), bench.free_port())
+        ports = (port, common.free_port(), common.free_port())
         repo = spec.write_mlserver_repository(variant, version_path, rundir / "repository", ports)
         cmd = [str(venvs.command("mlserver")), "start", str(repo)]
         return cmd, peer_env({}), rundir
@@ -81,7 +81,7 @@ def server_command(variant: spec.Variant, version_path: Path, rundir: Path, port
 
 def stop(proc: subprocess.Popen) -> None:
     """Stop the peer, then whatever of its process group is left (its workers)."""
-    bench.stop_server(proc)
+    common.stop_server(proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -139,10 +139,10 @@ def bench_variant(
     log(f"== {variant.title}", flush=True)
     rundir = workdir / f"peer-{variant.key}"
     rundir.mkdir(parents=True, exist_ok=True)
-    port = bench.free_port()
+    port = common.free_port()
     cmd, env, cwd = server_command(variant, version_path, rundir, port)
     started = time.monotonic()
-    proc = bench.start_server(
+    proc = common.start_server(
         cmd,
         env,
         port,
@@ -159,17 +159,8 @@ def bench_variant(
             "of the model's"
         )
         path = spec.INFER_PATH[variant.peer]
-        bench.run_wrk(port, bodies[1], 16, WARMUP_S, path)
-        results = {}
-        for concurrency, n in loads:
-            r = bench.run_wrk(port, bodies[n], concurrency, seconds, path)
-            r["images_per_s"] = r["requests_per_s"] * n
-            results[f"c{concurrency}x{n}"] = r
-            log(
-                f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
-                f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
-                flush=True,
-            )
+        common.run_wrk(port, bodies[1], 16, WARMUP_S, path)
+        results = common.run_loads(port, bodies, loads, seconds, path, log)
     finally:
         stop(proc)
     return {
@@ -194,7 +185,7 @@ def bench_peers(
     bodies: dict[int, Path],
     workdir: Path,
     seconds: int,
-    loads=bench.LOADS,
+    loads=common.LOADS,
     variants=spec.ROWS,
     versions: dict | None = None,
     log=print,

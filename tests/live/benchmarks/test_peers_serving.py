@@ -18,7 +18,7 @@ from benchmarks.peers import run, spec, venvs
 
 @pytest.fixture(scope="module")
 def bodies(tmp_path_factory, small_test_data):
-    """TF Serving bodies as bench.request_bodies writes them, from the small test split."""
+    """TF Serving bodies as common.request_bodies writes them, from the small test split."""
     images, _ = small_test_data
     directory = tmp_path_factory.mktemp("peer-bodies")
     out = {}

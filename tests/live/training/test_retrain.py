@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from support.helpers import REPO_ROOT, assert_one_error_line
 from support.training_harness import call_main, integer_dirs
 
@@ -172,13 +173,14 @@ def test_a_killed_retrain_publishes_nothing_resumes_and_publishes_once(
         first.wait(RUN_TIMEOUT_SECONDS)
     assert tree(repository) == before, log.read_text()
     assert json.loads((runs / lock.LOCK_FILE).read_text())["pid"] == first.pid  # stale
+    killed_at = recorded_step(runs)
 
     assert call_main(*argv) == 0
     out = capsys.readouterr().out
     assert f"Taking over a stale lock {runs / lock.LOCK_FILE} of pid {first.pid}" in out
     (run_dir,) = run_dirs(runs)
     resumed = re.search(r"resuming at step (\d+)", out)
-    assert resumed and int(resumed.group(1)) >= checkpoint > 0, out
+    assert resumed and int(resumed.group(1)) == killed_at >= checkpoint > 0, out
     assert integer_dirs(repository / MODEL_NAME) == ["1", "2"]
     report = json.loads((repository / MODEL_NAME / "2" / ASSETS_EXTRA / REPORT_FILE).read_text())
     assert (report["model_dir"], report["global_step"]) == (str(run_dir), 150)
@@ -204,16 +206,23 @@ def lock_exit_code() -> int:
     return EXIT_LOCKED
 
 
+def recorded_step(runs: Path) -> int:
+    """The step of the retrain run's latest checkpoint as TF's `checkpoint` file records it
+    (what a rerun resumes from); 0 before it records one.
+
+    Not the newest model.ckpt-N.index on disk: a checkpoint's files are written before that
+    file names it, and a retrain killed in between resumes from the one before."""
+    latest = [tf.train.latest_checkpoint(str(run)) for run in runs.glob("retrain-*")]
+    return max((int(path.rsplit("-", 1)[1]) for path in latest if path), default=0)
+
+
 def wait_for_checkpoint(runs: Path, process: subprocess.Popen, log: Path) -> int:
-    """The first checkpoint past step 0 of the retrain's run (bounded wait)."""
+    """The first recorded checkpoint past step 0 of the retrain's run (bounded wait)."""
     deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
     while True:
-        steps = [
-            int(p.name.split("-")[1].split(".")[0])
-            for p in runs.glob("retrain-*/model.ckpt-*.index")
-        ]
-        if any(steps):
-            return max(steps)
+        step = recorded_step(runs)
+        if step:
+            return step
         if process.poll() is not None or time.monotonic() > deadline:
             pytest.fail(
                 f"the retrain wrote no checkpoint (exit {process.poll()}):\n{log.read_text()}"

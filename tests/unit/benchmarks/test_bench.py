@@ -12,7 +12,7 @@ import threading
 import pytest
 from support.helpers import require_tool
 
-from benchmarks import bench
+from benchmarks import bench, common
 from benchmarks.probe import probe
 
 
@@ -65,7 +65,7 @@ def test_wrk_counts_answers_by_status(stand_in, tmp_path):
     require_tool("wrk", "wrk")
     body = tmp_path / "body.json"
     body.write_text("{}")
-    result = bench.run_wrk(stand_in.server_address[1], body, 4, 1, "/predict", statuses=True)
+    result = common.run_wrk(stand_in.server_address[1], body, 4, 1, "/predict", statuses=True)
     counts = result["statuses"]
     total = counts["ok"] + counts["refused"]
     assert total > 0 and counts["other"] == 0
@@ -224,3 +224,14 @@ def test_the_grpc_row_counts_calls_and_failures(tmp_path, monkeypatch, fail_ever
         assert result["errors"] > 0
     else:
         assert result["errors"] == 0
+
+
+@pytest.mark.parametrize("missing, package", [("wrk", "wrk"), ("h2load", "nghttp2-client")])
+def test_the_bench_stops_at_once_without_a_load_generator(monkeypatch, capsys, missing, package):
+    monkeypatch.setattr(
+        bench.shutil, "which", lambda tool: None if tool == missing else f"/usr/bin/{tool}"
+    )
+    assert bench.main(["--seconds", "1"]) == 2
+    assert capsys.readouterr().out == (
+        f"error: {missing} is not installed (apt-get install {package}; `make bench` does it)\n"
+    )

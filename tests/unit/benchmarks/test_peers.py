@@ -20,7 +20,7 @@ PEERS_SRC = ROOT / "benchmarks" / "peers"
 
 
 def tfserving_body(n: int, seed: int = 0) -> str:
-    """A body as bench.request_bodies writes it: n images rounded to 4 decimals."""
+    """A body as common.request_bodies writes it: n images rounded to 4 decimals."""
     pixels = np.round(np.random.default_rng(seed).random((n, 28, 28), dtype=np.float32), 4)
     return json.dumps({"instances": pixels.tolist()})
 

@@ -1,0 +1,203 @@
+"""What benchmarks/bench.py and benchmarks/peers/ share: the model and the request bodies
+every server is loaded with, the loads, starting and stopping a server, and wrk at each load.
+
+bench.py imports peers/ (their rows join its table); both import this, and neither this
+nor peers/ imports bench.py (tests/test_architecture.py checks there is no cycle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+LUA = ROOT / "benchmarks" / "post.lua"
+PATH = "/v1/models/fashion_mnist:predict"
+# (concurrency, images per request)
+LOADS = [(1, 1), (16, 1), (64, 1), (16, 8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_or_train_model(workdir: Path) -> Path:
+    """The newest exported version under models/fashion_mnist, or a quickly trained one."""
+    from artifact.repository import list_versions as version_dirs
+
+    versions = version_dirs(ROOT / "models" / "fashion_mnist")
+    if versions:
+        return versions[-1][1]
+    print(
+        "No exported model: training a small one for the benchmark (speed does not depend "
+        "on accuracy).",
+        flush=True,
+    )
+    export = workdir / "models" / "fashion_mnist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "train",
+            "--max-steps",
+            "300",
+            "--model-dir",
+            str(workdir / "run"),
+            "--export-dir",
+            str(export),
+        ],
+        check=True,
+    )
+    return version_dirs(export)[-1][1]
+
+
+def request_bodies(workdir: Path) -> dict[int | str, Path]:
+    """Real test images as TF Serving row-format JSON, one file per batch size, and one
+    image as the friendly /predict's integer pixels ("friendly")."""
+    from artifact.contract import normalize_pixels
+    from training.data import DEFAULT_DATA_DIR, load_split
+
+    _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
+    bodies = {}
+    for n in sorted({n for _, n in LOADS}):
+        path = workdir / f"body-{n}.json"
+        # As a client writes them: 0.0039, not float32's 0.003899999894201755.
+        pixels = np.round(normalize_pixels(images[:n]).astype(np.float64), 4)
+        path.write_text(json.dumps({"instances": pixels.tolist()}))
+        bodies[n] = path
+    # The friendly /predict with a person's pixels: integers 0-255.
+    friendly = workdir / "body-friendly.json"
+    friendly.write_text(json.dumps({"instances": images[:1].astype(int).tolist()}))
+    bodies["friendly"] = friendly
+    return bodies
+
+
+def start_server(
+    cmd: list[str],
+    env: dict,
+    port: int,
+    log_path: Path,
+    ready_path: str = "/docs",
+    cwd: Path = ROOT,
+    new_session: bool = False,
+) -> subprocess.Popen:
+    """Start a server with its output in log_path; return once `ready_path` answers 200.
+
+    `new_session`: in a process group of its own (a peer's workers can be ended with it).
+    """
+    import httpx
+
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=new_session,
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"server did not start within 120 s: {log_path.read_text()[-2000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+def run_wrk(
+    port: int,
+    body: Path,
+    concurrency: int,
+    seconds: int,
+    path: str = PATH,
+    header_length: int | None = None,
+    statuses: bool = False,
+) -> dict:
+    """wrk against the server: req/s, p50/p99 ms, errors (with `statuses`, also the answers
+    counted by status, from post.lua)."""
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path}
+    if header_length is not None:
+        env["BENCH_HEADER_LENGTH"] = str(header_length)
+    if statuses:
+        env["BENCH_STATUSES"] = "1"
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{seconds}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}",
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    if set(latency) != {"50", "99"}:
+        raise RuntimeError(f"could not read wrk's latency distribution:\n{out}")
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result = {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": _ms(latency["50"]),
+        "p99_ms": _ms(latency["99"]),
+        "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+    }
+    if statuses:
+        result["statuses"] = json.loads(re.search(r"^BENCH_STATUSES (.*)$", out, re.M).group(1))
+    return result
+
+
+def run_loads(
+    port: int,
+    bodies: dict,
+    loads,
+    seconds: int,
+    path: str = PATH,
+    log: Callable[..., None] = print,
+) -> dict:
+    """wrk at each (concurrency, images per request) load in turn, each load's line logged
+    as it ends: "c16x8" -> its run_wrk result with images_per_s."""
+    results = {}
+    for concurrency, n in loads:
+        r = run_wrk(port, bodies[n], concurrency, seconds, path)
+        r["images_per_s"] = r["requests_per_s"] * n
+        results[f"c{concurrency}x{n}"] = r
+        log(
+            f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
+            f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
+            flush=True,
+        )
+    return results
