@@ -5,9 +5,13 @@
 # Each image carries the shared `artifact` package and its own side only: the API image has
 # no training code, the trainer no web framework (requirements-service.lock and
 # requirements-training.lock).
-# A GPU build adds CUDA's pip wheels: --build-arg TENSORFLOW_EXTRAS=and-cuda
-# (docker-compose.gpu.yml does that).
+# A GPU build adds CUDA's pip wheels (requirements-gpu.lock): --build-arg
+# TENSORFLOW_EXTRAS=and-cuda (docker-compose.gpu.yml does that).
+# Every pip install is hash-checked (--require-hashes): only the files the locks name, each
+# with its sha256 (docs/security.md, "Reproducible installs").
 
+# The base image, by tag (docs/containers.md says why not by digest yet); override it to
+# build from another, e.g. one pinned by digest: --build-arg PYTHON_IMAGE=python@sha256:...
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # --- api-deps / trainer-deps: a virtualenv with each image's pinned packages --------------
@@ -18,19 +22,20 @@ ARG TENSORFLOW_EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY requirements.lock ./
-RUN pip install --requirement requirements.lock \
- && if [ -n "$TENSORFLOW_EXTRAS" ]; then \
-      pip install "tensorflow[${TENSORFLOW_EXTRAS}]==$(sed -n 's/^tensorflow==//p' requirements.lock)"; \
-    fi
+COPY requirements.lock requirements-gpu.lock ./
+RUN case "$TENSORFLOW_EXTRAS" in \
+      "") pip install --require-hashes --requirement requirements.lock ;; \
+      and-cuda) pip install --require-hashes --requirement requirements-gpu.lock ;; \
+      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
+    esac
 
 FROM venv AS api-deps
 COPY requirements-service.lock ./
-RUN pip install --requirement requirements-service.lock
+RUN pip install --require-hashes --requirement requirements-service.lock
 
 FROM venv AS trainer-deps
 COPY requirements-training.lock ./
-RUN pip install --requirement requirements-training.lock
+RUN pip install --require-hashes --requirement requirements-training.lock
 
 # --- runtime: a clean base with a non-root user; the code runs from /app -------------------
 FROM ${PYTHON_IMAGE} AS runtime

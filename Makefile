@@ -20,6 +20,9 @@ export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
+# Hash-checked: pip installs only the locked files, each with a sha256 the lock names (pip
+# itself too: the dev lock has it). The locks come from the requirements-*.in files (`make lock`).
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
         figures docs tokens
@@ -31,11 +34,16 @@ venv: $(STAMP) $(CRD_SDKS_STAMP)
 # Reinstalled only when the pinned requirements or the project metadata change.
 $(STAMP): $(LOCKS) pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-service.lock -r requirements-training.lock \
-	  -r requirements-dev.lock
+	$(PIP_INSTALL) -r requirements-service.lock -r requirements-training.lock -r requirements-dev.lock
+	# pip takes no editable project in a hash-checked run: the project alone, nothing else.
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
+
+# Compile every requirements-*.in into its hashed lock with uv (tools/lock.py says how they
+# layer); the pins of the existing locks are kept. UPGRADE="--upgrade-package NAME" moves one.
+.PHONY: lock
+lock: $(STAMP)
+	$(PY) tools/lock.py $(UPGRADE)
 
 # Downloaded (hash-checked), never installed: tests/support/crd_schemas.py reads their models.
 $(CRD_SDKS_STAMP): deploy/kubernetes/crd-sdks.txt $(STAMP)
