@@ -305,7 +305,7 @@ def pins(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         name, sep, version = line.split("#")[0].strip().partition("==")
         if sep:
-            out[name.lower().replace("_", "-")] = version
+            out[name.lower().replace("_", "-").replace(".", "-")] = version.split()[0]
     return out
 
 
@@ -335,6 +335,17 @@ def test_install_command_holds_the_peer_to_the_projects_pins(tmp_path):
     assert cmd[:4] == [str(tmp_path / "python"), "-m", "pip", "install"]
     assert cmd[cmd.index("-r") + 1] == str(venvs.lock_file("mlserver"))
     assert cmd[cmd.index("-c") + 1] == str(ROOT / "requirements.lock")
+    assert "--require-hashes" in cmd
+
+
+def test_relock_compiles_the_in_file_with_hashes_on_the_projects_pins():
+    cmd = venvs.relock_command("bentoml")
+    assert cmd[1:4] == ["pip", "compile", "benchmarks/peers/requirements-bentoml.in"]
+    assert cmd[cmd.index("--output-file") + 1] == "benchmarks/peers/requirements-bentoml.lock"
+    assert cmd[cmd.index("--constraint") + 1] == "requirements.lock"
+    assert "--generate-hashes" in cmd
+    header = venvs.lock_file("bentoml").read_text().splitlines()[1]
+    assert header == f"#    {venvs.RELOCK_COMMAND}"
 
 
 def test_a_venv_counts_as_installed_only_from_the_current_locks(tmp_path, monkeypatch):
