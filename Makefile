@@ -31,12 +31,13 @@ setup: venv data compose browser tools
 
 venv: $(STAMP) $(CRD_SDKS_STAMP)
 
-# Reinstalled only when the pinned requirements or the project metadata change.
+# Reinstalled only when the pinned requirements or the project metadata change. pip takes no
+# editable project in a hash-checked run: the project is a step of its own, nothing else, built
+# with the locked setuptools (no isolated build environment fetched unlocked).
 $(STAMP): $(LOCKS) pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) -r requirements-service.lock -r requirements-training.lock -r requirements-dev.lock
-	# pip takes no editable project in a hash-checked run: the project alone, nothing else.
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
 # Compile every requirements-*.in into its hashed lock with uv (tools/lock.py says how they

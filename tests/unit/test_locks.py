@@ -159,7 +159,7 @@ def test_make_setup_and_the_dockerfile_install_hash_checked():
     assert "$(PIP_INSTALL) -r requirements-service.lock" in stamp_rule
     assert re.search(r"^PIP_INSTALL := .* --require-hashes$", makefile, re.M)
     # The editable project is its own step: pip refuses `-e` in a hash-checked run.
-    assert "pip install --quiet --no-deps -e ." in stamp_rule
+    assert "pip install --quiet --no-deps --no-build-isolation -e ." in stamp_rule
     assert "--upgrade pip" not in stamp_rule
     dockerfile = (ROOT / "Dockerfile").read_text()
     installs = re.findall(r"^\s*(?:RUN |\S+\) )?pip install [^;\n]*", dockerfile, re.M)
