@@ -151,15 +151,19 @@ def pixels_to_input(array: np.ndarray) -> np.ndarray:
 PROBABILITY_SUM_TOLERANCE = 1e-3
 
 
-def output_problems(outputs: dict[str, np.ndarray]) -> list[str]:
+def output_problems(outputs: dict[str, np.ndarray], finite_rows_only: bool = False) -> list[str]:
     """What is wrong with a prediction's contract outputs; [] when nothing is.
 
     `probabilities` must be finite, within [0, 1] and each row sum to 1; `classes` must be
-    class ids of those rows. Cheap (a few numpy passes over [n, 10]): the service checks every
+    class ids of those rows. With `finite_rows_only`, rows holding NaN or Inf are left out
+    (what a model gives for a NaN input, which TF Serving passes to it: not the model's
+    fault). Cheap (a few numpy passes over [n, 10]): the service checks every
     answer too, and counts the ones that fail.
     """
     problems = []
     probabilities = outputs.get(PROBABILITIES_KEY)
+    if probabilities is not None and finite_rows_only and probabilities.ndim == 2:
+        probabilities = probabilities[np.isfinite(probabilities).all(axis=1)]
     if probabilities is not None and probabilities.size:
         if not np.isfinite(probabilities).all():
             problems.append("probabilities are not all finite")

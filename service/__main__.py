@@ -80,10 +80,8 @@ def main() -> int:
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s",
     )
-    notice = open_access_notice(settings.host, settings.auth_tokens_file)
-    if notice is not None and worker is None:  # once: the supervisor's, not each worker's
-        logging.getLogger("service").log(*notice)
     if settings.workers > 1 and worker is None:
+        announce_access(settings)  # once: the supervisor's, not each worker's
         sock.close()  # the workers bind their own, beside each other
         # Stopping: each worker's drain and shutdown, and a margin before it is killed.
         stop_seconds = settings.drain_seconds + settings.shutdown_timeout_seconds + 10
@@ -94,11 +92,20 @@ def main() -> int:
     from artifact.quiet import quiet_tensorflow
 
     quiet_tensorflow()
-    return serve(settings, models, sock)
+    return serve(settings, models, sock, announce=worker is None)
 
 
-def serve(settings: Settings, models, sock: socket.socket) -> int:
-    """Build the backend and the service, and run uvicorn on the bound socket until stopped."""
+def announce_access(settings: Settings) -> None:
+    """Say once, at start, when every endpoint is open (no AUTH_TOKENS_FILE)."""
+    notice = open_access_notice(settings.host, settings.auth_tokens_file)
+    if notice is not None:
+        logging.getLogger("service").log(*notice)
+
+
+def serve(settings: Settings, models, sock: socket.socket, announce: bool = True) -> int:
+    """Build the backend and the service, and run uvicorn on the bound socket until stopped.
+    With `announce`, say at start when every endpoint is open (a worker leaves that to its
+    supervisor)."""
     import uvicorn
 
     from service.app import create_app
@@ -113,6 +120,9 @@ def serve(settings: Settings, models, sock: socket.socket) -> int:
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    if announce:
+        # After the checks that stop the start with one line: then it is said to a server.
+        announce_access(settings)
     service = create_app(
         settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0
     )

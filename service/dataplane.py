@@ -144,7 +144,7 @@ class DataPlane:
         metrics = self.metrics
         metrics.images_per_request.observe(count)
         metrics.child(metrics.answered, name, str(prediction.version), route).inc()
-        problems = output_problems(prediction.outputs)
+        problems = output_problems(prediction.outputs, finite_rows_only=True)
         if problems:
             # Checked at load too (its warmup answers); a model may still answer otherwise.
             metrics.child(metrics.contract_violations, name, str(prediction.version)).inc()

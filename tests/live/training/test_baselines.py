@@ -188,7 +188,7 @@ def test_unknown_model_kind(tmp_path, small_data_dir, capsys):
     assert excinfo.value.code == 2
     _, err = capsys.readouterr()
     assert (
-        "argument --model: invalid choice: 'svm' (choose from 'cnn', 'linear', 'dnn', 'keras')"
+        "argument --model: invalid choice: 'svm' (choose from 'cnn', 'linear', 'dnn', 'keras', 'dnn_linear')"
         in err
     )
     assert not model_dir.exists()

@@ -105,3 +105,15 @@ def test_output_problems_names_what_is_wrong():
         assert words in problem, problem
     (problem,) = output_problems({"classes": classes + 1, "probabilities": good})
     assert problem == "classes outside 0-9"
+
+
+def test_output_problems_can_leave_out_the_rows_of_non_finite_inputs():
+    from artifact.contract import output_problems
+
+    probabilities = np.full((2, 10), 0.1, np.float32)
+    probabilities[1] = np.nan  # the answer to a NaN image, which TF Serving passes on
+    outputs = {"classes": np.array([3, 0]), "probabilities": probabilities}
+    assert output_problems(outputs) == ["probabilities are not all finite"]
+    assert output_problems(outputs, finite_rows_only=True) == []
+    outputs["probabilities"][0] *= 12
+    assert "outside [0, 1]" in output_problems(outputs, finite_rows_only=True)[0]

@@ -22,8 +22,12 @@ def start(monkeypatch, tmp_path, **env) -> None:
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(artifact.quiet, "quiet_tensorflow", lambda: None)
 
-    def serve(settings, models, sock):
+    def serve(settings, models, sock, announce=True):
+        # The real serve() announces once its start-up checks passed (a GPU asked for, ...);
+        # main() asks it to unless this process is a worker.
         sock.close()
+        if announce:
+            entry.announce_access(settings)
         return 0
 
     monkeypatch.setattr(entry, "serve", serve)
