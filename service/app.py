@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -189,10 +190,20 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         tokens,
         share_port=settings.workers > 1,
         grace=settings.shutdown_timeout_seconds,
-        services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION, tokens)],
+        services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION)],
         tensor_content=settings.grpc_tensor_content,
         strict_numbers=settings.strict_numbers,
+        tls=_tls_pair(settings),
+        allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
+        max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
     )
+
+
+def _tls_pair(settings: Settings) -> tuple[bytes, bytes] | None:
+    """(certificate chain, private key) as PEM bytes, for gRPC; None without TLS."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    return Path(settings.tls_cert_file).read_bytes(), Path(settings.tls_key_file).read_bytes()
 
 
 def _lifespan(parts: _Parts, service: Service):

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest gRPC message received or sent; larger gets RESOURCE_EXHAUSTED.",
     )
+    grpc_max_concurrent_rpcs: int = Field(
+        256,
+        gt=0,
+        description="Most gRPC calls served at once (per worker), each holding up to "
+        "GRPC_MAX_MESSAGE_BYTES; past it gRPC answers RESOURCE_EXHAUSTED at once.",
+    )
     backend: Literal["tensorflow", "tfserving"] = Field(
         "tensorflow",
         description="tensorflow: run the SavedModel in this process; tfserving: forward to "
@@ -256,8 +262,16 @@ class Settings(BaseSettings):
         description="Comma-separated origins (https://app.example) whose pages may call the "
         "API from a browser; empty: none but the service's own page.",
     )
-    tls_cert_file: str | None = Field(None, description="TLS certificate (PEM): serve HTTPS.")
+    tls_cert_file: str | None = Field(
+        None, description="TLS certificate (PEM): serve HTTPS, and TLS on GRPC_PORT."
+    )
     tls_key_file: str | None = Field(None, description="TLS private key (PEM) of TLS_CERT_FILE.")
+    grpc_allow_plaintext_tokens: bool = Field(
+        False,
+        description="With AUTH_TOKENS_FILE and no TLS_CERT_FILE, take gRPC calls carrying a "
+        "bearer token in clear (only where the network is encrypted or trusted already: a "
+        "service mesh, loopback); false refuses them with UNAUTHENTICATED saying why.",
+    )
 
     @field_validator("backend", "device", "log_level", mode="before")
     @classmethod
