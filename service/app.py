@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
+from service.codec import PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.door import BodyBudget, Door
@@ -103,6 +104,8 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         watcher = ConfigWatcher(
             settings.model_config_file, settings.model_config_file_poll_seconds, backend
         )
+    # One budget of pixels being decoded for /predict and feedback (MAX_PIXELS_IN_FLIGHT).
+    pixels_in_flight = PixelBudget(settings.max_pixels_in_flight)
     feedback = FeedbackAPI(
         dataplane,
         settings.feedback_dir,
@@ -110,6 +113,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         settings.feedback_max_bytes,
         settings.max_body_bytes,
         settings.max_request_pixels,
+        pixels_in_flight,
     )
     grpc_server = _grpc_server(settings, dataplane, tokens) if serve_grpc else None
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)
@@ -126,7 +130,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     tf_serving = TFServingREST(
         dataplane, watcher, settings.strict_numbers, settings.tfserving_extra_keys
     )
-    people = PeopleAPI(dataplane, settings.max_body_bytes, settings.max_request_pixels)
+    people = PeopleAPI(
+        dataplane, settings.max_body_bytes, settings.max_request_pixels, pixels_in_flight
+    )
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     routes: list[CallRoute] = [
         *tf_serving.call_routes(),

@@ -227,6 +227,13 @@ class Settings(BaseSettings):
         description="Most pixels the image files of one request may decode to, all of them "
         "together (each image is also limited to 24 megapixels); more gets 413.",
     )
+    max_pixels_in_flight: int = Field(
+        192_000_000,
+        gt=0,
+        description="Most pixels being decoded from image files at once, across all requests "
+        "(/predict and feedback); a request past it gets 503 with Retry-After before its "
+        "files are decoded.",
+    )
     # --- shutdown -------------------------------------------------------------------------
     drain_seconds: float = Field(
         5.0,
@@ -324,6 +331,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"MAX_BODY_BYTES_IN_FLIGHT={self.max_body_bytes_in_flight} is below "
                 f"MAX_BODY_BYTES={self.max_body_bytes}: no body of the largest size could come"
+            )
+        if self.max_pixels_in_flight < self.max_request_pixels:
+            raise ValueError(
+                f"MAX_PIXELS_IN_FLIGHT={self.max_pixels_in_flight} is below "
+                f"MAX_REQUEST_PIXELS={self.max_request_pixels}: no request of the largest size "
+                "could be decoded"
             )
         # One image as a float32 tensor is 3,136 bytes.
         if self.grpc_max_message_bytes < 4096:

@@ -647,10 +647,10 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
     first_started, finished = threading.Event(), threading.Event()
     original_files, original_pixels = codec.decode_image_files, codec.image_file_pixels
 
-    def decode_image_files(files, invert, budget, cancelled=None):
+    def decode_image_files(files, invert, budget, cancelled=None, **budgets):
         seen["cancelled"] = cancelled
         try:
-            return original_files(files, invert, budget, cancelled)
+            return original_files(files, invert, budget, cancelled, **budgets)
         finally:
             finished.set()
 
