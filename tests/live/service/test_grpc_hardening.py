@@ -173,8 +173,9 @@ def test_calls_past_grpc_max_concurrent_rpcs_are_refused_by_grpc():
         try:
             held = [pool.submit(stub.Predict, ONE_IMAGE, timeout=WAIT_SECONDS) for _ in range(2)]
             wait_until(lambda: gated.calls_started == 2, "two calls to hold the model")
-            code, _ = code_of(stub.Predict, ONE_IMAGE)
+            code, details = code_of(stub.Predict, ONE_IMAGE)
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "Concurrent RPC limit exceeded" in details
         finally:
             gated.gate.set()
         assert [call.result().model_spec.version.value for call in held] == [1, 1]
