@@ -13,14 +13,12 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from fakes import FakeBackend, GatedFakeBackend, app_client, wait_until
-from service_harness import MODEL_NAME, free_port
+from support.fakes import MODEL_NAME, FakeBackend, GatedFakeBackend, app_client, wait_until
+from support.helpers import self_signed
+from support.servers import free_port
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from test_hostile import self_signed
 
 from service import v2_proto
-
-pytestmark = pytest.mark.slow
 
 TOKEN = "predictor-token-0123456789"
 GRANTED = (("authorization", f"Bearer {TOKEN}"),)

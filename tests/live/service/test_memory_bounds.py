@@ -19,14 +19,10 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
-import pytest
-from fakes import MODEL_NAME
 from PIL import Image
-from service_harness import free_port
+from support.fakes import MODEL_NAME
+from support.servers import free_port, resident_bytes
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from test_door import resident_bytes
-
-pytestmark = pytest.mark.slow
 
 TOKEN = "predictor-token-0123456789"
 MiB = 2**20
@@ -42,7 +38,7 @@ import asyncio, io, socket, sys, threading
 sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, whatever the working folder
 import uvicorn
 from PIL import Image
-from fakes import FakeBackend
+from support.fakes import FakeBackend
 from service import codec
 from service.app import create_app
 from service.settings import Settings
@@ -123,7 +119,7 @@ def test_many_large_grpc_calls_and_slow_decodes_stay_within_the_caps(tmp_path):
     grpc_port = free_port()
     code = SERVE.format(
         root=str(ROOT),
-        tests=str(ROOT / "tests" / "service"),
+        tests=str(ROOT / "tests"),
         grpc_port=grpc_port,
         tokens=str(tokens),
         grpc_cap=GRPC_CAP,

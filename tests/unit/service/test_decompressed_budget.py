@@ -7,7 +7,7 @@ import gzip
 
 import orjson
 import pytest
-from fakes import FakeBackend, app_client
+from support.fakes import FakeBackend, app_client
 
 from service.errors import BodiesInFlight
 from service.v2_codec import decompress_body

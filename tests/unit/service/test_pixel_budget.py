@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 import pytest
-from fakes import MODEL_NAME, FakeBackend, app_client
-from helpers import png_bytes
+from support.fakes import MODEL_NAME, FakeBackend, app_client
+from support.helpers import png_bytes
 
 from service import codec
 from service.codec import PixelBudget
