@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
+from service.codec import PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.door import BodyBudget, Door
@@ -102,6 +104,8 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         watcher = ConfigWatcher(
             settings.model_config_file, settings.model_config_file_poll_seconds, backend
         )
+    # One budget of pixels being decoded for /predict and feedback (MAX_PIXELS_IN_FLIGHT).
+    pixels_in_flight = PixelBudget(settings.max_pixels_in_flight)
     feedback = FeedbackAPI(
         dataplane,
         settings.feedback_dir,
@@ -109,6 +113,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         settings.feedback_max_bytes,
         settings.max_body_bytes,
         settings.max_request_pixels,
+        pixels_in_flight,
     )
     grpc_server = _grpc_server(settings, dataplane, tokens) if serve_grpc else None
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)
@@ -125,7 +130,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     tf_serving = TFServingREST(
         dataplane, watcher, settings.strict_numbers, settings.tfserving_extra_keys
     )
-    people = PeopleAPI(dataplane, settings.max_body_bytes, settings.max_request_pixels)
+    people = PeopleAPI(
+        dataplane, settings.max_body_bytes, settings.max_request_pixels, pixels_in_flight
+    )
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     routes: list[CallRoute] = [
         *tf_serving.call_routes(),
@@ -189,10 +196,20 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         tokens,
         share_port=settings.workers > 1,
         grace=settings.shutdown_timeout_seconds,
-        services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION, tokens)],
+        services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION)],
         tensor_content=settings.grpc_tensor_content,
         strict_numbers=settings.strict_numbers,
+        tls=_tls_pair(settings),
+        allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
+        max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
     )
+
+
+def _tls_pair(settings: Settings) -> tuple[bytes, bytes] | None:
+    """(certificate chain, private key) as PEM bytes, for gRPC; None without TLS."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    return Path(settings.tls_cert_file).read_bytes(), Path(settings.tls_key_file).read_bytes()
 
 
 def _lifespan(parts: _Parts, service: Service):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import json
 import threading
@@ -33,7 +34,13 @@ from artifact.contract import (
     pixels_to_input,
 )
 from artifact.images import MAX_PIXELS, ImageError, image_to_pixels, open_image
-from service.errors import BadInput, PayloadTooLarge, ServiceError, check_image_count
+from service.errors import (
+    BadInput,
+    PayloadTooLarge,
+    PixelsInFlight,
+    ServiceError,
+    check_image_count,
+)
 
 SHAPE_TEXT = f"{IMAGE_HEIGHT}x{IMAGE_WIDTH}"
 
@@ -556,22 +563,67 @@ class Cancelled(Exception):
     """The request that asked for the decoding is gone: the rest is not decoded."""
 
 
+class PixelBudget:
+    """Pixels being decoded from image files at once, process-wide (MAX_PIXELS_IN_FLIGHT):
+    a request's files reserve their pixel count, read from their headers, before the first
+    is decoded, and give it back when the last is done. Decoders run on worker threads:
+    reserving is thread-safe.
+
+    Args:
+        limit: the most pixels being decoded at once.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most ever held (tests and benchmarks read it)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int):
+        """Reserve `pixels` for the block's length.
+
+        Raises:
+            PixelsInFlight: no room for them now (503 with Retry-After).
+        """
+        with self._lock:
+            if self.held + pixels > self.limit:
+                raise PixelsInFlight(
+                    f"other requests' images are being decoded to {self.held / 1e6:.1f} "
+                    f"megapixels already; this request's {pixels / 1e6:.1f} would pass "
+                    f"MAX_PIXELS_IN_FLIGHT={self.limit}; retry shortly"
+                )
+            self.held += pixels
+            self.peak = max(self.peak, self.held)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= pixels
+
+
+UNBOUNDED_PIXELS = PixelBudget(1 << 62)
+
+
 def decode_pixel_instances(
     instances: list,
     invert: str,
     pixel_budget: int = MAX_PIXELS,
     cancelled: threading.Event | None = None,
+    in_flight: PixelBudget = UNBOUNDED_PIXELS,
 ) -> np.ndarray:
     """The friendly /predict's instances to float32 images [n, 28, 28] in [0, 1].
 
     Each instance is a 28x28 array of pixels (integers 0-255 or floats in [0, 1]) or
     {"b64": "<base64 PNG or JPEG>"}; each is read on its own, so one image's integers do not
     change how another's floats are read. The image files are sized from their headers first,
-    against `pixel_budget` for all of them together, before any is decoded.
+    against `pixel_budget` for all of them together, and reserved from `in_flight` (the
+    process's), before any is decoded.
 
     Raises:
         BadInput: an instance is neither; the message names it.
         PayloadTooLarge: the image files would decode to more than pixel_budget pixels.
+        PixelsInFlight: `in_flight` has no room for them now.
         Cancelled: `cancelled` was set (the client left) before the last image was decoded.
     """
     files = {
@@ -579,7 +631,12 @@ def decode_pixel_instances(
         for i, item in enumerate(instances)
         if isinstance(item, dict)
     }
-    check_pixel_budget(list(files.values()), pixel_budget)
+    pixels = check_pixel_budget(list(files.values()), pixel_budget)
+    with in_flight.hold(pixels):
+        return _decode_instances(instances, files, invert, cancelled)
+
+
+def _decode_instances(instances, files, invert, cancelled) -> np.ndarray:
     images = []
     for i, item in enumerate(instances):
         where = f"instances[{i}]"
@@ -622,9 +679,10 @@ def _b64_bytes(value: dict, where: str) -> bytes:
         raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
 
 
-def check_pixel_budget(files: list[tuple[str, bytes]], budget: int) -> None:
+def check_pixel_budget(files: list[tuple[str, bytes]], budget: int) -> int:
     """Size every image file from its header (nothing decoded) and refuse the request when
-    they would decode to more than `budget` pixels together (MAX_REQUEST_PIXELS).
+    they would decode to more than `budget` pixels together (MAX_REQUEST_PIXELS); the
+    pixels they decode to.
 
     Raises:
         BadInput: a file is not an image in an accepted format, or is too large by itself.
@@ -642,6 +700,7 @@ def check_pixel_budget(files: list[tuple[str, bytes]], budget: int) -> None:
             f"the request's images would decode to {total / 1e6:.1f} megapixels; the limit "
             f"is {budget / 1e6:g} per request (MAX_REQUEST_PIXELS)"
         )
+    return total
 
 
 def decode_image_files(
@@ -649,21 +708,24 @@ def decode_image_files(
     invert: str,
     pixel_budget: int,
     cancelled: threading.Event | None = None,
+    in_flight: PixelBudget = UNBOUNDED_PIXELS,
 ) -> np.ndarray:
-    """Uploaded image files to uint8 [n, 28, 28], within the request's pixel budget.
+    """Uploaded image files to uint8 [n, 28, 28], within the request's pixel budget and the
+    process's (`in_flight`).
 
     Raises:
         BadInput: a file that is not an image (named by `where`, the first of each pair).
         PayloadTooLarge: over the budget (checked from the headers, before any decoding).
+        PixelsInFlight: `in_flight` has no room for them now.
         Cancelled: `cancelled` was set before the last file was decoded.
     """
-    check_pixel_budget(files, pixel_budget)
-    pixels = []
-    for where, data in files:
-        if cancelled is not None and cancelled.is_set():
-            raise Cancelled
-        pixels.append(image_file_pixels(data, where, invert))
-    return np.stack(pixels)
+    with in_flight.hold(check_pixel_budget(files, pixel_budget)):
+        pixels = []
+        for where, data in files:
+            if cancelled is not None and cancelled.is_set():
+                raise Cancelled
+            pixels.append(image_file_pixels(data, where, invert))
+        return np.stack(pixels)
 
 
 def image_file_pixels(data: bytes, where: str, invert: str) -> np.ndarray:

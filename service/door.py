@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import re
+import threading
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -199,7 +200,7 @@ class Door:
             route.before_body(params, query)
         with self.body_budget.hold() as held:
             body = await read_body(request, self.max_body_bytes, self.body_timeout, held)
-            call = Call(body, request.headers, query)
+            call = Call(body, request.headers, query, held.reserve)
             return await unless_disconnected(request, route.handler(call, **params))
 
 
@@ -215,6 +216,8 @@ class BodyBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        # Handlers reserve from worker threads too (a body decompressed off the loop).
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def hold(self):
@@ -224,16 +227,18 @@ class BodyBudget:
         try:
             yield holder
         finally:
-            self.held -= holder.bytes
+            with self._lock:
+                self.held -= holder.bytes
 
     def _reserve(self, holder: _Held, count: int) -> None:
-        if self.held + count > self.limit:
-            raise BodiesInFlight(
-                f"the service holds {self.held} bytes of request bodies already; another "
-                f"{count} would pass MAX_BODY_BYTES_IN_FLIGHT={self.limit}; retry shortly"
-            )
-        self.held += count
-        holder.bytes += count
+        with self._lock:
+            if self.held + count > self.limit:
+                raise BodiesInFlight(
+                    f"the service holds {self.held} bytes of request bodies already; another "
+                    f"{count} would pass MAX_BODY_BYTES_IN_FLIGHT={self.limit}; retry shortly"
+                )
+            self.held += count
+            holder.bytes += count
 
 
 class _Held:

@@ -87,6 +87,11 @@ class BodiesInFlight(Overloaded):
     before reading it (memory bounded across requests, not only per request)."""
 
 
+class PixelsInFlight(Overloaded):
+    """Image files of other requests are being decoded to MAX_PIXELS_IN_FLIGHT pixels
+    already: refuse the next before decoding it (decoded images bounded across requests)."""
+
+
 # What an overloaded service tells clients to wait before they try again (Retry-After).
 RETRY_AFTER_SECONDS = "1"
 

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest gRPC message received or sent; larger gets RESOURCE_EXHAUSTED.",
     )
+    grpc_max_concurrent_rpcs: int = Field(
+        256,
+        gt=0,
+        description="Most gRPC calls served at once (per worker), each holding up to "
+        "GRPC_MAX_MESSAGE_BYTES; past it gRPC answers RESOURCE_EXHAUSTED at once.",
+    )
     backend: Literal["tensorflow", "tfserving"] = Field(
         "tensorflow",
         description="tensorflow: run the SavedModel in this process; tfserving: forward to "
@@ -221,6 +227,13 @@ class Settings(BaseSettings):
         description="Most pixels the image files of one request may decode to, all of them "
         "together (each image is also limited to 24 megapixels); more gets 413.",
     )
+    max_pixels_in_flight: int = Field(
+        192_000_000,
+        gt=0,
+        description="Most pixels being decoded from image files at once, across all requests "
+        "(/predict and feedback); a request past it gets 503 with Retry-After before its "
+        "files are decoded.",
+    )
     # --- shutdown -------------------------------------------------------------------------
     drain_seconds: float = Field(
         5.0,
@@ -256,8 +269,16 @@ class Settings(BaseSettings):
         description="Comma-separated origins (https://app.example) whose pages may call the "
         "API from a browser; empty: none but the service's own page.",
     )
-    tls_cert_file: str | None = Field(None, description="TLS certificate (PEM): serve HTTPS.")
+    tls_cert_file: str | None = Field(
+        None, description="TLS certificate (PEM): serve HTTPS, and TLS on GRPC_PORT."
+    )
     tls_key_file: str | None = Field(None, description="TLS private key (PEM) of TLS_CERT_FILE.")
+    grpc_allow_plaintext_tokens: bool = Field(
+        False,
+        description="With AUTH_TOKENS_FILE and no TLS_CERT_FILE, take gRPC calls carrying a "
+        "bearer token in clear (only where the network is encrypted or trusted already: a "
+        "service mesh, loopback); false refuses them with UNAUTHENTICATED saying why.",
+    )
 
     @field_validator("backend", "device", "log_level", mode="before")
     @classmethod
@@ -310,6 +331,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"MAX_BODY_BYTES_IN_FLIGHT={self.max_body_bytes_in_flight} is below "
                 f"MAX_BODY_BYTES={self.max_body_bytes}: no body of the largest size could come"
+            )
+        if self.max_pixels_in_flight < self.max_request_pixels:
+            raise ValueError(
+                f"MAX_PIXELS_IN_FLIGHT={self.max_pixels_in_flight} is below "
+                f"MAX_REQUEST_PIXELS={self.max_request_pixels}: no request of the largest size "
+                "could be decoded"
             )
         # One image as a float32 tensor is 3,136 bytes.
         if self.grpc_max_message_bytes < 4096:

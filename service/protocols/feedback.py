@@ -115,6 +115,8 @@ class FeedbackAPI:
         max_body_bytes: MAX_BODY_BYTES (the most one uploaded file may be).
         max_request_pixels: MAX_REQUEST_PIXELS, the decoded pixels one request's image files
             may hold (as /predict).
+        pixels_in_flight: the process's budget of pixels being decoded (MAX_PIXELS_IN_FLIGHT),
+            shared with /predict; None: unbounded.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class FeedbackAPI:
         max_bytes: int,
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
+        pixels_in_flight: codec.PixelBudget | None = None,
     ):
         self.dataplane = dataplane
         self.feedback_dir = Path(feedback_dir) if feedback_dir else None
@@ -132,6 +135,7 @@ class FeedbackAPI:
         self.max_bytes = max_bytes
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
+        self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
         self._writers: dict[str, FeedbackWriter] = {}
         self._opening = asyncio.Lock()
         registry = dataplane.metrics.registry
@@ -277,7 +281,9 @@ class FeedbackAPI:
         if not isinstance(labels, list):
             raise BadInput(f"labels: expected a list of class ids or label names, got {labels!r}")
         version = model_version_of(request.get("model_version"))
-        images = codec.decode_pixel_instances(instances, invert, self.max_request_pixels)
+        images = codec.decode_pixel_instances(
+            instances, invert, self.max_request_pixels, in_flight=self.pixels_in_flight
+        )
         return images, labels, version
 
     async def _multipart(self, request, invert: str):
@@ -294,7 +300,11 @@ class FeedbackAPI:
 
         # In a thread: decoding and resizing photos must not stall the event loop.
         pixels = await asyncio.to_thread(
-            codec.decode_image_files, files, invert, self.max_request_pixels
+            codec.decode_image_files,
+            files,
+            invert,
+            self.max_request_pixels,
+            in_flight=self.pixels_in_flight,
         )
         return normalize_pixels(pixels), labels, version
 

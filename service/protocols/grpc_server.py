@@ -49,7 +49,7 @@ from service.errors import (
     printable,
     redact_paths,
 )
-from service.security import PREDICT, SCOPE, STATUS, bearer_problem
+from service.protocols.grpc_access import TokenInterceptor
 from service.tensors import fill_tensor_proto, images_from_tensor_proto
 from service.types import ModelMetadata
 
@@ -58,6 +58,8 @@ log = logging.getLogger("service.grpc")
 METADATA_FIELD = "signature_def"
 # TF Serving cuts longer messages (model_servers/grpc_status_util.cc).
 MESSAGE_LIMIT = 1024
+# Calls served at once (GRPC_MAX_CONCURRENT_RPCS); past it gRPC answers RESOURCE_EXHAUSTED.
+MAX_CONCURRENT_RPCS = 256
 # In-flight calls may finish when the service stops (SHUTDOWN_TIMEOUT_SECONDS, as HTTP's).
 SHUTDOWN_GRACE_SECONDS = 20.0
 # A client whose deadline passes cancels the call before the server's copy of the deadline
@@ -112,14 +114,10 @@ class RPCError(Exception):
         self.message = message
 
 
-def _rpc(method, needed: str | None = None):
+def _rpc(method):
     """Count the call, and answer its errors with their gRPC status, logged as the HTTP side
-    logs them. `needed`: the token scope the call takes (by default STATUS for the Get
-    methods, PREDICT for the others)."""
+    logs them. Its token was checked before it came here (service/protocols/grpc_access.py)."""
     name = method.__name__
-
-    scope = STATUS if name.startswith("Get") or name == "HandleReloadConfigRequest" else PREDICT
-    needed = needed or scope
 
     @functools.wraps(method)
     async def handler(self, request, context):
@@ -128,7 +126,6 @@ def _rpc(method, needed: str | None = None):
         code = grpc.StatusCode.UNKNOWN
         overloaded = False
         try:
-            self.authorize(context, needed)
             response = await method(self, request, context)
             code = grpc.StatusCode.OK
             return response
@@ -180,32 +177,11 @@ class _Servicer(
     model_service_pb2_grpc.ModelServiceServicer,
 ):
     def __init__(
-        self,
-        dataplane: DataPlane,
-        tokens: dict[bytes, frozenset[str]] | None = None,
-        tensor_content: bool = False,
-        strict_numbers: bool = False,
+        self, dataplane: DataPlane, tensor_content: bool = False, strict_numbers: bool = False
     ):
         self.dataplane = dataplane
-        self.tokens = tokens
         self.tensor_content = tensor_content
         self.strict_numbers = strict_numbers
-
-    def authorize(self, context, needed: str) -> None:
-        """The HTTP side's bearer tokens, from the call's `authorization` metadata."""
-        if self.tokens is None:
-            return
-        metadata = dict(context.invocation_metadata() or ())
-        header = metadata.get("authorization", "")
-        problem = bearer_problem(self.tokens, header.encode("latin-1"), needed)
-        if problem is not None:
-            kind, message = problem
-            code = (
-                grpc.StatusCode.PERMISSION_DENIED
-                if kind == SCOPE
-                else (grpc.StatusCode.UNAUTHENTICATED)
-            )
-            raise RPCError(code, message)
 
     # --- model specs --------------------------------------------------------------------
     def servable(self, spec) -> tuple[str, int | None, str | None]:
@@ -409,7 +385,8 @@ class GRPCServer:
         dataplane: what serves the model (the HTTP adapters' own).
         host, port: where to listen (HOST, GRPC_PORT).
         max_message_bytes: largest message received or sent (GRPC_MAX_MESSAGE_BYTES).
-        tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
+        tokens: the bearer tokens calls must carry (`authorization` metadata), checked before
+            a call's message is read (service/protocols/grpc_access.py); None: none.
         share_port: listen beside the other workers on the same port (SO_REUSEPORT).
         grace: how long in-flight calls may take to finish once it stops
             (SHUTDOWN_TIMEOUT_SECONDS).
@@ -417,6 +394,13 @@ class GRPCServer:
             `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
         tensor_content: GRPC_TENSOR_CONTENT: answer outputs as raw bytes, not typed fields.
         strict_numbers: STRICT_NUMBERS: refuse values that are not finite, short float_val.
+        tls: (certificate chain, private key), PEM bytes (TLS_CERT_FILE, TLS_KEY_FILE): serve
+            TLS only; None: plaintext.
+        allow_plaintext_tokens: GRPC_ALLOW_PLAINTEXT_TOKENS: without `tls`, take calls that
+            carry a token; false refuses them (UNAUTHENTICATED) rather than read a token
+            anyone on the path could.
+        max_concurrent_rpcs: GRPC_MAX_CONCURRENT_RPCS: most calls served at once; gRPC
+            itself answers those past it RESOURCE_EXHAUSTED.
     """
 
     def __init__(
@@ -431,7 +415,13 @@ class GRPCServer:
         services: Sequence = (),
         tensor_content: bool = False,
         strict_numbers: bool = False,
+        tls: tuple[bytes, bytes] | None = None,
+        allow_plaintext_tokens: bool = False,
+        max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
     ):
+        self.tls = tls
+        self.allow_plaintext_tokens = allow_plaintext_tokens
+        self.max_concurrent_rpcs = max_concurrent_rpcs
         self.tensor_content = tensor_content
         self.strict_numbers = strict_numbers
         self.dataplane = dataplane
@@ -451,22 +441,43 @@ class GRPCServer:
         Raises:
             RuntimeError: the address cannot be bound.
         """
+        interceptors = []
+        if self.tokens is not None:
+            metrics = self.dataplane.metrics
+
+            def count(name: str, code: str) -> None:
+                metrics.child(metrics.grpc_requests, name, code).inc()
+
+            interceptors.append(
+                TokenInterceptor(
+                    self.tokens,
+                    refuse_plaintext=self.tls is None and not self.allow_plaintext_tokens,
+                    count=count,
+                )
+            )
         server = grpc.aio.server(
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 # gRPC shares a port with any other process's server by default: only the
                 # service's own workers may.
                 ("grpc.so_reuseport", int(self.share_port)),
-            ]
+            ],
         )
-        servicer = _Servicer(self.dataplane, self.tokens, self.tensor_content, self.strict_numbers)
+        servicer = _Servicer(self.dataplane, self.tensor_content, self.strict_numbers)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:
             service.add_to_server(server)
         try:
-            port = server.add_insecure_port(self.address)
+            if self.tls is None:
+                port = server.add_insecure_port(self.address)
+            else:
+                chain, key = self.tls
+                credentials = grpc.ssl_server_credentials([(key, chain)])
+                port = server.add_secure_port(self.address, credentials)
         except RuntimeError as err:
             raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT): {err}") from err
         if port == 0:
@@ -474,7 +485,11 @@ class GRPCServer:
         self.port = port
         await server.start()
         self._server = server
-        log.info("TensorFlow Serving's gRPC API on %s", self.address)
+        log.info(
+            "TensorFlow Serving's gRPC API on %s (%s)",
+            self.address,
+            "TLS" if self.tls is not None else "plaintext",
+        )
 
     def begin_stop(self) -> None:
         """Refuse new calls from now on; those in flight get `grace` seconds to finish. Called

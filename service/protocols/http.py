@@ -69,15 +69,25 @@ def label_in_url(text: str | None) -> str | None:
     return text
 
 
+def _unbudgeted(count: int) -> None:
+    """A Call made outside the door (tests): nothing to reserve from."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Call:
     """A request as its handler sees it: the body, read whole and within the limits by the
     door (service/door.py), the headers and the query. A client that leaves cancels the
-    handler's task."""
+    handler's task.
+
+    `reserve(n)` counts n more bytes the handler makes of the body (a decompressed copy) in
+    the process's budget of bodies in flight (MAX_BODY_BYTES_IN_FLIGHT), held until the
+    request is answered; it raises BodiesInFlight (503) past it. Safe from a worker thread.
+    """
 
     body: bytes
     headers: Headers
     query: QueryParams
+    reserve: Callable[[int], None] = _unbudgeted
 
 
 CallHandler = Callable[..., Awaitable[Response]]

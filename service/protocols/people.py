@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 
 import numpy as np
@@ -115,6 +116,8 @@ class PeopleAPI:
         max_body_bytes: largest request body (MAX_BODY_BYTES): the most one uploaded file
             may be.
         max_request_pixels: most pixels one request's image files may decode to.
+        pixels_in_flight: the process's budget of pixels being decoded (MAX_PIXELS_IN_FLIGHT),
+            shared with feedback; None: unbounded.
     """
 
     def __init__(
@@ -122,10 +125,12 @@ class PeopleAPI:
         dataplane: DataPlane,
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
+        pixels_in_flight: codec.PixelBudget | None = None,
     ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
+        self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
         self.decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
 
     def call_routes(self) -> list[CallRoute]:
@@ -202,7 +207,9 @@ class PeopleAPI:
         instances = codec.pixel_instances(codec.loads(body))
         # Counted before any image is decoded.
         self.dataplane.check_image_count(len(instances))
-        return codec.decode_pixel_instances(instances, invert, self.max_request_pixels, cancelled)
+        return codec.decode_pixel_instances(
+            instances, invert, self.max_request_pixels, cancelled, self.pixels_in_flight
+        )
 
     async def _uploaded_images(self, call: Call, invert: str):
         _, uploads = await image_form(
@@ -213,7 +220,6 @@ class PeopleAPI:
             (f"files[{i}] ({name})", await upload.read())
             for i, (name, upload) in enumerate(zip(names, uploads, strict=True))
         ]
-        pixels = await self._decode(
-            codec.decode_image_files, files, invert, self.max_request_pixels
-        )
+        decode = functools.partial(codec.decode_image_files, in_flight=self.pixels_in_flight)
+        pixels = await self._decode(decode, files, invert, self.max_request_pixels)
         return normalize_pixels(pixels), names

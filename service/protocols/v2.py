@@ -220,6 +220,7 @@ class OpenInferenceREST:
             body,
             encoding,
             call.headers.get(HEADER_LENGTH),
+            call.reserve,
         )
         # A large or compressed body is parsed in a thread: it must not stall other clients'
         # requests.
@@ -228,7 +229,8 @@ class OpenInferenceREST:
         result = await self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
         return render_infer_response(result, parsed)
 
-    def _parse(self, body: bytes, encoding: str | None, header_length: str | None):
-        # Triton measures the header length and the body limit on the decompressed body.
-        body = decompress_body(body, encoding, self.max_body_bytes)
+    def _parse(self, body: bytes, encoding: str | None, header_length: str | None, reserve):
+        # Triton measures the header length and the body limit on the decompressed body,
+        # which counts in the bodies in flight as the wire bytes do (`reserve`).
+        body = decompress_body(body, encoding, self.max_body_bytes, reserve)
         return parse_infer_request(body, header_length, self.dataplane.check_image_count)

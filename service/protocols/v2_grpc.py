@@ -25,9 +25,8 @@ from artifact.contract import SIGNATURE_NAME
 from service import v2_proto
 from service.dataplane import DataPlane
 from service.errors import BadInput
-from service.protocols.grpc_server import _rpc, _Servicer
+from service.protocols.grpc_server import _rpc
 from service.protocols.http import version_in_url
-from service.security import STATUS
 from service.types import VersionState
 from service.v2_codec import (
     EXTENSIONS,
@@ -36,14 +35,9 @@ from service.v2_codec import (
     render_model_metadata,
 )
 
-# Health needs no token, as /v2/health/live and /v2/health/ready (service/security.py).
-OPEN = "open"
 # Requests up to this size (a few images) are parsed on the event loop: a thread hop costs
 # more than they do.
 INLINE_PARSE_BYTES = 64 * 1024
-
-_open_rpc = functools.partial(_rpc, needed=OPEN)
-_status_rpc = functools.partial(_rpc, needed=STATUS)
 
 
 def _model_name(name: str, field: str) -> str:
@@ -64,7 +58,10 @@ class OpenInferenceGRPC:
     Args:
         dataplane: what serves the model (the HTTP adapters' own).
         server_name, server_version: what ServerMetadata says the server is.
-        tokens: the bearer tokens calls must carry (`authorization` metadata); None: none.
+
+    Tokens are checked for every service on the server, from one table of the methods'
+    scopes (service/protocols/grpc_access.py): health open, metadata `status`, ModelInfer
+    `predict`.
     """
 
     def __init__(
@@ -72,18 +69,11 @@ class OpenInferenceGRPC:
         dataplane: DataPlane,
         server_name: str,
         server_version: str,
-        tokens: dict[bytes, frozenset[str]] | None = None,
     ):
         self.dataplane = dataplane
-        self.tokens = tokens
         self.server_metadata = v2_proto.ServerMetadataResponse(
             name=server_name, version=server_version, extensions=EXTENSIONS
         )
-
-    def authorize(self, context, needed: str) -> None:
-        """TF Serving's methods' token rule (the same tokens, codes and messages)."""
-        if needed != OPEN:
-            _Servicer.authorize(self, context, needed)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register every method of the service on a gRPC server."""
@@ -100,16 +90,16 @@ class OpenInferenceGRPC:
         )
 
     # --- health and metadata ------------------------------------------------------------
-    @_open_rpc
+    @_rpc
     async def ServerLive(self, request, context):  # noqa: N802 - the protocol's method name
         return v2_proto.ServerLiveResponse(live=True)
 
-    @_open_rpc
+    @_rpc
     async def ServerReady(self, request, context):  # noqa: N802
         # A bool to say it, as Triton and KServe answer (HTTP's 503 has no such field).
         return v2_proto.ServerReadyResponse(ready=self.dataplane.readiness().ready)
 
-    @_status_rpc
+    @_rpc
     async def ModelReady(self, request, context):  # noqa: N802
         name = _model_name(request.name, "name")
         version = _version(request.version)
@@ -120,11 +110,11 @@ class OpenInferenceGRPC:
             ready = status.state == VersionState.AVAILABLE
         return v2_proto.ModelReadyResponse(ready=ready)
 
-    @_status_rpc
+    @_rpc
     async def ServerMetadata(self, request, context):  # noqa: N802
         return self.server_metadata
 
-    @_status_rpc
+    @_rpc
     async def ModelMetadata(self, request, context):  # noqa: N802
         name = _model_name(request.name, "name")
         metadata = await self.dataplane.metadata(name, _version(request.version))

@@ -203,3 +203,11 @@ def wait_for(condition, what: str, server: Server, timeout: float = 60.0):
         if server.process.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"gave up waiting for {what}; the service's output:\n{server.log()}")
         time.sleep(0.1)
+
+
+def resident_bytes(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory now (VmRSS), or the most it ever had (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from support.fakes import MODEL_NAME
 from support.helpers import open_upload
+from support.servers import resident_bytes
 
 V1 = f"/v1/models/{MODEL_NAME}"
 
@@ -36,14 +37,6 @@ config = uvicorn.Config(create_app(settings, FakeBackend()), log_level="error", 
                         http=guarded_protocol(16 * 1024, 60.0, Drain()), timeout_keep_alive=60)
 uvicorn.Server(config).run(sockets=[sock])
 """
-
-
-def resident_bytes(pid: int, field: str = "VmRSS") -> int:
-    """A process's resident memory now (VmRSS), or the most it ever had (VmHWM)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field}")
 
 
 UPLOAD_BUDGET = 64 * 2**20  # MAX_BODY_BYTES_IN_FLIGHT of the server below

@@ -231,7 +231,13 @@ def test_grpc_calls_need_the_http_sides_bearer_tokens(tmp_path):
     port = free_port()
     request = predict_request(PIXELS[0:1])
     with (
-        app_client(FakeBackend(), serve_grpc=True, grpc_port=port, auth_tokens_file=str(tokens)),
+        app_client(
+            FakeBackend(),
+            serve_grpc=True,
+            grpc_port=port,
+            auth_tokens_file=str(tokens),
+            grpc_allow_plaintext_tokens=True,  # loopback
+        ),
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)

@@ -45,6 +45,7 @@ def test_a_rotated_token_is_seen_by_http_and_grpc_at_once(tmp_path):
             grpc_port=port,
             auth_tokens_file=str(path),
             auth_tokens_check_seconds=0,
+            grpc_allow_plaintext_tokens=True,  # loopback
         ) as client,
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):

@@ -43,7 +43,11 @@ def server(trained_model, tmp_path_factory) -> Iterator[tuple[Server, int]]:
     tokens = root / "tokens"
     tokens.write_text(f"{TOKEN} predict,status\n{STATUS_TOKEN} status\n")
     srv = start_server(
-        root / "server.log", grpc=True, MODEL_BASE_PATH=str(base), AUTH_TOKENS_FILE=str(tokens)
+        root / "server.log",
+        grpc=True,
+        MODEL_BASE_PATH=str(base),
+        AUTH_TOKENS_FILE=str(tokens),
+        GRPC_ALLOW_PLAINTEXT_TOKENS="true",  # loopback
     )
     yield srv, srv.grpc_port
     assert srv.stop() in (0, -signal.SIGTERM), srv.log()

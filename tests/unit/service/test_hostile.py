@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime as dt
 import logging
 import re
 import socket
@@ -29,7 +28,7 @@ from support.fakes import (
     threaded_server,
     wait_until,
 )
-from support.helpers import error_message, png_bytes
+from support.helpers import error_message, png_bytes, self_signed
 
 from artifact.images import MAX_PIXELS
 from service import codec, errors, protocols
@@ -542,43 +541,6 @@ def test_a_cross_origin_prediction_is_refused_by_the_origin_rule_before_the_queu
     assert head.startswith(b"http/1.1 403 ") and b"cross-origin" in answer.lower()
 
 
-def self_signed(tmp_path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_tls_with_a_self_signed_certificate(tmp_path):
     cert, key = self_signed(tmp_path)
     settings = Settings(tls_cert_file=str(cert), tls_key_file=str(key))
@@ -647,10 +609,10 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
     first_started, finished = threading.Event(), threading.Event()
     original_files, original_pixels = codec.decode_image_files, codec.image_file_pixels
 
-    def decode_image_files(files, invert, budget, cancelled=None):
+    def decode_image_files(files, invert, budget, cancelled=None, **budgets):
         seen["cancelled"] = cancelled
         try:
-            return original_files(files, invert, budget, cancelled)
+            return original_files(files, invert, budget, cancelled, **budgets)
         finally:
             finished.set()
 
