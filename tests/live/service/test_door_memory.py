@@ -21,7 +21,7 @@ V1 = f"/v1/models/{MODEL_NAME}"
 
 SERVE_WITH_A_FAKE = """
 import socket, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, not whatever is installed
 import uvicorn
 from support.fakes import FakeBackend
 from service.app import create_app
@@ -48,7 +48,8 @@ def test_hundreds_of_slow_8_mib_uploads_keep_memory_within_the_budget():
     holds at most MAX_BODY_BYTES_IN_FLIGHT (64 MiB) of them; the rest are refused before
     their bodies are read, so resident memory grows by less than the budget and a margin,
     where holding every upload would take 240 MiB."""
-    code = SERVE_WITH_A_FAKE.format(tests=str(Path(__file__).parents[2]), budget=UPLOAD_BUDGET)
+    tests = Path(__file__).parents[2]
+    code = SERVE_WITH_A_FAKE.format(root=str(tests.parent), tests=str(tests), budget=UPLOAD_BUDGET)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     sockets = []
     try:
