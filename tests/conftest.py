@@ -9,7 +9,6 @@ helpers are in tests/support/.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -38,20 +37,6 @@ def _is_live(path: Path) -> bool:
 
 def _deselects_slow(config) -> bool:
     return config.option.markexpr.replace(" ", "") == "notslow"
-
-
-@pytest.fixture(autouse=True)
-def clean_logging():
-    """Each test starts with the project's loggers as the service leaves them: enabled,
-    propagating to the root (where caplog listens), and no global `logging.disable` left over
-    from an earlier test or library. In the whole suite, run in one process, a test's log
-    assertions otherwise depend on what ran before it."""
-    logging.disable(logging.NOTSET)
-    for name, logger in list(logging.root.manager.loggerDict.items()):
-        if isinstance(logger, logging.Logger) and name.split(".")[0] in ("service", "training"):
-            logger.disabled = False
-            logger.propagate = True
-    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

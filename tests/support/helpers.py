@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
+import logging
 import os
 import shutil
 import socket
@@ -121,3 +123,29 @@ def self_signed(tmp_path):
         )
     )
     return cert_path, key_path
+
+
+@contextlib.contextmanager
+def logged(name: str, level: int = logging.INFO):
+    """The records a logger (and its children) emits at `level` or above, caught by a handler
+    on the logger itself: what the code logs, whatever the suite's earlier tests and
+    libraries did to the root logger and its handlers (caplog listens at the root)."""
+    logger = logging.getLogger(name)
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level)
+    saved = logger.level, logger.disabled
+    logging.disable(logging.NOTSET)
+    logger.setLevel(level)
+    logger.disabled = False
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]

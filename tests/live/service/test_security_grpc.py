@@ -7,7 +7,6 @@ Slow only because TF Serving's protos import TensorFlow; no model runs (the fake
 
 from __future__ import annotations
 
-import logging
 import os
 
 import grpc
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.fakes import FakeBackend, app_client
+from support.helpers import logged
 from support.servers import MODEL_NAME, free_port
 from tensorflow_serving.apis import (
     get_model_status_pb2,
@@ -76,19 +76,19 @@ def test_a_rotated_token_is_seen_by_http_and_grpc_at_once(tmp_path):
         assert http_status(OLD_TOKEN) == 401
 
 
-def test_a_model_name_with_a_newline_writes_one_escaped_log_line(caplog):
+def test_a_model_name_with_a_newline_writes_one_escaped_log_line():
     port = free_port()
     forged = "nope\n2026-01-01 00:00:00 ERROR service: forged"
     with (
         app_client(FakeBackend(), serve_grpc=True, grpc_port=port),
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
-        caplog.at_level(logging.INFO, "service.grpc"),
+        logged("service.grpc") as records,
     ):
         stub = model_service_pb2_grpc.ModelServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetModelStatus(status_request(forged), timeout=WAIT_SECONDS)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    (line,) = [r.getMessage() for r in caplog.records if "NOT_FOUND" in r.getMessage()]
+    (line,) = [r.getMessage() for r in records if "NOT_FOUND" in r.getMessage()]
     assert "\n" not in line
     assert "nope\\x0a2026-01-01 00:00:00 ERROR service: forged" in line
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from support.helpers import logged
 from support.servers import free_port
 
 import artifact.quiet
@@ -41,16 +42,16 @@ def start(monkeypatch, tmp_path, **env) -> None:
         pytest.param("0.0.0.0", logging.WARNING, id="every-interface"),
     ],
 )
-def test_no_tokens_is_said_once_at_start(monkeypatch, tmp_path, caplog, host, level):
-    with caplog.at_level(logging.INFO, "service"):
+def test_no_tokens_is_said_once_at_start(monkeypatch, tmp_path, host, level):
+    with logged("service") as records:
         start(monkeypatch, tmp_path, HOST=host)
-    (record,) = [r for r in caplog.records if NOTICE in r.getMessage()]
+    (record,) = [r for r in records if NOTICE in r.getMessage()]
     assert record.levelno == level and f"HOST={host}" in record.getMessage()
 
 
-def test_with_tokens_nothing_is_said(monkeypatch, tmp_path, caplog):
+def test_with_tokens_nothing_is_said(monkeypatch, tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text("a-token-of-enough-length predict\n")
-    with caplog.at_level(logging.INFO, "service"):
+    with logged("service") as records:
         start(monkeypatch, tmp_path, HOST="0.0.0.0", AUTH_TOKENS_FILE=str(tokens))
-    assert NOTICE not in caplog.text
+    assert not [r for r in records if NOTICE in r.getMessage()]

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
-from support.helpers import error_message
+from support.helpers import error_message, logged
 
 from service.security import (
     FEEDBACK,
@@ -180,7 +180,7 @@ def rewrite(path, text: str) -> None:
     os.replace(new, path)
 
 
-def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens_file, caplog):
+def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens_file):
     clock = Clock()
     tokens = TokenFile(tokens_file, check_seconds=2.0, clock=clock)
     assert set(tokens) == {PREDICT_TOKEN.encode(), FEEDBACK_TOKEN.encode(), STATUS_TOKEN.encode()}
@@ -188,9 +188,9 @@ def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens
     clock.now += 1.0
     assert PREDICT_TOKEN.encode() in tokens, "looked at again before check_seconds"
     clock.now += 1.5
-    with caplog.at_level(logging.INFO, "service.security"):
+    with logged("service.security") as records:
         assert dict(tokens.items()) == {NEW_TOKEN.encode(): {PREDICT}}
-    assert "AUTH_TOKENS_FILE read again: 1 tokens" in caplog.text
+    assert any("AUTH_TOKENS_FILE read again: 1 tokens" in r.getMessage() for r in records)
 
 
 def test_a_bad_new_token_file_keeps_the_old_tokens_and_says_so_once(tokens_file, caplog):
