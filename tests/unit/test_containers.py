@@ -10,29 +10,12 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from support.compose import compose_config, env, port_bindings
+from support.compose import env, port_bindings
 from support.helpers import REPO_ROOT
 
 SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain"}
 TF_SERVING_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+$")
 TF_SERVING_GPU_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+-gpu$")
-
-
-@pytest.fixture(scope="module")
-def config() -> dict:
-    return compose_config("docker-compose.yml")
-
-
-@pytest.fixture(scope="module")
-def gpu_config() -> dict:
-    return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
-
-
-@pytest.fixture(scope="module")
-def feedback_config() -> dict:
-    """Feedback is off in docker-compose.yml; docker-compose.feedback.yml turns it on."""
-    return compose_config("docker-compose.yml", "docker-compose.feedback.yml")
 
 
 def published(service: dict) -> dict[int, int]:

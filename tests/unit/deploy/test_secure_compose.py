@@ -17,7 +17,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from support.compose import compose_config, env, port_bindings
+from support.compose import env, port_bindings
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import REPO_ROOT
 
@@ -25,21 +25,6 @@ from service.security import read_tokens
 
 APIS = ("api", "api-tfserving")
 SECRETS_DIR = "/run/secrets/"
-
-
-@pytest.fixture(scope="module")
-def config() -> dict:
-    return compose_config("docker-compose.yml")
-
-
-@pytest.fixture(scope="module")
-def gpu_config() -> dict:
-    return compose_config("docker-compose.yml", "docker-compose.gpu.yml")
-
-
-@pytest.fixture(scope="module")
-def feedback_config() -> dict:
-    return compose_config("docker-compose.yml", "docker-compose.feedback.yml")
 
 
 def secret_file(config: dict, service: dict, path: str) -> str:
