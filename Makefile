@@ -25,7 +25,7 @@ LOCKS := requirements.lock requirements-service.lock requirements-training.lock 
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
-        figures docs tokens
+        figures docs tokens tls
 
 setup: venv data compose browser tools
 
@@ -109,6 +109,21 @@ TOKENS_FILE ?= secrets/api-tokens
 tokens:
 	@if [ -e $(TOKENS_FILE) ]; then echo "$(TOKENS_FILE) exists: keeping it"; \
 	else $(PYTHON) deploy/make_tokens.py $(TOKENS_FILE); fi
+
+# A self-signed certificate and key for TLS on the API's HTTP and gRPC ports (the Kubernetes
+# component components/tls reads them from the Secret api-tls: docs/kubernetes.md), valid for
+# the Service's names and loopback, for a year; git-ignored, the key mode 0600, never
+# overwritten. A certificate from your CA or cert-manager does the same job.
+TLS_DIR ?= secrets
+TLS_NAMES ?= DNS:api,DNS:api.estimator-serving,DNS:api.estimator-serving.svc,DNS:api.estimator-serving.svc.cluster.local,DNS:localhost,IP:127.0.0.1
+tls:
+	@if [ -e $(TLS_DIR)/api-tls.key ] || [ -e $(TLS_DIR)/api-tls.crt ]; then \
+	  echo "$(TLS_DIR)/api-tls.key or .crt exists: keeping it"; \
+	else mkdir -p $(TLS_DIR) && (umask 077 && openssl req -x509 -newkey ec \
+	  -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 -subj /CN=api.estimator-serving.svc \
+	  -addext "subjectAltName=$(TLS_NAMES)" -keyout $(TLS_DIR)/api-tls.key \
+	  -out $(TLS_DIR)/api-tls.crt 2>/dev/null) && chmod 0644 $(TLS_DIR)/api-tls.crt \
+	  && echo "wrote $(TLS_DIR)/api-tls.crt and $(TLS_DIR)/api-tls.key"; fi
 
 # Train with the defaults only when no version is exported yet, then serve. On 127.0.0.1 with
 # no AUTH_TOKENS_FILE it is open to this machine only (the service says so at start).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -97,7 +98,10 @@ class Server:
         self.settings = settings
         self.port, grpc_port = free_ports(2)
         self.grpc_port = grpc_port if grpc else None
-        self.url = f"http://127.0.0.1:{self.port}"
+        # With TLS_CERT_FILE the service speaks HTTPS; its own certificate is the one to trust.
+        cert = settings.get("TLS_CERT_FILE")
+        self.verify = ssl.create_default_context(cafile=cert) if cert else True
+        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
         defaults = {
             "MODEL_NAME": MODEL_NAME,
             "HOST": "127.0.0.1",
@@ -126,7 +130,7 @@ class Server:
     def wait_until(self, path: str, timeout: float = START_TIMEOUT_SECONDS) -> None:
         """Poll GET path until it answers 200; fail with the server's output if it dies."""
         deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.url, timeout=5.0) as client:
+        with httpx.Client(base_url=self.url, timeout=5.0, verify=self.verify) as client:
             while True:
                 code = self.process.poll()
                 if code is not None:

@@ -13,8 +13,12 @@ test_validation.py validates every object):
 
 from __future__ import annotations
 
+import stat
+import subprocess
+
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
+from support.helpers import REPO_ROOT
 from support.manifest_harness import KUBE_DIR, containers, env, kustomizations, mounts, pods, render
 
 API_IMAGE = "estimator-serving-api"
@@ -64,7 +68,7 @@ def test_every_overlays_api_reads_its_tokens_from_the_secret(renders):
             assert token_file_source(pod, c) == (SECRET, SECRET_KEY, True), f"{where} {pod.owner}"
             checked.add(where)
     assert checked >= {"base", "overlays/tfserving", "overlays/kserve", "overlays/feedback",
-                       "overlays/gpu", "overlays/prometheus-operator"}  # fmt: skip
+                       "overlays/gpu", "overlays/prometheus-operator", "overlays/tls"}  # fmt: skip
 
 
 def test_no_secret_is_committed(renders):
@@ -188,3 +192,84 @@ def test_the_service_with_a_manifests_environment_refuses_anonymous_calls(
             401,
             401,
         ), where
+
+
+# --- TLS (components/tls, overlays/tls; `make tls`) ----------------------------------------
+
+TLS_SECRET = "api-tls"
+TLS_OVERLAYS = {"overlays/tls"}
+
+
+def secret_file(pod, container, path: str) -> tuple[str | None, str | None, bool]:
+    """(Secret name, key, read-only) of the mounted Secret file at path in this container."""
+    for mount_path, (volume, read_only) in mounts(pod, container).items():
+        folder = mount_path.rstrip("/") + "/"
+        if path.startswith(folder) and "secret" in volume:
+            return volume["secret"]["secretName"], path.removeprefix(folder), read_only
+    return None, None, False
+
+
+def test_tls_is_on_only_where_the_tls_component_is_and_reads_the_secret(renders):
+    on = set()
+    for where, objects in renders.items():
+        for pod, c in api_pods(objects):
+            variables = env(c)
+            if "TLS_CERT_FILE" not in variables:
+                assert "TLS_KEY_FILE" not in variables, where
+                continue
+            on.add(where)
+            assert secret_file(pod, c, variables["TLS_CERT_FILE"]) == (TLS_SECRET, "tls.crt", True)
+            assert secret_file(pod, c, variables["TLS_KEY_FILE"]) == (TLS_SECRET, "tls.key", True)
+            (volume,) = [
+                v
+                for v in pod.spec["volumes"]
+                if v.get("secret", {}).get("secretName") == TLS_SECRET
+            ]
+            assert volume["secret"]["defaultMode"] & 0o022 == 0, "the key is writable by the group"
+            # Every probe asks over HTTPS: a plain HTTP probe of a TLS port always fails.
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert c[probe]["httpGet"]["scheme"] == "HTTPS", f"{where} {probe}"
+    assert on == TLS_OVERLAYS
+
+
+def test_the_tls_overlay_tells_prometheus_and_the_mesh_that_the_ports_speak_tls(renders):
+    objects = renders["overlays/tls"]
+    ((pod, _),) = api_pods(objects)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert (
+        deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    )
+    (service,) = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "api"]
+    assert {p["name"]: p["appProtocol"] for p in service["spec"]["ports"]} == {
+        "http": "https",
+        "grpc": "https",
+    }
+
+
+def make_tls(directory) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "-s", "-C", str(REPO_ROOT), "tls", f"TLS_DIR={directory}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+
+
+def test_make_tls_writes_a_certificate_for_the_services_names_and_keeps_an_existing_one(tmp_path):
+    from cryptography import x509
+
+    directory = tmp_path / "secrets"
+    make_tls(directory)
+    key, cert = directory / "api-tls.key", directory / "api-tls.crt"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    names = (
+        x509.load_pem_x509_certificate(cert.read_bytes())
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        .value
+    )
+    assert {
+        "api.estimator-serving.svc",
+        "api.estimator-serving.svc.cluster.local",
+        "localhost",
+    } <= set(names.get_values_for_type(x509.DNSName))
+    before = key.read_bytes()
+    assert "keeping it" in make_tls(directory).stdout
+    assert key.read_bytes() == before

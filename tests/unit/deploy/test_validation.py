@@ -38,6 +38,7 @@ EXPECTED_KUSTOMIZATIONS = {
     "overlays/distributed-training",
     "overlays/kserve",
     "overlays/feedback",
+    "overlays/tls",
 }
 
 
