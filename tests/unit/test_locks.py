@@ -23,9 +23,13 @@ _spec.loader.exec_module(lock_tool)
 
 PROJECT_LOCKS = {lock.output: lock for lock in lock_tool.LOCKS}
 PEER_LOCKS = sorted(p.name for p in (ROOT / "benchmarks" / "peers").glob("requirements-*.lock"))
-ALL_LOCKS = [ROOT / name for name in PROJECT_LOCKS] + [
-    ROOT / "benchmarks" / "peers" / name for name in PEER_LOCKS
-]
+# The clients the tests run in venvs of their own (tests/support/client_venvs.py).
+CLIENT_LOCKS = sorted((ROOT / "tests" / "support" / "clients").glob("requirements-*.lock"))
+ALL_LOCKS = (
+    [ROOT / name for name in PROJECT_LOCKS]
+    + [ROOT / "benchmarks" / "peers" / name for name in PEER_LOCKS]
+    + CLIENT_LOCKS
+)
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 
 
