@@ -1,9 +1,9 @@
 """The Open Inference Protocol over gRPC against a real `python -m service` on the session's
 trained model, with bearer tokens on: `tritonclient.grpc` unchanged (health, metadata,
 inference with raw_input_contents, requested outputs, errors as gRPC codes), KServe's way of
-calling (its stubs generated from the same .proto are a plain channel's unary calls; KServe
-itself is not installed, its dependencies do not fit this venv) with typed contents, tokens,
-metrics; and tritonclient.http's compressed request bodies over real HTTP.
+calling (its stubs generated from the same .proto are a plain channel's unary calls) with
+typed contents, tokens, metrics; and tritonclient.http's compressed request bodies over real
+HTTP. KServe's SDK itself, in a venv of its own: test_kserve_client.py.
 """
 
 from __future__ import annotations
