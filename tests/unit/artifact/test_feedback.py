@@ -119,11 +119,12 @@ def test_a_closed_shard_is_an_mnist_folder(tmp_path):
 
 
 def test_a_request_past_max_bytes_is_refused_whole_and_changes_nothing(tmp_path):
-    one_image = 28 * 28 + 1 + 1  # image, label, empty version line
+    # image, label, empty version line, provenance line
+    one_image = 28 * 28 + 1 + 1 + len("2026-01-01T00:00:00Z anonymous\n")
     writer = open_writer(tmp_path, shard_images=100, max_bytes=16 + 8 + 3 * one_image)
     writer.append(*numbered(0, 2), [None, None])
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(FeedbackStoreFull, match="FEEDBACK_MAX_BYTES=2,382: nothing was stored"):
+    with pytest.raises(FeedbackStoreFull, match="FEEDBACK_MAX_BYTES=2,475: nothing was stored"):
         writer.append(*numbered(2, 2), [None, None])
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     writer.append(*numbered(2, 1), [None])  # what still fits is stored
