@@ -2,9 +2,12 @@
 
     python3 deploy/make_tokens.py [FILE]        # `make tokens`; FILE: secrets/api-tokens
 
-The file gets two tokens, each `<token> <scope>[,<scope>]` (service/security.py reads them):
-one for clients (`predict,status`: predictions, model status, metrics, the page's views)
-and one for whoever may teach the model (`feedback`: POST /v1/models/{name}/feedback).
+The file gets two tokens, each `<token> <scope>[,<scope>] <name>` (service/security.py reads
+them): one for clients (`predict,status`, named `clients`: predictions, model status,
+metrics, the page's views) and one for whoever may teach the model (`feedback`, named
+`feedback`: POST /v1/models/{name}/feedback; the feedback store records that name with each
+image). Give each sender of feedback a token and a name of its own: the rate and the share of
+the store are per name.
 It is made readable by its owner only (0600) and never overwritten: an existing file is
 left alone (exit 1). docker-compose.yml mounts it as the compose secret `api-tokens`;
 for Kubernetes, make the Secret from it (docs/kubernetes.md):
@@ -24,13 +27,14 @@ from pathlib import Path
 DEFAULT_FILE = "secrets/api-tokens"
 # 32 random bytes: 43 URL-safe characters (the service wants 16 or more).
 TOKEN_BYTES = 32
-SCOPES = ("predict,status", "feedback")
+# (scopes, name) of each token.
+SCOPES = (("predict,status", "clients"), ("feedback", "feedback"))
 
 
 def tokens_text() -> str:
     """A tokens file's text: a fresh random token for each line of SCOPES."""
-    lines = ["# <token> <scope>[,<scope>]: made by deploy/make_tokens.py"]
-    lines += [f"{secrets.token_urlsafe(TOKEN_BYTES)} {scopes}" for scopes in SCOPES]
+    lines = ["# <token> <scope>[,<scope>] <name>: made by deploy/make_tokens.py"]
+    lines += [f"{secrets.token_urlsafe(TOKEN_BYTES)} {scopes} {name}" for scopes, name in SCOPES]
     return "\n".join(lines) + "\n"
 
 

@@ -19,9 +19,9 @@ Every request the service answers passes here first, in this order:
    the process's MAX_BODY_BYTES_IN_FLIGHT, summed over every request whose body is coming or
    held (503 with Retry-After, before a declared body is read, or as soon as a chunked one
    passes it), so memory is bounded across requests, not only per request.
-6. **Handler**: called with a `Call` (body, headers, query) and its path parameters, and
-   cancelled if the client leaves before the answer is ready (which frees its place in the
-   batch queue).
+6. **Handler**: called with a `Call` (body, headers, query, the sender the access rules
+   found) and its path parameters, and cancelled if the client leaves before the answer is
+   ready (which frees its place in the batch queue).
 7. **Answer**: errors rendered by the one renderer (service/errors.py: error_response);
    every answer gets `X-Content-Type-Options: nosniff` and, for allowed origins, CORS headers.
 
@@ -185,14 +185,14 @@ class Door:
             template = compiled.template
             request = Request(scope, receive, send)
             try:
-                response = await self._serve(request, compiled.route, params)
+                response = await self._serve(request, compiled.route, params, decision.sender)
             except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
                 response = error_response(request, err)
             await response(scope, receive, answer)
         finally:
             metrics.request_finished(template, scope["method"], status, started)
 
-    async def _serve(self, request: Request, route: CallRoute, params: dict[str, Any]):
+    async def _serve(self, request: Request, route: CallRoute, params: dict[str, Any], sender: str):
         if request.method != route.method:
             raise StarletteHTTPException(405, headers={"Allow": route.method})
         query = request.query_params
@@ -200,7 +200,7 @@ class Door:
             route.before_body(params, query)
         with self.body_budget.hold() as held:
             body = await read_body(request, self.max_body_bytes, self.body_timeout, held)
-            call = Call(body, request.headers, query, held.reserve)
+            call = Call(body, request.headers, query, held.reserve, sender)
             return await unless_disconnected(request, route.handler(call, **params))
 
 

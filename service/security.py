@@ -1,13 +1,17 @@
 """Access control for HTTP: optional bearer tokens with scopes, cross-origin rules (CORS), and
 the headers every answer carries.
 
-- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>]`; the scopes are
+- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`; the scopes are
   `predict` (POST: predictions, inference), `feedback` (POST /v1/models/{name}/feedback:
   labels that train the next version) and `status` (GET: model status, metadata, metrics,
   the page's views). Health and readiness probes, the page's own files and the API docs stay
   open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`; a token without
   the scope 403. Tokens are compared in constant time, every one of them. The file is read
   again when it changes (`TokenFile`), so tokens rotate without a restart.
+- **Identity**: a request's sender is its token's name (`Decision.sender`), which the feedback
+  store records with each image: the line's name, or `token-` and the first 8 hex digits of
+  the token's sha256 when it has none; never the token. Two tokens may share a name (a
+  rotation keeps the sender). Without AUTH_TOKENS_FILE every sender is `anonymous`.
 - **Hosts**: a request is same-origin only when its `Host` is one this service answers for
   (HOST when it is a name or an address, the loopback names, ALLOWED_HOSTS): a page on
   another site whose name was made to resolve to this service (DNS rebinding) sends its own
@@ -23,6 +27,7 @@ the headers every answer carries.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -35,6 +40,8 @@ from pathlib import Path
 
 import orjson
 from starlette.responses import Response
+
+from artifact.feedback import ANONYMOUS, SENDER_PATTERN
 
 log = logging.getLogger("service.security")
 
@@ -63,25 +70,49 @@ class TokenFileError(ValueError):
     """AUTH_TOKENS_FILE cannot be used; the message names the line."""
 
 
-def read_tokens(path: str | Path) -> dict[bytes, frozenset[str]]:
-    """token -> scopes from an AUTH_TOKENS_FILE.
+class Scopes(frozenset):
+    """A token's scopes, and `name`: who holds it (what the feedback store records)."""
+
+    name: str
+
+    def __new__(cls, scopes, name: str):
+        self = super().__new__(cls, scopes)
+        self.name = name
+        return self
+
+
+def token_name(token: str) -> str:
+    """The name of a token given none in its line: `token-` and 8 hex digits of its sha256
+    (it tells tokens apart in records; it gives nothing of the token away)."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
+
+
+def read_tokens(path: str | Path) -> dict[bytes, Scopes]:
+    """token -> scopes (with the token's name) from an AUTH_TOKENS_FILE.
 
     Raises:
-        TokenFileError: unreadable, a malformed line, an unknown scope, or no token at all.
+        TokenFileError: unreadable, a malformed line, an unknown scope, a bad name, or no
+            token at all.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise TokenFileError(f"{path}: cannot read it: {err}") from err
-    tokens: dict[bytes, frozenset[str]] = {}
+    tokens: dict[bytes, Scopes] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise TokenFileError(f"{path}:{number}: expected `<token> <scope>[,<scope>]`")
+        if len(parts) not in (2, 3):
+            raise TokenFileError(f"{path}:{number}: expected `<token> <scope>[,<scope>] [<name>]`")
         token, scopes = parts[0], frozenset(parts[1].split(","))
+        name = parts[2] if len(parts) == 3 else token_name(token)
+        if not SENDER_PATTERN.fullmatch(name):
+            raise TokenFileError(
+                f"{path}:{number}: a token's name is 1-64 letters, digits and _.@- (starting "
+                f"with a letter or digit), got {name[:70]!r}"
+            )
         unknown = sorted(scopes - set(SCOPES))
         if unknown:
             raise TokenFileError(
@@ -90,7 +121,7 @@ def read_tokens(path: str | Path) -> dict[bytes, frozenset[str]]:
             )
         if len(token) < 16:
             raise TokenFileError(f"{path}:{number}: a token must have 16 characters or more")
-        tokens[token.encode()] = scopes
+        tokens[token.encode()] = Scopes(scopes, name)
     if not tokens:
         raise TokenFileError(f"{path}: holds no token")
     return tokens
@@ -172,25 +203,39 @@ class TokenFile(Mapping):
 MISSING, INVALID, SCOPE = "missing", "invalid", "scope"
 
 
+def _granted(tokens: Mapping[bytes, frozenset[str]], token: bytes) -> frozenset[str] | None:
+    scopes = None
+    # Every token is compared, in constant time: no early exit tells which matched.
+    for known, known_scopes in tokens.items():
+        if hmac.compare_digest(known, token):
+            scopes = known_scopes
+    return scopes
+
+
 def bearer_problem(
     tokens: Mapping[bytes, frozenset[str]], authorization: bytes, needed: str
 ) -> tuple[str, str] | None:
     """What is wrong with an `Authorization` header for a request needing a scope: None when
     nothing is, else (MISSING | INVALID | SCOPE, the message). HTTP and gRPC both ask this;
     `tokens` may be a `TokenFile` (its tokens are taken once, as they are now)."""
+    problem, _ = _bearer(tokens, authorization, needed)
+    return problem
+
+
+def _bearer(
+    tokens: Mapping[bytes, frozenset[str]], authorization: bytes, needed: str
+) -> tuple[tuple[str, str] | None, str | None]:
+    """(bearer_problem's answer, the token's name when it is valid)."""
     kind, _, token = authorization.partition(b" ")
     if kind.lower() != b"bearer" or not token.strip():
-        return MISSING, "this service needs a bearer token (Authorization: Bearer ...)"
-    scopes = None
-    # Every token is compared, in constant time: no early exit tells which matched.
-    for known, known_scopes in tokens.items():
-        if hmac.compare_digest(known, token.strip()):
-            scopes = known_scopes
+        return (MISSING, "this service needs a bearer token (Authorization: Bearer ...)"), None
+    scopes = _granted(tokens, token.strip())
     if scopes is None:
-        return INVALID, "the bearer token is not valid"
+        return (INVALID, "the bearer token is not valid"), None
+    name = getattr(scopes, "name", None) or token_name(token.strip().decode("latin-1"))
     if needed not in scopes:
-        return SCOPE, f"the bearer token does not have the {needed!r} scope"
-    return None
+        return (SCOPE, f"the bearer token does not have the {needed!r} scope"), name
+    return None, name
 
 
 def scope_of(method: str, path: str) -> str | None:
@@ -261,10 +306,12 @@ def _host_matches(name: str, patterns: frozenset[str]) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """What the access rules say of a request: an answer that ends it (a refusal, or a CORS
-    preflight's), or None and the headers its answer must carry (CORS's)."""
+    preflight's), or None and the headers its answer must carry (CORS's); and who sent it
+    (its token's name; ANONYMOUS without tokens)."""
 
     refusal: Response | None
     headers: list[tuple[bytes, bytes]]
+    sender: str = ANONYMOUS
 
 
 ALLOWED = Decision(None, [])
@@ -323,11 +370,11 @@ class Access:
             cors = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 return Decision(_preflight(), cors)
-        problem = self._auth_problem(scope, headers)
+        problem, sender = self._auth_problem(scope, headers)
         if problem is not None:
             status, message, challenge = problem
             return Decision(_error(status, message, [(b"www-authenticate", challenge)]), cors)
-        return Decision(None, cors)
+        return Decision(None, cors, sender)
 
     def _same_origin(self, headers, origin: bytes) -> bool:
         host = headers.get(b"host")
@@ -337,22 +384,24 @@ class Access:
         # this service answers for (else a rebound name of another site would pass).
         return self.hosts is None or _host_matches(host_name(host), self.hosts)
 
-    def _auth_problem(self, scope, headers) -> tuple[int, str, bytes] | None:
+    def _auth_problem(self, scope, headers) -> tuple[tuple[int, str, bytes] | None, str]:
+        """(the refusal's status, message and challenge, or None; the sender)."""
         if self.tokens is None:
-            return None
+            return None, ANONYMOUS
         needed = scope_of(scope["method"], scope["path"])
         if needed is None:
-            return None
-        problem = bearer_problem(self.tokens, headers.get(b"authorization", b""), needed)
+            return None, ANONYMOUS
+        problem, name = _bearer(self.tokens, headers.get(b"authorization", b""), needed)
         if problem is None:
-            return None
+            return None, name
         kind, message = problem
         challenge = f'Bearer realm="{REALM}"'.encode()
         if kind == MISSING:
-            return 401, message, challenge
+            return (401, message, challenge), ANONYMOUS
         if kind == INVALID:
-            return 401, message, challenge + b', error="invalid_token"'
-        return 403, message, challenge + f', error="insufficient_scope", scope="{needed}"'.encode()
+            return (401, message, challenge + b', error="invalid_token"'), ANONYMOUS
+        scope_challenge = challenge + f', error="insufficient_scope", scope="{needed}"'.encode()
+        return (403, message, scope_challenge), name
 
 
 def _error(status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> Response:

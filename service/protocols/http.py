@@ -82,12 +82,15 @@ class Call:
     `reserve(n)` counts n more bytes the handler makes of the body (a decompressed copy) in
     the process's budget of bodies in flight (MAX_BODY_BYTES_IN_FLIGHT), held until the
     request is answered; it raises BodiesInFlight (503) past it. Safe from a worker thread.
+    `sender` is who sent it, as the access rules found (service/security.py: its token's
+    name, `anonymous` without tokens).
     """
 
     body: bytes
     headers: Headers
     query: QueryParams
     reserve: Callable[[int], None] = _unbudgeted
+    sender: str = "anonymous"
 
 
 CallHandler = Callable[..., Awaitable[Response]]

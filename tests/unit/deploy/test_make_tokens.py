@@ -17,6 +17,8 @@ def test_the_file_holds_a_client_and_a_feedback_token_for_its_owner_only(make_to
     make_tokens.write_tokens(path)
     tokens = read_tokens(path)
     assert sorted(tokens.values(), key=len) == [{FEEDBACK}, {PREDICT, STATUS}]
+    # Named: the feedback store records the name with each image, never the token.
+    assert sorted(scopes.name for scopes in tokens.values()) == ["clients", "feedback"]
     assert all(len(token) >= 40 for token in tokens)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700

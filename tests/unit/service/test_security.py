@@ -12,17 +12,21 @@ import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import error_message, logged
 
+from artifact.feedback import ANONYMOUS
 from service.security import (
     FEEDBACK,
     PREDICT,
     STATUS,
     Access,
+    Scopes,
     TokenFile,
+    TokenFileError,
     allowed_hosts,
     host_name,
     open_access_notice,
     read_tokens,
     scope_of,
+    token_name,
 )
 
 PREDICT_TOKEN = "predict-token-0123456789"
@@ -93,6 +97,53 @@ def test_a_tokens_file_may_name_the_feedback_scope(tmp_path):
     path = tmp_path / "tokens"
     path.write_text(f"{PREDICT_TOKEN} predict,feedback,status\n")
     assert read_tokens(path) == {PREDICT_TOKEN.encode(): {PREDICT, FEEDBACK, STATUS}}
+
+
+def test_each_token_has_a_name_that_is_not_the_token(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text(
+        f"{PREDICT_TOKEN} predict alice\n{NEW_TOKEN} predict alice\n{FEEDBACK_TOKEN} feedback\n"
+    )
+    tokens = read_tokens(path)
+    names = {token: scopes.name for token, scopes in tokens.items()}
+    # Two tokens of one name (a rotation) are one sender; a line without a name gets one
+    # from the token's hash, which tells tokens apart without showing them.
+    assert names[PREDICT_TOKEN.encode()] == names[NEW_TOKEN.encode()] == "alice"
+    unnamed = names[FEEDBACK_TOKEN.encode()]
+    assert unnamed == token_name(FEEDBACK_TOKEN) and unnamed.startswith("token-")
+    assert len(unnamed) == len("token-") + 8 and FEEDBACK_TOKEN[:8] not in unnamed
+    assert unnamed != token_name(PREDICT_TOKEN)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        pytest.param(f"{PREDICT_TOKEN} predict a b", "expected `<token> <scope>", id="four-fields"),
+        pytest.param(f"{PREDICT_TOKEN} predict -x", "a token's name is 1-64", id="leading-dash"),
+        pytest.param(f"{PREDICT_TOKEN} predict {'n' * 65}", "a token's name", id="too-long"),
+    ],
+)
+def test_a_bad_token_name_names_its_line(tmp_path, line, message):
+    path = tmp_path / "tokens"
+    path.write_text(f"# tokens\n{line}\n")
+    with pytest.raises(TokenFileError, match=f"{path}:2: {message}"):
+        read_tokens(path)
+
+
+def test_the_decision_names_the_sender_by_its_token_and_never_by_the_token():
+    tokens = {PREDICT_TOKEN.encode(): Scopes({PREDICT, FEEDBACK}, "alice")}
+    access = Access(tokens, [])
+
+    def request(authorization: str | None, path: str = FEEDBACK_URL) -> dict:
+        headers = [(b"host", b"127.0.0.1")]
+        if authorization is not None:
+            headers.append((b"authorization", authorization.encode()))
+        return {"method": "POST", "path": path, "headers": headers}
+
+    assert access.check(request(f"Bearer {PREDICT_TOKEN}")).sender == "alice"
+    refused = access.check(request(f"Bearer {FEEDBACK_TOKEN}"))
+    assert refused.refusal.status_code == 401 and refused.sender == ANONYMOUS
+    assert Access(None, []).check(request(None)).sender == ANONYMOUS  # no tokens at all
 
 
 # --- hosts and origins ----------------------------------------------------------------------
