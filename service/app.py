@@ -28,7 +28,7 @@ from service.errors import ServiceError, error_response
 from service.metrics import Metrics
 from service.openapi import document_responses
 from service.protocols.docs import DocsAPI
-from service.protocols.feedback import FeedbackAPI
+from service.protocols.feedback import FeedbackAPI, SenderRates
 from service.protocols.http import CallRoute
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
@@ -114,6 +114,8 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         settings.max_body_bytes,
         settings.max_request_pixels,
         pixels_in_flight,
+        settings.feedback_sender_share,
+        SenderRates(settings.feedback_rate_per_minute, settings.feedback_burst_images),
     )
     grpc_server = _grpc_server(settings, dataplane, tokens) if serve_grpc else None
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)

@@ -51,6 +51,14 @@ class TooManyRequests(ServiceError):
     status = 429
 
 
+class RateLimited(TooManyRequests):
+    """A client past its rate; `retry_after`: whole seconds until it may send again."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class NotReady(ServiceError):
     """No model is loaded yet, or the backend is unreachable."""
 
@@ -256,6 +264,8 @@ def error_response(request: Request, err: Exception) -> Response:
         level = logging.INFO if err.status < 500 else logging.WARNING
         log.log(level, "%s %s -> %s: %s", request.method, path, err.status, printable(err.message))
         headers = None
+        if isinstance(err, RateLimited):
+            headers = {"Retry-After": str(err.retry_after)}
         # A client's mistake is about what it sent; the server's own failures (a version that
         # does not load, a reason it is not ready) may name its files: not their folders.
         message = err.message if err.status < 500 else redact_paths(err.message)

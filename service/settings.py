@@ -158,6 +158,25 @@ class Settings(BaseSettings):
         description="Feedback: most bytes the store (every writer's shards) may take; a "
         "request past it gets 507 and nothing of it is stored.",
     )
+    feedback_sender_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Feedback: the share of FEEDBACK_MAX_BYTES one sender (a token's name; "
+        "`anonymous` without tokens) may hold, 785 bytes an image; a request past it gets 507.",
+    )
+    feedback_rate_per_minute: float = Field(
+        600.0,
+        ge=0,
+        description="Feedback: images per minute one sender may post (a token bucket per "
+        "sender and process); past it, 429 with Retry-After. 0 = no rate.",
+    )
+    feedback_burst_images: int = Field(
+        1024,
+        ge=1,
+        description="Feedback: the most images one sender may post at once (the bucket's "
+        "size); a request of more gets 413.",
+    )
     prediction_log_sampling_rate: float = Field(
         0.0,
         ge=0,

@@ -10,13 +10,25 @@ one comma-separated field), and optionally the `model_version` that answered it.
 
 The images are stored as the model received them (28x28, 0-255) in the model's feedback store
 (artifact/feedback.py: durable before the answer, rotated into closed shards the retrain job
-reads); the file I/O runs in a thread. Off (403 saying so) unless FEEDBACK_DIR is set.
+reads), each with its sender (the token's name the access rules found, `anonymous` without
+tokens) and the time it came; the file I/O runs in a thread. Off (403 saying so) unless
+FEEDBACK_DIR is set.
+
+Bounds per sender: a token bucket of FEEDBACK_BURST_IMAGES images refilled at
+FEEDBACK_RATE_PER_MINUTE (429 with Retry-After past it; a request of more images than the
+bucket holds is 413), and FEEDBACK_SENDER_SHARE of FEEDBACK_MAX_BYTES (507, as a full store).
+The buckets are per process: with WORKERS=n or several replicas, a sender may post up to n
+times the rate; the share is counted over every writer's shards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +52,8 @@ from service.errors import (
     InsufficientStorage,
     NotFound,
     NotReady,
+    PayloadTooLarge,
+    RateLimited,
 )
 from service.protocols.http import JSON, Call, CallRoute, form_request, image_form, json_response
 
@@ -104,6 +118,66 @@ QUERY = (
 )
 
 
+@dataclasses.dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class SenderRates:
+    """A token bucket per sender: `size` images, refilled at `per_minute`; thread-safe.
+
+    Args:
+        per_minute: images per minute each sender may post; 0: no rate (every take passes).
+        size: the most images a sender may post at once (a full bucket).
+        clock: seconds (time.monotonic).
+    """
+
+    def __init__(self, per_minute: float, size: int, clock=time.monotonic):
+        self.per_second = per_minute / 60.0
+        self.size = size
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def _bucket(self, sender: str, now: float) -> _Bucket:
+        bucket = self._buckets.get(sender)
+        if bucket is None:
+            bucket = self._buckets[sender] = _Bucket(float(self.size), now)
+        else:
+            bucket.tokens = min(self.size, bucket.tokens + (now - bucket.updated) * self.per_second)
+            bucket.updated = now
+        return bucket
+
+    def wait(self, sender: str, count: int) -> float:
+        """Seconds until the sender's bucket holds `count` images (0: now); takes nothing."""
+        if not self.per_second:
+            return 0.0
+        with self._lock:
+            bucket = self._bucket(sender, self._clock())
+            return max(0.0, (count - bucket.tokens) / self.per_second)
+
+    def take(self, sender: str, count: int) -> float:
+        """Take `count` images from the sender's bucket: 0 when taken, else the seconds to
+        wait (nothing taken)."""
+        if not self.per_second:
+            return 0.0
+        with self._lock:
+            bucket = self._bucket(sender, self._clock())
+            if bucket.tokens + 1e-9 < count:
+                return (count - bucket.tokens) / self.per_second
+            bucket.tokens -= count
+            return 0.0
+
+    def give_back(self, sender: str, count: int) -> None:
+        """Return what a request took that was not stored (refused by the store)."""
+        if not self.per_second:
+            return
+        with self._lock:
+            bucket = self._bucket(sender, self._clock())
+            bucket.tokens = min(self.size, bucket.tokens + count)
+
+
 class FeedbackAPI:
     """The feedback route over a data plane, with one store writer per model.
 
@@ -117,6 +191,9 @@ class FeedbackAPI:
             may hold (as /predict).
         pixels_in_flight: the process's budget of pixels being decoded (MAX_PIXELS_IN_FLIGHT),
             shared with /predict; None: unbounded.
+        sender_share: FEEDBACK_SENDER_SHARE, of max_bytes.
+        rates: each sender's bucket (FEEDBACK_RATE_PER_MINUTE, FEEDBACK_BURST_IMAGES); None:
+            no rate.
     """
 
     def __init__(
@@ -128,6 +205,8 @@ class FeedbackAPI:
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
         pixels_in_flight: codec.PixelBudget | None = None,
+        sender_share: float = 1.0,
+        rates: SenderRates | None = None,
     ):
         self.dataplane = dataplane
         self.feedback_dir = Path(feedback_dir) if feedback_dir else None
@@ -136,6 +215,8 @@ class FeedbackAPI:
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
         self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
+        self.max_sender_bytes = max(1, int(max_bytes * sender_share))
+        self.rates = rates or SenderRates(0, 1)
         self._writers: dict[str, FeedbackWriter] = {}
         self._opening = asyncio.Lock()
         registry = dataplane.metrics.registry
@@ -147,8 +228,15 @@ class FeedbackAPI:
         )
         self.refused = Counter(
             "feedback_refused_total",
-            "Feedback requests refused for want of room or a writable store (507), by model.",
+            "Feedback requests refused for want of room (the store's, or the sender's share) "
+            "or a writable store (507), by model.",
             ["model"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "feedback_rate_limited_total",
+            "Feedback requests refused for their sender's rate (429), by model and sender.",
+            ["model", "sender"],
             registry=registry,
         )
         self.store_bytes = Gauge(
@@ -214,6 +302,9 @@ class FeedbackAPI:
 
     async def feedback(self, call: Call, name: str):
         """Store the body's labeled images (refuse_early has passed)."""
+        sender = call.sender
+        # A sender with an empty bucket is refused before its body is parsed.
+        self._check_rate(name, sender, 1, self.rates.wait(sender, 1))
         invert = call.query.get("invert", "auto")
         if call.headers.get("content-type", "").startswith("multipart/form-data"):
             images, labels, version = await self._multipart(form_request(call), invert)
@@ -225,12 +316,21 @@ class FeedbackAPI:
             raise NotReady(f"model {name} has no serving version yet: its labels are not known")
         class_ids = class_ids_of(labels, names, len(images))
         pixels = np.rint(images * PIXEL_MAX).astype(np.uint8)
+        count = len(class_ids)
+        if count > self.rates.size and self.rates.per_second:
+            raise PayloadTooLarge(
+                f"{count} images in one request; a sender may post at most "
+                f"{self.rates.size} at once (FEEDBACK_BURST_IMAGES): send them in smaller "
+                "requests"
+            )
+        self._check_rate(name, sender, count, self.rates.take(sender, count))
         writer = await self._writer(name)
         try:
             appended = await asyncio.to_thread(
-                writer.append, pixels, class_ids, [version] * len(class_ids)
+                writer.append, pixels, class_ids, [version] * count, sender
             )
         except (FeedbackStoreFull, FeedbackWriteError) as err:
+            self.rates.give_back(sender, count)
             self.refused.labels(name).inc()
             raise InsufficientStorage(str(err)) from err
         finally:
@@ -248,6 +348,18 @@ class FeedbackAPI:
             }
         )
 
+    def _check_rate(self, name: str, sender: str, count: int, wait: float) -> None:
+        if wait <= 0:
+            return
+        self.rate_limited.labels(name, sender).inc()
+        per_minute = self.rates.per_second * 60
+        raise RateLimited(
+            f"the sender {sender} is past its rate of {per_minute:g} images a minute "
+            f"(FEEDBACK_RATE_PER_MINUTE): {count} more may come in {wait:.1f} s; nothing "
+            "was stored",
+            max(1, math.ceil(wait)),
+        )
+
     async def _writer(self, name: str) -> FeedbackWriter:
         writer = self._writers.get(name)
         if writer is not None:
@@ -255,7 +367,10 @@ class FeedbackAPI:
         async with self._opening:
             if name not in self._writers:
                 writer = FeedbackWriter(
-                    store_dir(self.feedback_dir, name), self.shard_images, self.max_bytes
+                    store_dir(self.feedback_dir, name),
+                    self.shard_images,
+                    self.max_bytes,
+                    max_sender_bytes=self.max_sender_bytes,
                 )
                 try:
                     await asyncio.to_thread(writer.open)

@@ -142,12 +142,18 @@ def test_more_uploads_than_max_images_is_413(tmp_path, count):
 
 
 def test_over_feedback_max_bytes_is_507_and_what_was_stored_stays(tmp_path):
-    limit = 16 + 8 + 3 * (784 + 1 + 1)  # the headers and three images
-    with app_client(FakeBackend(), feedback_dir=str(tmp_path), feedback_max_bytes=limit) as client:
+    # The headers and three images: pixels, label, empty version line, provenance line.
+    limit = 16 + 8 + 3 * (784 + 1 + 1 + len("2026-01-01T00:00:00Z anonymous\n"))
+    with app_client(
+        FakeBackend(),
+        feedback_dir=str(tmp_path),
+        feedback_max_bytes=limit,
+        feedback_sender_share=1,
+    ) as client:
         ok_json(post_json(client, PIXELS[:2].tolist(), [1, 2]))
         response = post_json(client, PIXELS[2:4].tolist(), [3, 4])
         message = error_message(response, 507)
-        assert "FEEDBACK_MAX_BYTES=2,382: nothing was stored" in message
+        assert "FEEDBACK_MAX_BYTES=2,475: nothing was stored" in message
         assert sample(client, "feedback_refused_total", model=MODEL_NAME) == 1
         ok_json(post_json(client, PIXELS[2:3].tolist(), [3]))  # what fits still does
     (shard,) = stored(tmp_path)
