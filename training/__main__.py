@@ -1,5 +1,5 @@
 """Command line: `python -m training
-{train,evaluate,export,predict,compare,promote,retrain,sample-data} --help`."""
+{train,evaluate,export,predict,compare,promote,retrain,sample-data,expire-feedback} --help`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from training import (  # noqa: E402
     compare,
     evaluate,
     export,
+    feedback_source,
     predict,
     promote,
     retrain,
@@ -102,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
             "75 another retrain holds the lock.",
         )
     )
+    feedback_source.add_expire_arguments(
+        sub.add_parser(
+            "expire-feedback",
+            help="remove the service's feedback older than some days from its store "
+            "(shards removed or compacted, crash-safe)",
+            description="Remove the images of a model's feedback store (FEEDBACK_DIR/MODEL) "
+            "received more than --max-age-days ago: a shard of only old images is removed, a "
+            "shard with some is rewritten without them (a new shard written and fsynced, then "
+            "renamed in, then the old one removed: a crash loses nothing). Needs write access "
+            "to the store; the service may keep writing meanwhile.",
+        )
+    )
     sample_data.add_arguments(
         sub.add_parser(
             "sample-data",
@@ -125,6 +138,7 @@ INTERRUPTED = {
     "promote": "the model config was left as it was.",
     "retrain": "nothing was published; run the same command to resume from its last checkpoint.",
     "sample-data": "the files written so far are in the output folder.",
+    "expire-feedback": "every shard is whole: the old one or its compacted copy.",
 }
 COMMANDS = {
     "train": train.cmd_train,
@@ -135,6 +149,7 @@ COMMANDS = {
     "promote": promote.cmd_promote,
     "retrain": retrain.cmd_retrain,
     "sample-data": sample_data.cmd_sample_data,
+    "expire-feedback": feedback_source.cmd_expire_feedback,
 }
 
 

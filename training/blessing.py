@@ -6,9 +6,11 @@ is computed here from the counts, so "not worse" compares exact numbers, not rou
 
 Thresholds:
 - value: `min_accuracy`, the candidate's overall accuracy at least this;
-- change, against the baseline: `max_accuracy_drop` (default 0: not worse), checked overall
-  and on the test split alone, so new data whose held-out slice carries the same mistakes as
-  its training part (mislabeled feedback) cannot buy its way past the reference data;
+- change, against the baseline: `max_accuracy_drop` (default 0: not worse), checked overall,
+  on the test split alone and on the reference slice (a fixed half of the test split,
+  training/sources.py's REFERENCE_RULE, which no feedback can touch), so new data whose
+  held-out slice carries the same mistakes as its training part (mislabeled feedback, a
+  flood from one token) cannot buy its way past the reference data;
   `max_class_recall_drop`, each class's recall overall.
 With no baseline (no version serving yet) only the value thresholds apply, and with none set
 the first candidate is blessed (TFX rubber-stamps the first model).
@@ -26,6 +28,7 @@ import numpy as np
 OVERALL = "overall"
 TEST_SLICE = "test split"
 NEW_SLICE = "new data"
+REFERENCE_SLICE = "reference"
 FORMAT_VERSION = 1
 # Float rounding only (0.79 - 0.8 is -0.010000000000000009): one example of a million held-out
 # ones moves a metric by 1e-6, far above this.
@@ -122,7 +125,7 @@ def checks(
         found.append(Check("accuracy", "value", thresholds.min_accuracy, value, value, None))
     if baseline is None:
         return found
-    for metric in ("accuracy", f"accuracy/{TEST_SLICE}"):
+    for metric in ("accuracy", f"accuracy/{TEST_SLICE}", f"accuracy/{REFERENCE_SLICE}"):
         if metric in candidate and metric in baseline:
             found.append(_change(metric, candidate, baseline, thresholds.max_accuracy_drop))
     if thresholds.max_class_recall_drop is not None:

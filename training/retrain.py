@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import math
@@ -50,7 +51,18 @@ from artifact.model_config import ConfigError, ModelEntry, Policy, parse_config
 from artifact.repository import list_versions, read_labels, read_report
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import WARMUP_BATCH_SIZES
-from training import blessing, cli, data, finetune, lock, publish, runs, sources, train
+from training import (
+    blessing,
+    cli,
+    data,
+    feedback_source,
+    finetune,
+    lock,
+    publish,
+    runs,
+    sources,
+    train,
+)
 from training.errors import UsageError
 from training.estimator import make_estimator, trainable_variable_shapes
 from training.evaluation import build_report
@@ -124,6 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the service's FEEDBACK_DIR: the closed shards of DIR/<model name> are added",
     )
+    feedback_source.add_retrain_arguments(new)
     new.add_argument(
         "--holdout-fraction",
         type=holdout_fraction,
@@ -301,6 +314,9 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
     inputs_key = _inputs_key(params, assembled, args.from_scratch)
     run_dir = model_dir / (RUN_PREFIX + _run_id(inputs_key, params))
     print(blessing.format_sources(assembled.sources), flush=True)
+    for source in assembled.sources:
+        if source["source"] == "feedback" and source["senders"]:
+            print(feedback_source.format_senders(source), flush=True)
     if _trained_on_the_same_inputs(baseline, inputs_key):
         print(
             f"The serving version {baseline.version} was retrained on these very data with "
@@ -391,8 +407,11 @@ def _held_out_set(assembled: sources.Assembled) -> HeldOut:
         images=normalize_pixels(assembled.held_out_images),
         labels=assembled.held_out_labels,
         slices={
-            name: assembled.held_out_slices == name
-            for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
+            **{
+                name: assembled.held_out_slices == name
+                for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
+            },
+            blessing.REFERENCE_SLICE: assembled.reference,
         },
     )
 
@@ -408,6 +427,7 @@ def _report_context(gate: Gate, candidate: Candidate, held_out: HeldOut) -> dict
             "examples": len(held_out.labels),
             "sha256": candidate.assembled.hashes["held_out"],
             "slices": {name: int(mask.sum()) for name, mask in held_out.slices.items()},
+            "reference_rule": sources.REFERENCE_RULE,
         },
     )
     return context
@@ -783,30 +803,16 @@ def _read_sources(args, model_name: str) -> list[sources.Source]:
             )
         )
     if args.feedback_dir:
-        found.append(_feedback_source(Path(args.feedback_dir), model_name))
+        root = Path(args.feedback_dir)
+        if not root.is_dir():
+            raise data.DataError(f"--feedback-dir {root}: folder not found")
+        max_age = args.feedback_max_age_days
+        found.append(
+            feedback_source.read_feedback(
+                feedback.store_dir(root, model_name),
+                args.max_feedback_per_sender,
+                tuple(args.exclude_sender),
+                None if max_age is None else dt.timedelta(days=max_age),
+            )
+        )
     return found
-
-
-def _feedback_source(root: Path, model_name: str) -> sources.Source:
-    if not root.is_dir():
-        raise data.DataError(f"--feedback-dir {root}: folder not found")
-    store = feedback.store_dir(root, model_name)
-    try:
-        shards = feedback.read_closed_shards(store)
-    except feedback.FeedbackFormatError as err:
-        raise data.DataError(str(err)) from err
-    images = [s.images for s in shards] or [np.zeros((0, 28, 28), np.uint8)]
-    labels = [s.labels for s in shards] or [np.zeros(0, np.uint8)]
-    answered: dict[str, int] = {}
-    for shard in shards:
-        for version in shard.versions:
-            key = "unknown" if version is None else str(version)
-            answered[key] = answered.get(key, 0) + 1
-    return sources.Source(
-        "feedback",
-        str(store),
-        np.concatenate(images),
-        np.concatenate(labels),
-        sources.NEW,
-        {"shards": len(shards), "answered_by_version": answered},
-    )

@@ -8,6 +8,12 @@ each image's bytes: an image is held out or trained on whatever else is in the s
 stays on its side from one nightly run to the next (a run that warm-starts from yesterday's
 checkpoint was never trained on what it is judged by).
 
+The reference slice (REFERENCE_RULE) is a fixed half of the base test split, chosen by a hash
+of each image with a fixed seed: the same images on every run, whatever --holdout-seed says,
+and none of them can come from feedback (the test split comes first, so feedback that repeats
+one of its images is dropped, label and all). The gate checks the candidate on it too
+(training/blessing.py), so feedback, however much of it, cannot move that check.
+
 Pure numpy (the fast tier tests it).
 """
 
@@ -24,6 +30,12 @@ HELD_OUT, TRAINED, NEW = "held out", "trained", "new"
 HOLDOUT_RULE = (
     "an image is held out when blake2b(seed as 8 bytes big-endian + its 784 bytes), read as "
     "a big-endian 64-bit fraction, is below the fraction"
+)
+REFERENCE_SEED = 0x5EED
+REFERENCE_FRACTION = 0.5
+REFERENCE_RULE = (
+    "an image of the base test split is in the reference slice when blake2b(0x5EED as 8 "
+    "bytes big-endian + its 784 bytes), read as a big-endian 64-bit fraction, is below 0.5"
 )
 
 
@@ -51,6 +63,8 @@ class Assembled:
     sources: list[dict]
     hashes: dict[str, str]
     holdout: dict
+    # Per held-out example: in the reference slice (REFERENCE_RULE; test split images only).
+    reference: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, bool))
 
 
 def data_hash(images: np.ndarray, labels: np.ndarray) -> str:
@@ -77,12 +91,13 @@ def assemble(sources: list[Source], holdout_fraction: float, holdout_seed: int) 
         holdout_seed: the hash's seed.
     """
     seen: dict[bytes, int] = {}  # image digest -> its label
-    train_parts, held_parts, slices, stats = [], [], [], []
+    train_parts, held_parts, slices, stats, reference = [], [], [], [], []
     for source in sources:
         images = np.ascontiguousarray(source.images, np.uint8)
         labels = np.asarray(source.labels, np.uint8)
         keep = np.zeros(len(images), bool)
         held = np.zeros(len(images), bool)
+        in_reference = np.zeros(len(images), bool)
         duplicates = conflicts = 0
         for i in range(len(images)):
             raw = images[i].tobytes()
@@ -96,11 +111,13 @@ def assemble(sources: list[Source], holdout_fraction: float, holdout_seed: int) 
             keep[i] = True
             if source.role == HELD_OUT:
                 held[i] = True
+                in_reference[i] = held_out_share(raw, REFERENCE_SEED) < REFERENCE_FRACTION
             elif source.role == NEW:
                 held[i] = held_out_share(raw, holdout_seed) < holdout_fraction
         trained = keep & ~held
         train_parts.append((images[trained], labels[trained]))
         held_parts.append((images[held], labels[held]))
+        reference.append(in_reference[held])
         slices.append(
             np.full(int(held.sum()), TEST_SLICE if source.role == HELD_OUT else NEW_SLICE)
         )
@@ -134,6 +151,7 @@ def assemble(sources: list[Source], holdout_fraction: float, holdout_seed: int) 
             "held_out": data_hash(held_images, held_labels),
         },
         {"fraction": holdout_fraction, "seed": holdout_seed, "rule": HOLDOUT_RULE},
+        np.concatenate(reference) if reference else np.zeros(0, bool),
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from training.blessing import (
     NEW_SLICE,
     OVERALL,
+    REFERENCE_SLICE,
     TEST_SLICE,
     Thresholds,
     blessing_json,
@@ -33,9 +34,12 @@ def confusion(hits: list[int], support: int = 10) -> np.ndarray:
     return matrix
 
 
-def slices(overall_hits, test_hits=None) -> dict[str, np.ndarray]:
+def slices(overall_hits, test_hits=None, reference_hits=None) -> dict[str, np.ndarray]:
     test = confusion(test_hits if test_hits is not None else overall_hits)
-    return {OVERALL: confusion(overall_hits), TEST_SLICE: test, NEW_SLICE: np.zeros((10, 10))}
+    found = {OVERALL: confusion(overall_hits), TEST_SLICE: test, NEW_SLICE: np.zeros((10, 10))}
+    if reference_hits is not None:
+        found[REFERENCE_SLICE] = confusion(reference_hits)
+    return found
 
 
 def test_metrics_are_exact_and_leave_out_what_means_nothing():
@@ -87,6 +91,17 @@ def test_the_test_split_is_judged_on_its_own():
         "accuracy/test split: change -0.3000 < -0.0000 (candidate 0.5000, baseline 0.8000): "
         "short by 0.3000"
     )
+
+
+def test_the_reference_slice_is_judged_on_its_own():
+    """A flood's held-out part lifts the overall accuracy and even the test split's (the
+    flood's images happened to land there in an older store): the reference slice decides."""
+    candidate = metrics(slices([9] * 10, test_hits=[9] * 10, reference_hits=[4] * 10), LABELS)
+    baseline = metrics(slices([8] * 10, test_hits=[8] * 10, reference_hits=[6] * 10), LABELS)
+    verdict = judge(candidate, baseline, Thresholds(max_accuracy_drop=0.1))
+    (failed,) = verdict.failed
+    assert failed.metric == f"accuracy/{REFERENCE_SLICE}"
+    assert failed.short_by == pytest.approx(0.1)
 
 
 def test_the_table_shows_every_metric_side_by_side_and_the_failures():

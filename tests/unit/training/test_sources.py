@@ -85,3 +85,29 @@ def test_hashes_of_the_sets_trained_on_and_held_out():
     assert assembled.hashes["held_out"] == data_hash(
         np.zeros((0, 28, 28), np.uint8), np.zeros(0, np.uint8)
     )
+
+
+def test_the_reference_slice_is_a_fixed_half_of_the_test_split_no_feedback_reaches():
+    import hashlib
+
+    values = list(range(0, 200))
+    test = source("test split", values, [v % 10 for v in values], HELD_OUT)
+    # Feedback repeats every test image with another label, and adds new ones.
+    flood = source("feedback", values + [250, 251], [(v + 1) % 10 for v in values] + [0, 1], NEW)
+    for fraction, seed in ((0.0, 0), (0.5, 3), (0.9, 11)):
+        assembled = assemble([test, flood], fraction, seed)
+        reference = assembled.held_out_images[assembled.reference][:, 0, 0].tolist()
+        expected = [
+            v
+            for v in values
+            if int.from_bytes(
+                hashlib.blake2b((0x5EED).to_bytes(8, "big") + images(v)[0].tobytes(), digest_size=8)
+                .digest(), "big"
+            ) / 2**64 < 0.5
+        ]  # fmt: skip
+        # REFERENCE_RULE, whatever the held-out fraction and seed; test split images only,
+        # with their own labels.
+        assert reference == expected and 70 <= len(expected) <= 130
+        labels = assembled.held_out_labels[assembled.reference].tolist()
+        assert labels == [v % 10 for v in expected]
+        assert set(assembled.held_out_slices[assembled.reference]) == {TEST_SLICE}

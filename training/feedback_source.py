@@ -1,0 +1,210 @@
+"""The service's feedback as a retrain source, bounded per sender; and expiring old feedback.
+
+The retrain (`--feedback-dir`) reads the closed shards of a model's store
+(artifact/feedback.py) and keeps, of each sender's images (provenance.txt: a token's name;
+`unknown` for shards older than provenance), only:
+
+- those received within `--feedback-max-age-days` (a shard older than provenance counts as
+  received when it was closed);
+- none at all for an `--exclude-sender`;
+- the newest `--max-feedback-per-sender` (shards are read oldest first, and within a shard in
+  the order they came).
+
+So one token, however much it posts, adds at most that many images to the candidate's
+training and held-out data. What was read, kept and dropped, per sender, goes into the
+sources table and blessing.json.
+
+`python -m training expire-feedback` removes old images from the store itself (removed or
+compacted shards, crash-safe: artifact.feedback.expire); it needs write access to the store,
+which the retrain does not.
+
+Pure numpy (the fast tier tests it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+
+from artifact import feedback
+from training import sources
+from training.errors import DataError
+
+DEFAULT_MAX_PER_SENDER = 5000
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_days(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of days, got {text}")
+    return value
+
+
+def sender_name(text: str) -> str:
+    if not feedback.SENDER_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"a sender's name is 1-64 letters, digits and _.@- (a token's name), got {text!r}"
+        )
+    return text
+
+
+non_negative_int.__name__ = "non-negative integer"
+positive_days.__name__ = "positive number of days"
+sender_name.__name__ = "sender name"
+
+
+def add_retrain_arguments(group) -> None:
+    """The retrain's options on how feedback is read (an argparse group)."""
+    group.add_argument(
+        "--max-feedback-per-sender",
+        type=non_negative_int,
+        default=DEFAULT_MAX_PER_SENDER,
+        metavar="N",
+        help="read at most the newest N feedback images of each sender (a token's name); "
+        "0 = no limit (default: %(default)s)",
+    )
+    group.add_argument(
+        "--exclude-sender",
+        action="append",
+        default=[],
+        type=sender_name,
+        metavar="NAME",
+        help="read no feedback of this sender (a token's name; `unknown` for feedback stored "
+        "before senders were recorded); repeat for several",
+    )
+    group.add_argument(
+        "--feedback-max-age-days",
+        type=positive_days,
+        default=None,
+        metavar="DAYS",
+        help="read only feedback received within DAYS (default: all)",
+    )
+
+
+def read_feedback(
+    store: Path,
+    max_per_sender: int = DEFAULT_MAX_PER_SENDER,
+    exclude: tuple[str, ...] = (),
+    max_age: dt.timedelta | None = None,
+    now: dt.datetime | None = None,
+) -> sources.Source:
+    """The store's closed shards as a NEW source, bounded per sender (above).
+
+    Raises:
+        DataError: a closed shard is damaged (the message names the file).
+    """
+    try:
+        shards = feedback.read_closed_shards(store)
+    except feedback.FeedbackFormatError as err:
+        raise DataError(str(err)) from err
+    now = now or dt.datetime.now(dt.UTC)
+    cutoff = None if max_age is None else now - max_age
+    excluded = set(exclude)
+    images, labels = [], []
+    per_sender: dict[str, dict[str, int]] = {}
+    answered: dict[str, int] = {}
+    # Newest first, so that the cap keeps each sender's newest images.
+    for shard in reversed(shards):
+        senders = shard.senders or (feedback.UNKNOWN_SENDER,) * len(shard)
+        times = feedback.received_times(shard) if cutoff is not None else None
+        keep = np.zeros(len(shard), bool)
+        for i in range(len(shard) - 1, -1, -1):
+            counts = per_sender.setdefault(
+                senders[i], {"stored": 0, "read": 0, "excluded": 0, "expired": 0, "over_cap": 0}
+            )
+            counts["stored"] += 1
+            if senders[i] in excluded:
+                counts["excluded"] += 1
+            elif times is not None and times[i] < cutoff:
+                counts["expired"] += 1
+            elif max_per_sender and counts["read"] >= max_per_sender:
+                counts["over_cap"] += 1
+            else:
+                counts["read"] += 1
+                keep[i] = True
+                key = "unknown" if shard.versions[i] is None else str(shard.versions[i])
+                answered[key] = answered.get(key, 0) + 1
+        images.append(shard.images[keep])
+        labels.append(shard.labels[keep])
+    # Back to the order they came (the store's order), oldest first.
+    images.reverse()
+    labels.reverse()
+    return sources.Source(
+        "feedback",
+        str(store),
+        np.concatenate(images) if images else np.zeros((0, 28, 28), np.uint8),
+        np.concatenate(labels) if labels else np.zeros(0, np.uint8),
+        sources.NEW,
+        {
+            "shards": len(shards),
+            "answered_by_version": answered,
+            "senders": dict(sorted(per_sender.items())),
+            "max_per_sender": max_per_sender or None,
+            "excluded_senders": sorted(excluded),
+            "max_age_days": None if max_age is None else max_age / dt.timedelta(days=1),
+        },
+    )
+
+
+def format_senders(detail: dict) -> str:
+    """Per sender: stored, read, and why the rest was not."""
+    header = ("sender", "stored", "read", "excluded", "expired", "over cap")
+    keys = ("stored", "read", "excluded", "expired", "over_cap")
+    rows = [header] + [
+        (name, *(f"{counts[k]:,}" for k in keys)) for name, counts in detail["senders"].items()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
+        for row in rows
+    )
+
+
+def add_expire_arguments(p: argparse.ArgumentParser) -> None:
+    """The `expire-feedback` subcommand's options."""
+    p.add_argument(
+        "--feedback-dir", required=True, metavar="DIR", help="the service's FEEDBACK_DIR"
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="NAME",
+        help="the model whose store (DIR/NAME) is expired",
+    )
+    p.add_argument(
+        "--max-age-days",
+        type=positive_days,
+        required=True,
+        metavar="DAYS",
+        help="remove the images received more than DAYS ago",
+    )
+
+
+def cmd_expire_feedback(args) -> int:
+    """Remove or compact the shards of images older than --max-age-days."""
+    root = Path(args.feedback_dir)
+    if not root.is_dir():
+        raise DataError(f"--feedback-dir {root}: folder not found")
+    if not args.model or "/" in args.model or args.model in (".", ".."):
+        raise DataError(f"--model {args.model!r}: not a model's folder name")
+    store = feedback.store_dir(root, args.model)
+    try:
+        result = feedback.expire(store, dt.timedelta(days=args.max_age_days))
+    except feedback.FeedbackFormatError as err:
+        raise DataError(str(err)) from err
+    print(
+        f"{store}: {result.images_dropped:,} images older than {args.max_age_days:g} days "
+        f"removed ({len(result.removed)} shards removed, {len(result.compacted)} compacted); "
+        f"{result.images_kept:,} kept"
+    )
+    return 0
