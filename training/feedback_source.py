@@ -7,12 +7,13 @@ The retrain (`--feedback-dir`) reads the closed shards of a model's store
 - those received within `--feedback-max-age-days` (a shard older than provenance counts as
   received when it was closed);
 - none at all for an `--exclude-sender`;
-- the newest `--max-feedback-per-sender` (shards are read oldest first, and within a shard in
-  the order they came).
+- the newest `--max-feedback-per-sender` (the store's order: shards by closing time, and
+  within a shard the order they came).
 
 So one token, however much it posts, adds at most that many images to the candidate's
-training and held-out data. What was read, kept and dropped, per sender, goes into the
-sources table and blessing.json.
+training and held-out data. Shards are read one at a time, newest first, and only the images
+kept stay in memory: the retrain's memory grows with what it keeps, not with the store. What
+was read, kept and dropped, per sender, goes into the sources table and blessing.json.
 
 `python -m training expire-feedback` removes old images from the store itself (removed or
 compacted shards, crash-safe: artifact.feedback.expire); it needs write access to the store,
@@ -103,18 +104,20 @@ def read_feedback(
     Raises:
         DataError: a closed shard is damaged (the message names the file).
     """
-    try:
-        shards = feedback.read_closed_shards(store)
-    except feedback.FeedbackFormatError as err:
-        raise DataError(str(err)) from err
+    paths = feedback.closed_shards(store)
     now = now or dt.datetime.now(dt.UTC)
     cutoff = None if max_age is None else now - max_age
     excluded = set(exclude)
     images, labels = [], []
     per_sender: dict[str, dict[str, int]] = {}
     answered: dict[str, int] = {}
-    # Newest first, so that the cap keeps each sender's newest images.
-    for shard in reversed(shards):
+    # Newest first, so that the cap keeps each sender's newest images; one shard in memory
+    # at a time, and only what is kept of it stays.
+    for path in reversed(paths):
+        try:
+            shard = feedback.read_shard(path)
+        except feedback.FeedbackFormatError as err:
+            raise DataError(str(err)) from err
         senders = shard.senders or (feedback.UNKNOWN_SENDER,) * len(shard)
         times = feedback.received_times(shard) if cutoff is not None else None
         keep = np.zeros(len(shard), bool)
@@ -134,8 +137,9 @@ def read_feedback(
                 keep[i] = True
                 key = "unknown" if shard.versions[i] is None else str(shard.versions[i])
                 answered[key] = answered.get(key, 0) + 1
-        images.append(shard.images[keep])
-        labels.append(shard.labels[keep])
+        images.append(shard.images[keep].copy())  # a copy: the shard's bytes are let go
+        labels.append(shard.labels[keep].copy())
+        del shard
     # Back to the order they came (the store's order), oldest first.
     images.reverse()
     labels.reverse()
@@ -146,7 +150,7 @@ def read_feedback(
         np.concatenate(labels) if labels else np.zeros(0, np.uint8),
         sources.NEW,
         {
-            "shards": len(shards),
+            "shards": len(paths),
             "answered_by_version": answered,
             "senders": dict(sorted(per_sender.items())),
             "max_per_sender": max_per_sender or None,

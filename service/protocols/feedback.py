@@ -324,7 +324,11 @@ class FeedbackAPI:
                 "requests"
             )
         self._check_rate(name, sender, count, self.rates.take(sender, count))
-        writer = await self._writer(name)
+        try:
+            writer = await self._writer(name)
+        except InsufficientStorage:
+            self.rates.give_back(sender, count)  # nothing stored: nothing counts
+            raise
         try:
             appended = await asyncio.to_thread(
                 writer.append, pixels, class_ids, [version] * count, sender
@@ -335,8 +339,8 @@ class FeedbackAPI:
             raise InsufficientStorage(str(err)) from err
         finally:
             self.store_bytes.labels(name).set(writer.used_bytes)
-        for class_id, count in zip(*np.unique(class_ids, return_counts=True), strict=True):
-            self.stored.labels(name, names[int(class_id)]).inc(int(count))
+        for class_id, stored in zip(*np.unique(class_ids, return_counts=True), strict=True):
+            self.stored.labels(name, names[int(class_id)]).inc(int(stored))
         if appended.closed is not None:
             log.info("Feedback shard closed: %s", appended.closed)
         return json_response(
