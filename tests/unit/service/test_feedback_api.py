@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import assert_one_error_line, error_message, ok_json, png_bytes
-from support.servers import run_service
+from support.servers import run_main_in_process
 
 from artifact import feedback
 from artifact.feedback import read_closed_shards, store_dir
@@ -204,15 +204,13 @@ def test_a_store_that_cannot_be_opened_is_507(tmp_path):
 @pytest.mark.parametrize("variable", ["FEEDBACK_DIR", "PREDICTION_LOG_DIR"])
 def test_a_folder_that_cannot_be_written_stops_the_service_at_start(tmp_path, make_path, variable):
     path = make_path(tmp_path)
-    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{variable: path})
+    result = run_main_in_process(MODEL_BASE_PATH=str(tmp_path), **{variable: path})
     assert result.returncode == 2, result.stderr
     assert_one_error_line(result.stderr, f"{variable}: cannot write to {path}")
 
 
 def test_prediction_logging_needs_a_folder(tmp_path):
-    result = run_service(
-        timeout=60, MODEL_BASE_PATH=str(tmp_path), PREDICTION_LOG_SAMPLING_RATE="0.5"
-    )
+    result = run_main_in_process(MODEL_BASE_PATH=str(tmp_path), PREDICTION_LOG_SAMPLING_RATE="0.5")
     assert result.returncode == 2, result.stderr
     assert_one_error_line(
         result.stderr, "PREDICTION_LOG_SAMPLING_RATE=0.5 needs PREDICTION_LOG_DIR"

@@ -280,11 +280,11 @@ def test_bearer_tokens_with_scopes(tokens_file):
     ],
 )
 def test_a_bad_tokens_file_stops_the_start(tmp_path, text, fragment):
-    from support.servers import run_service
+    from support.servers import run_main_in_process
 
     path = tmp_path / "tokens"
     path.write_text(text)
-    result = run_service(timeout=60, AUTH_TOKENS_FILE=str(path), MODEL_BASE_PATH=str(tmp_path))
+    result = run_main_in_process(AUTH_TOKENS_FILE=str(path), MODEL_BASE_PATH=str(tmp_path))
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: AUTH_TOKENS_FILE: ") and fragment in line

@@ -1,6 +1,7 @@
 """`python -m service` refuses bad settings and unbindable addresses before loading anything.
 
-Fast: these fail before TensorFlow is imported.
+Fast: these fail before TensorFlow is imported. Most run its `main()` in this process
+(`run_main_in_process`); two go through a real `python -m service`, the entry point itself.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from support.servers import free_port, run_service
+from support.servers import free_port, run_main_in_process, run_service
 
 from service.settings import Settings
 
@@ -41,13 +42,22 @@ def assert_one_error_line_naming(result, *fragments: str) -> str:
     ],
 )
 def test_invalid_setting_exits_2_naming_it(tmp_path, name, value):
-    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), **{name: value})
+    result = run_main_in_process(MODEL_BASE_PATH=str(tmp_path), **{name: value})
     assert_one_error_line_naming(result, name)
+
+
+def test_python_m_service_exits_2_with_the_line_main_prints(tmp_path):
+    # The entry point itself: its exit code and stderr are main()'s, as the tests above see them.
+    settings = {"MODEL_BASE_PATH": str(tmp_path), "DEVICE": "tpu"}
+    result = run_service(timeout=60, **settings)
+    line = assert_one_error_line_naming(result, "DEVICE")
+    assert result.stdout == ""
+    assert line == assert_one_error_line_naming(run_main_in_process(**settings), "DEVICE")
 
 
 def test_a_grpc_port_equal_to_the_port_exits_2_naming_it(tmp_path):
     port = str(free_port())
-    result = run_service(timeout=60, MODEL_BASE_PATH=str(tmp_path), PORT=port, GRPC_PORT=port)
+    result = run_main_in_process(MODEL_BASE_PATH=str(tmp_path), PORT=port, GRPC_PORT=port)
     assert_one_error_line_naming(result, "GRPC_PORT", f"both {port}")
 
 
@@ -65,11 +75,8 @@ def test_a_grpc_port_in_use_exits_2_before_loading_anything(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         grpc_port = taken.getsockname()[1]
-        result = run_service(
-            timeout=60,
-            MODEL_BASE_PATH=str(tmp_path),
-            PORT=str(free_port()),
-            GRPC_PORT=str(grpc_port),
+        result = run_main_in_process(
+            MODEL_BASE_PATH=str(tmp_path), PORT=str(free_port()), GRPC_PORT=str(grpc_port)
         )
     assert_one_error_line_naming(result, "GRPC_PORT", "in use")
 
