@@ -15,6 +15,7 @@ from support.servers import (
     MODEL_NAME,
     add_version,
     copy_repository,
+    run_main_in_process,
     run_service,
     start_server,
     wait_for,
@@ -234,7 +235,8 @@ def test_a_bad_config_reload_is_refused_whole_and_the_previous_one_keeps_serving
 def test_a_bad_config_at_start_exits_2_with_one_line(repository, text, fragment):
     path = repository / "models.config"
     path.write_text(text)
-    result = run_service(timeout=60, MODEL_CONFIG_FILE=str(path))
+    # Refused before anything loads: service.__main__.main() in this process, as in the fast tier.
+    result = run_main_in_process(MODEL_CONFIG_FILE=str(path))
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
