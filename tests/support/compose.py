@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 
@@ -15,7 +16,15 @@ COMPOSE = "docker-compose"
 
 
 def compose_config(*files: str) -> dict:
-    """`docker-compose -f ... config`, parsed; fails the test with compose's own complaint."""
+    """`docker-compose -f ... config`, parsed (a fresh copy each call); fails the test with
+    compose's own complaint."""
+    return yaml.safe_load(_rendered(files))
+
+
+@functools.cache
+def _rendered(files: tuple[str, ...]) -> str:
+    # Once per process: each run of Debian's docker-compose costs about a second of CPU, and
+    # the files do not change during a test run.
     executable = shutil.which(COMPOSE)
     if executable is None:
         pytest.fail(
@@ -29,7 +38,7 @@ def compose_config(*files: str) -> dict:
         [*command, "config"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, f"{' '.join(command)} config failed:\n{result.stderr}"
-    return yaml.safe_load(result.stdout)
+    return result.stdout
 
 
 def port_bindings(service: dict) -> list[tuple[str | None, int, int]]:
