@@ -4,6 +4,7 @@ not needed, and images that carry only their own side."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -22,7 +23,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
+@functools.cache  # parsing every file costs most of a second; the tests read the same files
+def imports_of(path: Path) -> frozenset[str]:
     """Every module a file imports, at the top or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -31,7 +33,7 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
+    return frozenset(found)
 
 
 def project_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
