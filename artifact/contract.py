@@ -154,14 +154,18 @@ PROBABILITY_SUM_TOLERANCE = 1e-3
 def output_problems(outputs: dict[str, np.ndarray], finite_rows_only: bool = False) -> list[str]:
     """What is wrong with a prediction's contract outputs; [] when nothing is.
 
-    `probabilities` must be finite, within [0, 1] and each row sum to 1; `classes` must be
-    class ids of those rows. With `finite_rows_only`, rows holding NaN or Inf are left out
-    (what a model gives for a NaN input, which TF Serving passes to it: not the model's
-    fault). Cheap (a few numpy passes over [n, 10]): the service checks every
-    answer too, and counts the ones that fail.
+    Only probabilities-like outputs are checked: a float `probabilities` output (any
+    classifier's, pre-made heads' included) and integer `classes` beside it (a
+    label_vocabulary's string classes are names, not ids). `probabilities` must be finite,
+    within [0, 1] and each row sum to 1; `classes` must be class ids of those rows. With
+    `finite_rows_only`, rows holding NaN or Inf are left out (what a model gives for a NaN
+    input, which TF Serving passes to it: not the model's fault). Cheap (a few numpy passes over
+    [n, 10]): the service checks every answer too, and counts the ones that fail.
     """
     problems = []
     probabilities = outputs.get(PROBABILITIES_KEY)
+    if probabilities is not None and probabilities.dtype.kind != "f":
+        probabilities = None  # not probabilities-like: another model's output of that name
     if probabilities is not None and finite_rows_only and probabilities.ndim == 2:
         probabilities = probabilities[np.isfinite(probabilities).all(axis=1)]
     if probabilities is not None and probabilities.size:
@@ -178,6 +182,8 @@ def output_problems(outputs: dict[str, np.ndarray], finite_rows_only: bool = Fal
             if worst > PROBABILITY_SUM_TOLERANCE:
                 problems.append(f"a row of probabilities sums to {1.0 + worst:g}, not 1")
     classes = outputs.get(CLASSES_KEY)
+    if classes is not None and classes.dtype.kind not in "iu":
+        classes = None  # class names (a label_vocabulary's), not ids
     if classes is not None and probabilities is not None and classes.size:
         width = probabilities.shape[-1] if probabilities.ndim == 2 else NUM_CLASSES
         if classes.min() < 0 or classes.max() >= width:

@@ -12,6 +12,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2
 
 from artifact.contract import (
     CLASSES_KEY,
+    DIGIT_LABELS,
     IMAGE_SHAPE,
     INPUT_KEY,
     NUM_CLASSES,
@@ -36,6 +37,17 @@ def signature_def_map(version_path: str | Path) -> get_model_metadata_pb2.Signat
     return result
 
 
+class ModelInputError(ValueError):
+    """Inputs the model refused while it ran (TensorFlow's InvalidArgumentError, or a value
+    that does not bind to the signature): the client's to fix, in TensorFlow's words."""
+
+
+# Signature inputs of these types cannot come from a request: no signature taking one serves.
+_UNSERVABLE_TYPES = frozenset(
+    {types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT, types_pb2.DT_INVALID, types_pb2.DT_BFLOAT16}
+)
+
+
 class SavedModelPredictor:
     """A loaded SavedModel's signatures behind a cheap numpy call.
 
@@ -47,7 +59,7 @@ class SavedModelPredictor:
         path: the version directory.
         device: a TF device string ('/CPU:0', '/GPU:0') to load and run on; None = TF's choice.
     Raises:
-        KeyError: the SavedModel has no serving_default signature.
+        ValueError: the SavedModel has no signature at all.
     """
 
     def __init__(self, path: str | Path, device: str | None = None):
@@ -59,66 +71,124 @@ class SavedModelPredictor:
         # Read now, while the version's folder is there (it may be deleted while serving).
         self.signature_defs = signature_def_map(self.path)
         self._runners = {}
-        if SIGNATURE_NAME not in self.signatures:
-            raise KeyError(f"no {SIGNATURE_NAME!r} signature; has {sorted(self.signatures)}")
+        if not self.signatures:
+            raise ValueError("the SavedModel has no signatures: no request could use it")
 
     def input_spec(self, signature_name: str = SIGNATURE_NAME) -> dict[str, tf.TensorSpec]:
         """The named inputs one signature takes."""
         return dict(self.signatures[signature_name].structured_input_signature[1])
 
     def _runner(self, signature_name: str):
+        """(a concrete function taking the signature's inputs in order, their names)."""
         runner = self._runners.get(signature_name)
         if runner is None:
             signature = self.signatures[signature_name]
-            spec = self.input_spec(signature_name)[INPUT_KEY]
+            specs = self.input_spec(signature_name)
+            names = tuple(sorted(specs))
             # A concrete function, traced here once: calling it skips tf.function's dispatch
             # (0.9 ms instead of 1.3 ms a call at batch 1 here) and its retracing detector,
             # which counts every version's own trace of this same lambda as a retrace.
-            runner = tf.function(
-                lambda image: signature(**{INPUT_KEY: image}),
-                input_signature=[tf.TensorSpec(spec.shape, spec.dtype)],
+            function = tf.function(
+                lambda *tensors: signature(**dict(zip(names, tensors, strict=True))),
+                input_signature=[tf.TensorSpec(specs[n].shape, specs[n].dtype) for n in names],
                 autograph=False,  # nothing to convert; spares a warning about the lambda
             ).get_concrete_function()
-            self._runners[signature_name] = runner
+            runner = self._runners[signature_name] = (function, names, specs)
         return runner
 
     def run(
-        self, images: np.ndarray, signature_name: str = SIGNATURE_NAME
+        self, inputs: np.ndarray | dict[str, np.ndarray], signature_name: str = SIGNATURE_NAME
     ) -> dict[str, np.ndarray]:
-        """Every output of one signature for float32 images [n, 28, 28] in [0, 1].
+        """Every output of one signature.
 
+        Args:
+            inputs: each input of the signature by name, or one array for a signature that
+                takes one input (float32 images [n, 28, 28] in [0, 1], for the contract's).
         Raises:
             KeyError: the SavedModel has no such signature.
+            ModelInputError: the inputs do not fit the signature, or the model refused them.
         """
         if signature_name not in self.signatures:
             raise KeyError(signature_name)
-        with tf.device(self.device):
-            outputs = self._runner(signature_name)(tf.constant(images, tf.float32))
-        return {key: value.numpy() for key, value in outputs.items()}
+        function, names, specs = self._runner(signature_name)
+        if isinstance(inputs, np.ndarray):
+            if len(names) != 1:
+                raise ModelInputError(
+                    f"signature {signature_name!r} takes {len(names)} inputs {list(names)}; "
+                    "name each"
+                )
+            inputs = {names[0]: inputs}
+        try:
+            with tf.device(self.device):
+                tensors = [tf.constant(inputs[n], specs[n].dtype) for n in names]
+                outputs = function(*tensors)
+        except tf.errors.InvalidArgumentError as err:
+            raise ModelInputError(err.message) from err
+        except (TypeError, ValueError) as err:
+            raise ModelInputError(
+                f"the inputs do not fit signature {signature_name!r}: {err}"
+            ) from err
+        return {key: outputs[key].numpy() for key in sorted(outputs)}
+
+    def zero_inputs(self, signature_name: str) -> dict[str, np.ndarray] | None:
+        """One all-zero instance of every input of a signature (empty strings for strings),
+        unknown dimensions of size 1; None when an input's rank is unknown."""
+        inputs = {}
+        for name, spec in self.input_spec(signature_name).items():
+            if spec.shape.rank is None:
+                return None
+            shape = [1 if size is None else size for size in spec.shape.as_list()]
+            if spec.dtype == tf.string:
+                inputs[name] = np.full(shape, b"", dtype=object)
+            else:
+                inputs[name] = np.zeros(shape, spec.dtype.as_numpy_dtype)
+        return inputs
 
     def warm_up(self, requests=()) -> int:
         """Replay warmup PredictRequests (as TF Serving does on load); how many ran.
 
-        Without any, one all-zero image through the default signature. Either way the first
-        call's tracing is paid here, before the version reports ready, and the answers are
-        checked: a model is code, and one whose "probabilities" are not probabilities (out
-        of [0, 1], or rows not summing to 1) must not serve.
+        Without any: one all-zero image through the default signature of a model with the
+        image contract, and one all-zero instance through every signature of any other
+        (a signature that refuses zeros, such as one parsing tf.Examples, is traced only).
+        Either way the first call's tracing is paid here, before the version reports ready,
+        and the answers are checked: a model is code, and one whose "probabilities" are not
+        probabilities (out of [0, 1], or rows not summing to 1) must not serve.
 
         Raises:
             ValueError: a request does not fit the model, or an answer breaks the contract.
         """
         if not requests:
-            self._check_outputs(self.run(np.zeros((1, *IMAGE_SHAPE), np.float32)), "zero image")
+            if not contract_problems(self.signature_defs, DIGIT_LABELS):
+                outputs = self.run(np.zeros((1, *IMAGE_SHAPE), np.float32))
+                self._check_outputs(outputs, "zero image")
+                return 0
+            for signature_name in sorted(self.signatures):
+                inputs = self.zero_inputs(signature_name)
+                self._runner(signature_name)
+                if inputs is None:
+                    continue
+                try:
+                    outputs = self.run(inputs, signature_name)
+                except ModelInputError:
+                    continue  # zeros are not this signature's input; traced all the same
+                self._check_outputs(outputs, f"a zero instance through {signature_name!r}")
             return 0
         for i, request in enumerate(requests):
             signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-            if signature_name not in self.signatures or set(request.inputs) != {INPUT_KEY}:
+            expected = (
+                set(self.input_spec(signature_name)) if signature_name in self.signatures else None
+            )
+            if expected is None or set(request.inputs) != expected:
                 raise ValueError(
                     f"warmup request {i} wants signature {signature_name!r} with inputs "
-                    f"{sorted(request.inputs)}; the model has {sorted(self.signatures)} "
-                    f"taking {INPUT_KEY!r}"
+                    f"{sorted(request.inputs)}; the model has {sorted(self.signatures)}"
+                    + (f", that one taking {sorted(expected)}" if expected is not None else "")
                 )
-            outputs = self.run(tf.make_ndarray(request.inputs[INPUT_KEY]), signature_name)
+            inputs = {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}
+            try:
+                outputs = self.run(inputs, signature_name)
+            except ModelInputError as err:
+                raise ValueError(f"warmup request {i} does not fit the model: {err}") from err
             self._check_outputs(outputs, f"warmup request {i}")
         return len(requests)
 
@@ -209,4 +279,45 @@ def contract_problems(signature_defs, labels: tuple[str, ...]) -> list[str]:
             )
         if len(labels) != classes:
             problems.append(f"labels.txt names {len(labels)} classes; the model has {classes}")
+    return problems
+
+
+def signature_problems(signature_defs) -> dict[str, str]:
+    """Why a signature cannot serve any request, by name (missing: it can)."""
+    problems = {}
+    for name, signature in sorted(signature_defs.signature_def.items()):
+        bad = [
+            f"{key} is {types_pb2.DataType.Name(info.dtype)}"
+            for key, info in sorted(signature.inputs.items())
+            if info.dtype in _UNSERVABLE_TYPES
+        ]
+        if bad:
+            problems[name] = "takes what no request can send (" + ", ".join(bad) + ")"
+    return problems
+
+
+def servable_problems(signature_defs, labels: tuple[str, ...] | None) -> list[str]:
+    """What keeps an exported version from serving at all; [] when nothing does.
+
+    Any signature serves: the version is refused only when no signature could answer a
+    request, or when its labels.txt (`labels`, None without one) does not name every class
+    of a `probabilities` output (some answers would have no label).
+    """
+    names = sorted(signature_defs.signature_def)
+    if not names:
+        return ["no signatures (it has none a request could name)"]
+    unusable = signature_problems(signature_defs)
+    if len(unusable) == len(names):
+        return [
+            "no usable signature: "
+            + "; ".join(f"{name} {problem}" for name, problem in unusable.items())
+        ]
+    problems = []
+    if labels is not None:
+        for name in names:
+            info = signature_defs.signature_def[name].outputs.get(PROBABILITIES_KEY)
+            dims = _dims(info) if info is not None else None
+            if dims and len(dims) == 2 and dims[1] > 0 and dims[1] != len(labels):
+                problems.append(f"labels.txt names {len(labels)} classes; the model has {dims[1]}")
+                break
     return problems

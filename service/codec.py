@@ -417,15 +417,21 @@ class PredictBody:
             the model, version, label and signature (TF Serving looks them up before it
             reads the tensors, tensorflow_serving/util/json_tensor.cc,
             FillPredictRequestFromJson).
+        request: the body's JSON object, when it was parsed as such: a signature that does
+            not take images reads its tensors from it (service/tensor_json.py).
     """
 
     signature_name: str
     images: np.ndarray | None
     columnar: bool = False
     problem: ServiceError | None = None
+    # The parsed JSON object, when the general path read it (not the usual image body).
+    request: dict | None = None
 
 
-def read_predict_body(body: bytes, max_images: int, strict: bool = True) -> PredictBody:
+def read_predict_body(
+    body: bytes, max_images: int, strict: bool = True, tensors: bool = True
+) -> PredictBody:
     """A TF Serving REST predict body to its signature name and float32 images.
 
     Accepts the row format ({"instances": [...]}, each a tensor or {"image": tensor}) and the
@@ -438,6 +444,8 @@ def read_predict_body(body: bytes, max_images: int, strict: bool = True) -> Pred
         strict: STRICT_NUMBERS: refuse values that are not finite in float32; otherwise NaN,
             Infinity and -Infinity literals are read and values past float32's range become
             inf, as TF Serving reads them.
+        tensors: read the images too (unless the usual body's fast path has); false leaves
+            them for image_tensors(), once the signature is known to take images.
     Raises:
         BadInput: not JSON, not an object, `signature_name` not a string (TF Serving's words
             first, then where and what).
@@ -462,12 +470,20 @@ def read_predict_body(body: bytes, max_images: int, strict: bool = True) -> Pred
         )
     # TF Serving reads an empty name as the default signature.
     signature_name = signature_name or SIGNATURE_NAME
-    has_instances = "instances" in request
+    parsed = PredictBody(signature_name, None, "instances" not in request, request=request)
+    return image_tensors(parsed, body, max_images, strict) if tensors else parsed
+
+
+def image_tensors(parsed: PredictBody, body: bytes, max_images: int, strict: bool) -> PredictBody:
+    """A body read without its tensors (read_predict_body's `tensors=False`), with its float32
+    images, or the problem with them, read from its JSON object."""
+    if parsed.images is not None or parsed.problem is not None or parsed.request is None:
+        return parsed
     try:
-        images = _tensor_images(request, body, max_images, strict)
+        images = _tensor_images(parsed.request, body, max_images, strict)
     except (BadInput, PayloadTooLarge) as err:
-        return PredictBody(signature_name, None, not has_instances, err)
-    return PredictBody(signature_name, images, not has_instances)
+        return dataclasses.replace(parsed, problem=err)
+    return dataclasses.replace(parsed, images=images)
 
 
 def _tensor_images(request: dict, body: bytes, max_images: int, strict: bool) -> np.ndarray:

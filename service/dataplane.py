@@ -27,7 +27,15 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.traffic import SHADOW, Traffic
-from service.types import ModelMetadata, PredictResult, Readiness, VersionStatus
+from service.types import (
+    Inputs,
+    ModelMetadata,
+    PredictResult,
+    Readiness,
+    SignatureSpec,
+    VersionStatus,
+    rows_of,
+)
 
 log = logging.getLogger("service")
 
@@ -89,15 +97,30 @@ class DataPlane:
         if self.backend.overloaded():
             raise Overloaded(OVERLOADED)
 
+    async def signature(
+        self,
+        name: str,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = SIGNATURE_NAME,
+    ) -> SignatureSpec:
+        """The signature a request names, as the version that would answer it has it.
+
+        Raises:
+            NotFound, NotReady: the model, version or label; BadInput: no such signature.
+        """
+        return await self.backend.signature(name, version, label, signature_name)
+
     async def predict(
         self,
         name: str,
-        images: np.ndarray,
+        images: Inputs,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
     ) -> PredictResult:
-        """Run float32 images [n, 28, 28] through a version's signature.
+        """Run inputs through a version's signature: float32 images [n, 28, 28] (the image
+        contract), or each input of the signature by name.
 
         A request naming neither a version nor a label may go to the canary, and may be
         copied to the shadow; a named one goes where it says.
@@ -106,7 +129,8 @@ class DataPlane:
             ServiceError: over a limit, unknown model, version or label, not ready,
                 overloaded.
         """
-        self.check_image_count(len(images))
+        count = rows_of(images)
+        self.check_image_count(count)
         pinned = version is not None or label is not None
         labels = {} if pinned else self.backend.version_labels(name)
         route = "named" if pinned else "serving"
@@ -124,12 +148,15 @@ class DataPlane:
         if prediction is None:
             prediction = await self.backend.predict(name, images, version, signature_name, label)
         class_labels = self.backend.class_labels(name, prediction.version)
-        self._count(name, prediction, class_labels, route, len(images))
-        if not pinned and self.traffic.wants_shadow(name, labels):
+        self._count(name, prediction, class_labels, route, count)
+        served_classes = prediction.outputs.get(CLASSES_KEY)
+        # The shadow's agreement is counted on class ids (the image contract's).
+        comparable = served_classes is not None and served_classes.dtype.kind in "iu"
+        if comparable and not pinned and self.traffic.wants_shadow(name, labels):
             self.traffic.start_shadow(
                 name,
                 self.backend.predict_shadow(name, images, SHADOW, signature_name),
-                prediction.outputs[CLASSES_KEY],
+                served_classes,
                 self.metrics,
             )
         result = PredictResult(name, prediction.version, prediction.outputs, class_labels)
@@ -156,7 +183,12 @@ class DataPlane:
             if any(problem.startswith("classes") for problem in problems):
                 raise UpstreamInternal(message)  # no label to answer with
         classes = prediction.outputs.get(CLASSES_KEY)
-        if classes is not None:
+        if (
+            classes is not None
+            and classes.dtype.kind in "iu"
+            and classes.ndim == 1
+            and (not classes.size or 0 <= classes.min() <= classes.max() < len(class_labels))
+        ):
             counts = np.bincount(classes, minlength=len(class_labels))
             for class_id in np.flatnonzero(counts).tolist():
                 label = class_labels[class_id]

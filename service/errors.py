@@ -187,6 +187,24 @@ def check_image_count(count: int, limit: int) -> None:
         )
 
 
+class SignatureNotFound(BadInput):
+    """The version has no signature of the name a request gives (or, naming none, no
+    `serving_default`); gRPC answers it with TF Serving's FAILED_PRECONDITION words."""
+
+    def __init__(self, signature_name: str, available):
+        super().__init__(signature_not_found(signature_name, available))
+        self.signature_name = signature_name
+
+
+def signature_not_found(signature_name: str, available) -> str:
+    """TF Serving's REST words for a signature the version does not have
+    (model_servers/http_rest_api_handler.cc, GetInfoMap), and the ones it has."""
+    return (
+        f'Serving signature name: "{signature_name}" not found in signature def; '
+        f"this model has {sorted(available)}"
+    )
+
+
 def check_label_name(label: str) -> None:
     """BadInput unless a version label is TF Serving's `[a-zA-Z0-9_]+`."""
     if not LABEL_PATTERN.match(label):

@@ -234,7 +234,7 @@ class PredictionLogger:
             if closed is not None:
                 log.info("Prediction log closed: %s", closed)
 
-    def record(self, name: str, signature_name: str, images: np.ndarray, result) -> bytes:
+    def record(self, name: str, signature_name: str, images, result) -> bytes:
         """One PredictionLog, serialized: TF Serving's request and response for a prediction."""
         tf, entry = self._tf, self._pb.PredictionLog()
         spec = entry.log_metadata.model_spec
@@ -244,7 +244,11 @@ class PredictionLogger:
         entry.log_metadata.saved_model_tags.append("serve")
         request, response = entry.predict_log.request, entry.predict_log.response
         request.model_spec.CopyFrom(spec)
-        request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
+        if isinstance(images, dict):
+            for key, value in images.items():
+                request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        else:
+            request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
         response.model_spec.CopyFrom(spec)
         for key, value in result.outputs.items():
             response.outputs[key].CopyFrom(tf.make_tensor_proto(value))

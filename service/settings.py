@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         "(TF Serving's flag of the same name); a label moving from one version to another "
         "must still point to an AVAILABLE one.",
     )
+    allow_signature_changes: bool = Field(
+        False,
+        description="A new version whose signatures (inputs, outputs, their dtypes and "
+        "shapes, methods) differ from the serving version's may serve; by default it is "
+        "refused (state END, the difference in its error), so a retrain cannot silently "
+        "change what clients must send.",
+    )
     canary_percent: float = Field(
         0.0,
         ge=0,

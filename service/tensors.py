@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from artifact.contract import IMAGE_SHAPE
+from artifact.contract import IMAGE_SHAPE, INPUT_KEY
 from service import codec
 from service.errors import BadInput
 from service.types import SignatureSpec, TensorSpec
@@ -80,6 +80,15 @@ def v2_datatype(dtype: np.dtype | None) -> str:
 
 
 # --- signatures -----------------------------------------------------------------------------
+
+
+IMAGE_INPUT = TensorSpec(INPUT_KEY, np.dtype(np.float32), (-1, *IMAGE_SHAPE))
+
+
+def is_image_signature(signature: SignatureSpec) -> bool:
+    """Whether a signature takes exactly the image contract's input (one float32 `image`
+    [-1, 28, 28]): requests to it take the fast paths built for that input."""
+    return signature.inputs == (IMAGE_INPUT,)
 
 
 def signature_specs(signature_defs) -> dict[str, SignatureSpec]:
@@ -181,6 +190,118 @@ def images_from_tensor_proto(
     return codec.as_model_input(images, f"input '{alias}'", strict)
 
 
+DT_STRING = 7
+# TensorFlow's DataType -> the TensorProto field its values may come in besides
+# tensor_content (tensorflow/core/framework/tensor.proto).
+_FIELD_OF_TF = {
+    1: "float_val",
+    2: "double_val",
+    3: "int_val",
+    4: "int_val",
+    5: "int_val",
+    6: "int_val",
+    7: "string_val",
+    9: "int64_val",
+    10: "bool_val",
+    17: "int_val",
+    19: "half_val",
+    22: "uint32_val",
+    23: "uint64_val",
+}
+
+
+def array_from_tensor_proto(
+    proto,
+    spec: TensorSpec,
+    position: int,
+    check_count: Callable[[int], None] = lambda count: None,
+    strict: bool = True,
+) -> np.ndarray:
+    """One input of any signature from a TensorProto, as TensorFlow reads it
+    (tensorflow/core/framework/tensor.cc, FromProto): `tensor_content` (raw little-endian
+    values) or the dtype's typed field with one value per element, or one for all; strings
+    from `string_val`. Not strict: fewer values than the shape has are filled with the last.
+
+    Args:
+        proto: the tensorflow.TensorProto (read through its fields only).
+        spec: the signature's input it feeds.
+        position: the input's place among the signature's inputs (TF's arg[i] in messages).
+        check_count: called with the batch size before any value is read (the limit).
+        strict: STRICT_NUMBERS: refuse float values that are not finite, and a value count
+            of neither one nor one per element.
+    Raises:
+        BadInput: another dtype than the input's, a shape not fully defined or not the
+            signature's, a value or byte count that does not match the shape.
+    """
+    alias, dtype = spec.name, spec.dtype
+    expected = TF_OF_NUMPY.get(dtype) if dtype is not None else None
+    if proto.dtype != expected:
+        raise BadInput(
+            f"Expects arg[{position}] to be {tf_type_name(expected or 0)} but "
+            f"{tf_type_name(proto.dtype)} is provided (input '{alias}' takes "
+            f"{tf_type_name(expected or 0)} {list(spec.shape) if spec.shape else spec.shape})"
+        )
+    shape = proto.tensor_shape
+    dims = [int(d.size) for d in shape.dim]
+    if shape.unknown_rank or any(size < 0 for size in dims):
+        raise BadInput(
+            f"tensor parsing error: {alias} (its shape must be fully defined; got "
+            f"{'an unknown rank' if shape.unknown_rank else dims})"
+        )
+    if spec.shape is not None and not (
+        len(spec.shape) == len(dims)
+        and all(want in (-1, got) for want, got in zip(spec.shape, dims, strict=True))
+    ):
+        raise BadInput(f"input '{alias}' has shape {dims}; the signature takes {list(spec.shape)}")
+    if dims and spec.shape and spec.shape[0] == -1:
+        check_count(dims[0])
+    elements = int(np.prod(dims, dtype=np.int64))
+    if proto.dtype == DT_STRING:
+        values = list(proto.string_val)
+        array = np.empty(elements, dtype=object)
+        if len(values) == elements:
+            array[:] = values
+        elif len(values) == 1 or (len(values) < elements and not strict):
+            array[: len(values)] = values
+            array[len(values) :] = values[-1] if values else b""
+        else:
+            raise BadInput(
+                f"tensor parsing error: {alias} (string_val has {len(values)} values; shape "
+                f"{dims} takes {elements}, or 1 for all)"
+            )
+        return array.reshape(dims)
+    content = proto.tensor_content
+    if content:
+        size = elements * dtype.itemsize
+        if len(content) != size:
+            raise BadInput(
+                f"tensor parsing error: {alias} (tensor_content has {len(content)} bytes; "
+                f"shape {dims} of {tf_type_name(proto.dtype)} takes {size})"
+            )
+        array = np.frombuffer(content, dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+    else:
+        field = _FIELD_OF_TF.get(proto.dtype)
+        values = getattr(proto, field) if field else ()
+        if field == "half_val":  # float16's bits, one per int
+            values = np.array(values, np.uint16).view(np.float16)
+        count = len(values)
+        flat = np.empty(elements, dtype)
+        if count == elements:
+            flat[:] = values
+        elif count == 1 or (count < elements and not strict):
+            flat[:count] = values
+            flat[count:] = values[-1] if count else 0
+        else:
+            raise BadInput(
+                f"tensor parsing error: {alias} ({field} has {count} values; shape {dims} "
+                f"takes {elements}, or 1 for all)"
+            )
+        array = flat.reshape(dims)
+    if strict and array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        raise BadInput(f"input '{alias}': values must be finite numbers (NaN/Inf or too large)")
+    return array
+
+
 # numpy's dtype -> the TensorProto field TensorFlow writes its values in
 # (tensorflow/core/framework/tensor.proto; tensor.cc, AsProtoField).
 _VALUE_FIELDS = {
@@ -205,12 +326,22 @@ def fill_tensor_proto(proto, array: np.ndarray, tensor_content: bool = False) ->
     clients read (tensorflow_serving/example/mnist_client.py); with `tensor_content`
     (GRPC_TENSOR_CONTENT), as little-endian bytes. tf.make_ndarray reads either.
 
+    Strings (object arrays of bytes) go in `string_val`.
+
     Raises:
-        ValueError: a dtype TensorFlow has no number for here, or strings.
+        ValueError: a dtype TensorFlow has no number for here.
     """
+    if array.dtype == np.object_:
+        proto.dtype = DT_STRING
+        for size in array.shape:
+            proto.tensor_shape.dim.add().size = size
+        proto.string_val.extend(
+            item if isinstance(item, bytes) else str(item).encode() for item in array.ravel()
+        )
+        return
     dtype = array.dtype.newbyteorder("=")
     number = TF_OF_NUMPY.get(dtype)
-    if number is None or array.dtype == np.object_:
+    if number is None:
         raise ValueError(f"cannot write a {array.dtype} array into a TensorProto")
     proto.dtype = number
     for size in array.shape:

@@ -34,6 +34,34 @@ class VersionStatus:
     error_message: str = ""
 
 
+# What a model call takes: each input of the signature by name, or one array (float32 images
+# [n, 28, 28], the image contract's fast path, or the one input of any signature taking one).
+Inputs = np.ndarray | dict[str, np.ndarray]
+
+
+def rows_of(inputs: Inputs) -> int:
+    """The instances a request holds: its inputs' batch dimension (1 without one)."""
+    if isinstance(inputs, np.ndarray):
+        return len(inputs) if inputs.ndim else 1
+    for value in inputs.values():
+        return len(value) if value.ndim else 1
+    return 1
+
+
+def inner_shapes(inputs: Inputs) -> tuple:
+    """What must match for two requests' inputs to be joined along the batch dimension."""
+    if isinstance(inputs, np.ndarray):
+        return (inputs.shape[1:], inputs.dtype)
+    return tuple((key, value.shape[1:], value.dtype) for key, value in sorted(inputs.items()))
+
+
+def join_inputs(parts: list[Inputs]) -> Inputs:
+    """Several requests' inputs as one batch, in order (inner_shapes equal)."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """One model call's result: which version answered and every output of the signature."""
@@ -73,6 +101,15 @@ class SignatureSpec:
     method_name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+
+
+def batchable(signature: SignatureSpec) -> bool:
+    """Whether requests for a signature may share a model call: every input and output has a
+    batch dimension of any size first (an input without one is fed as it is, alone)."""
+    tensors = (*signature.inputs, *signature.outputs)
+    return bool(signature.inputs) and all(
+        spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1 for spec in tensors
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,30 +9,31 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from artifact.contract import SIGNATURE_NAME
 from artifact.model_config import ModelEntry
-from service.types import ModelMetadata, Prediction, VersionStatus
+from service.errors import SignatureNotFound
+from service.types import Inputs, ModelMetadata, Prediction, SignatureSpec, VersionStatus
 
 
 @dataclasses.dataclass
 class Reservation:
     """What one request needs to run off the event loop: the batcher's thread calls `run`
-    (blocking) with the merged images of requests whose `key`s are equal; `release` (on the
-    loop, once) lets go of what was held for the request, such as its version.
+    (blocking) with the merged inputs of requests whose `key`s (and inner shapes) are equal;
+    `release` (on the loop, once) lets go of what was held for the request, such as its version.
 
     Args:
         key: requests with equal keys may share one model call.
-        run: images -> Prediction, called on a thread that is not the event loop.
+        run: inputs -> Prediction, called on a thread that is not the event loop.
         release: called on the event loop when the request is answered, failed or dropped.
         cancel: stops a run in progress when the service shuts down, where that is possible.
     """
 
     key: tuple
-    run: Callable[[np.ndarray], Prediction]
+    run: Callable[[Inputs], Prediction]
     release: Callable[[], None] = lambda: None
     cancel: Callable[[], None] = lambda: None
+    # False: the signature has an input or output without a batch dimension; never joined.
+    batchable: bool = True
 
 
 class Backend(abc.ABC):
@@ -93,16 +94,37 @@ class Backend(abc.ABC):
     ) -> ModelMetadata:
         """A version's signatures. Raises NotFound."""
 
+    async def signature(
+        self,
+        name: str,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = SIGNATURE_NAME,
+    ) -> SignatureSpec:
+        """The signature a request names, as the version that would answer it has it: what
+        its inputs are checked against. By default read from metadata().
+
+        Raises:
+            NotFound, NotReady: as metadata() does.
+            BadInput: the version has no such signature (TF Serving's words).
+        """
+        metadata = await self.metadata(name, version, label)
+        spec = metadata.signatures.get(signature_name)
+        if spec is None:
+            raise SignatureNotFound(signature_name, metadata.signatures)
+        return spec
+
     @abc.abstractmethod
     async def predict(
         self,
         name: str,
-        images: np.ndarray,
+        images: Inputs,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
     ) -> Prediction:
-        """Run float32 images [n, 28, 28] through a signature. Raises ServiceError subclasses."""
+        """Run inputs through a signature: each named input, or one array (float32 images
+        [n, 28, 28] for the image contract). Raises ServiceError subclasses."""
 
     async def reserve(
         self,
@@ -121,7 +143,7 @@ class Backend(abc.ABC):
         loop = asyncio.get_running_loop()
         inflight: list[concurrent.futures.Future] = []
 
-        def run(images: np.ndarray) -> Prediction:
+        def run(images: Inputs) -> Prediction:
             call = self.predict(name, images, version, signature_name, label)
             future = asyncio.run_coroutine_threadsafe(call, loop)
             inflight.append(future)
@@ -137,7 +159,7 @@ class Backend(abc.ABC):
         return Reservation((name, version, signature_name, label), run, cancel=cancel)
 
     async def predict_shadow(
-        self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME
+        self, name: str, images: Inputs, label: str, signature_name: str = SIGNATURE_NAME
     ) -> Prediction:
         """A prediction nobody waits for (shadow traffic): may run on its own lane, never in
         the way of served requests. By default, a plain predict."""
@@ -213,6 +235,9 @@ class DelegatingBackend(Backend):
 
     async def metadata(self, name, version, label=None):
         return await self.inner.metadata(name, version, label)
+
+    async def signature(self, name, version=None, label=None, signature_name=SIGNATURE_NAME):
+        return await self.inner.signature(name, version, label, signature_name)
 
     async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
         return await self.inner.predict(name, images, version, signature_name, label)

@@ -1,11 +1,14 @@
 """Dynamic batching in front of any backend, in the spirit of TF Serving's batching.
 
 Requests for the same (model, version, signature) merge into one model call of at most
-`max_batch_size` images, then the outputs are split back in order. While the model is busy,
-requests queue and form the next batch; when it is idle a request runs at once unless
-`timeout_ms` asks to wait for company (TF Serving's CPU advice is 0). The queue is bounded:
-when `max_queue` requests are waiting the next one is refused at once (503). A failed batch
-fails only its own requests; a crashed batcher fails what is queued instead of leaving it hung.
+`max_batch_size` instances, then the outputs are split back in order. Requests join only
+when their inputs agree in every dimension but the batch one; a signature with an input or
+output that has no batch dimension is never batched (each request is its own call). While
+the model is busy, requests queue and form the next batch; when it is idle a request runs
+at once unless `timeout_ms` asks to wait for company (TF Serving's CPU advice is 0). The
+queue is bounded: when `max_queue` requests are waiting the next one is refused at once
+(503). A failed batch fails only its own requests; a crashed batcher fails what is queued
+instead of leaving it hung.
 
 Batches are formed and run on a thread of their own, as TF Serving's batch threads do: the
 event loop only queues requests and hands answers back. When a batch ends, the next one
@@ -24,12 +27,10 @@ import logging
 import threading
 import time
 
-import numpy as np
-
 from artifact.contract import SIGNATURE_NAME
 from service.backends.base import Backend, DelegatingBackend, Reservation
 from service.errors import OVERLOADED, Overloaded, UpstreamError
-from service.types import Prediction
+from service.types import Inputs, Prediction, inner_shapes, join_inputs, rows_of
 
 log = logging.getLogger("service.backends.batching")
 
@@ -37,8 +38,15 @@ log = logging.getLogger("service.backends.batching")
 @dataclasses.dataclass
 class _Request:
     reservation: Reservation
-    images: np.ndarray
+    images: Inputs
     future: asyncio.Future
+    rows: int = 0
+    # Requests join only when their inputs' other dimensions and dtypes match.
+    shapes: tuple = ()
+
+    def __post_init__(self):
+        self.rows = rows_of(self.images)
+        self.shapes = inner_shapes(self.images)
 
     @property
     def dropped(self) -> bool:
@@ -102,7 +110,7 @@ class BatchingBackend(DelegatingBackend):
     async def predict(
         self,
         name: str,
-        images: np.ndarray,
+        images: Inputs,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
@@ -133,7 +141,7 @@ class BatchingBackend(DelegatingBackend):
         """On the loop: each request's share of the batch's outputs, or the batch's error."""
         start = 0
         for request in batch:
-            end = start + len(request.images)
+            end = start + request.rows
             if not request.future.done():
                 if error is not None:
                     request.future.set_exception(error)
@@ -188,26 +196,32 @@ class BatchingBackend(DelegatingBackend):
         if not self._queue:
             return []
         first = self._queue.popleft()
-        batch, size = [first], len(first.images)
+        batch, size = [first], first.rows
         kept = collections.deque()
+        if not first.reservation.batchable:
+            return batch
         while self._queue:
             request = self._queue.popleft()
             if request.dropped:
                 continue
-            same = request.reservation.key == first.reservation.key
-            if same and size + len(request.images) <= self.max_batch_size:
+            same = (
+                request.reservation.key == first.reservation.key
+                and request.reservation.batchable
+                and request.shapes == first.shapes
+            )
+            if same and size + request.rows <= self.max_batch_size:
                 batch.append(request)
-                size += len(request.images)
+                size += request.rows
             else:
                 kept.append(request)
         self._queue = kept
         return batch
 
     def _queued_images(self) -> int:
-        return sum(len(r.images) for r in self._queue if not r.dropped)
+        return sum(r.rows for r in self._queue if not r.dropped)
 
     def _run_batch(self, batch: list[_Request]) -> None:
-        images = batch[0].images if len(batch) == 1 else np.concatenate([r.images for r in batch])
+        images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
         prediction, error = None, None
         try:
             prediction = batch[0].reservation.run(images)

@@ -39,6 +39,7 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
         poll_seconds=settings.model_poll_seconds,
         allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models,
         default_model=default,
+        allow_signature_changes=settings.allow_signature_changes,
     )
     if settings.batch_max_size > 1:
         backend = BatchingBackend(

@@ -15,29 +15,51 @@ import gc
 import logging
 from pathlib import Path
 
-import numpy as np
-
-from artifact.contract import SIGNATURE_NAME
+from artifact.contract import PROBABILITIES_KEY, SIGNATURE_NAME
 from artifact.model_config import ModelEntry
-from artifact.repository import version_labels
-from artifact.saved_model import SavedModelPredictor, contract_problems
+from artifact.repository import read_labels, version_labels
+from artifact.saved_model import ModelInputError, SavedModelPredictor, servable_problems
 from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
-from service.errors import BadInput, NotFound
+from service.errors import BadInput, NotFound, SignatureNotFound
 from service.tensors import signature_specs
-from service.types import ModelMetadata, Prediction, VersionStatus
+from service.types import (
+    Inputs,
+    ModelMetadata,
+    Prediction,
+    SignatureSpec,
+    VersionStatus,
+    batchable,
+)
 
 log = logging.getLogger("service.backends.inprocess")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedVersion:
-    """A version ready to serve: its SavedModel and the labels exported with it."""
+    """A version ready to serve: its SavedModel, the labels exported with it, and its
+    signatures as typed values (the contract requests are checked against; the registry
+    compares a new version's with the serving one's)."""
 
     predictor: SavedModelPredictor
     labels: tuple[str, ...]
+    contract: dict[str, SignatureSpec] = dataclasses.field(default_factory=dict)
+
+
+def answer_labels(path: Path, contract: dict[str, SignatureSpec]) -> tuple[str, ...]:
+    """The labels a version answers with: its labels.txt; without one, the digits for a model
+    with the image contract, and class ids for a `probabilities` output of another width."""
+    labels = read_labels(path)
+    if labels is not None:
+        return labels
+    for signature in contract.values():
+        for output in signature.outputs:
+            shape = output.shape
+            if output.name == PROBABILITIES_KEY and shape and len(shape) == 2 and shape[1] > 0:
+                return tuple(str(i) for i in range(shape[1]))
+    return version_labels(path)
 
 
 class TensorFlowLoader:
@@ -57,34 +79,34 @@ class TensorFlowLoader:
 
     def _load_blocking(self, version: int, path: Path) -> LoadedVersion:
         predictor = SavedModelPredictor(path, device=self.device)
-        labels = version_labels(path)
-        # A version that breaks the contract would fail some requests: it never serves.
-        problems = contract_problems(predictor.signature_defs, labels)
+        # Only a version no request could use never serves (no usable signature, or labels
+        # that do not name every class).
+        problems = servable_problems(predictor.signature_defs, read_labels(path))
         if problems:
-            raise ValueError("breaks the serving contract: " + "; ".join(problems))
+            raise ValueError("cannot serve: " + "; ".join(problems))
+        contract = signature_specs(predictor.signature_defs)
         # The first call of each signature traces it: pay that before the version serves, with
-        # its TF Serving warmup requests (one zero image when it has none).
+        # its TF Serving warmup requests (zero inputs when it has none).
         replayed = predictor.warm_up(read_warmup_requests(path))
         log.info(
             "Warmed up %s with %s",
             path,
-            f"{replayed} warmup request(s)" if replayed else "one zero image (no warmup file)",
+            f"{replayed} warmup request(s)" if replayed else "zero inputs (no warmup file)",
         )
         # Read now, while the folder is there (it may be deleted while the version serves).
-        return LoadedVersion(predictor, labels)
+        return LoadedVersion(predictor, answer_labels(path, contract), contract)
 
     async def reload_assets(self, servable: LoadedVersion, path: Path) -> LoadedVersion:
         """The same model with its assets.extra/ read again (they changed: labels that landed
         after the model files, or a fix).
 
         Raises:
-            ValueError: the new labels break the contract (the version keeps the old ones).
+            ValueError: the new labels do not name every class (the version keeps the old ones).
         """
-        labels = version_labels(path)
-        problems = contract_problems(servable.predictor.signature_defs, labels)
+        problems = servable_problems(servable.predictor.signature_defs, read_labels(path))
         if problems:
             raise ValueError("; ".join(problems))
-        return dataclasses.replace(servable, labels=labels)
+        return dataclasses.replace(servable, labels=answer_labels(path, servable.contract))
 
     async def unload(self, servable: LoadedVersion) -> None:
         # Frozen objects are never collected: let the dropped model's objects go.
@@ -105,6 +127,8 @@ class InProcessBackend(Backend):
         poll_seconds: how often to look for new and deleted versions; 0 = never.
         allow_unavailable_labels: a new label may point to a version not AVAILABLE yet.
         default_model: the model /predict serves.
+        allow_signature_changes: a new version whose signatures differ from the serving
+            version's may serve (ALLOW_SIGNATURE_CHANGES).
     """
 
     def __init__(
@@ -116,6 +140,7 @@ class InProcessBackend(Backend):
         poll_seconds: float = 0.0,
         allow_unavailable_labels: bool = False,
         default_model: str | None = None,
+        allow_signature_changes: bool = False,
     ):
         super().__init__(default_model or models[0].name)
         self._entries = list(models)
@@ -129,7 +154,9 @@ class InProcessBackend(Backend):
             1, thread_name_prefix="tf-shadow"
         )
         self._loader = TensorFlowLoader(self._executor)
-        self.registry = ModelRegistry(self._loader, allow_unavailable_labels)
+        self.registry = ModelRegistry(
+            self._loader, allow_unavailable_labels, allow_signature_changes
+        )
         self._poller: asyncio.Task | None = None
 
     def _model(self, name: str, version: int | None = None) -> VersionRegistry:
@@ -222,17 +249,29 @@ class InProcessBackend(Backend):
     ) -> ModelMetadata:
         lease = self._model(name, version).acquire(version, label)
         try:
-            signature_defs = lease.servable.predictor.signature_defs
-            return ModelMetadata(
-                name, lease.version, signature_defs, signature_specs(signature_defs)
-            )
+            servable = lease.servable
+            signature_defs = servable.predictor.signature_defs
+            return ModelMetadata(name, lease.version, signature_defs, dict(servable.contract))
+        finally:
+            lease.release()
+
+    async def signature(
+        self,
+        name: str,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = SIGNATURE_NAME,
+    ) -> SignatureSpec:
+        lease = self._model(name, version).acquire(version, label)
+        try:
+            return _signature_of(lease.servable, signature_name)
         finally:
             lease.release()
 
     async def predict(
         self,
         name: str,
-        images: np.ndarray,
+        images: Inputs,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
@@ -249,37 +288,33 @@ class InProcessBackend(Backend):
         """The version leased now, on the loop; the batcher's thread runs the SavedModel
         directly (TensorFlow releases the GIL while it computes)."""
         lease = self._model(name, version).acquire(version, label)
-        predictor = lease.servable.predictor
-        if signature_name not in predictor.signatures:
+        servable = lease.servable
+        try:
+            signature = _signature_of(servable, signature_name)
+        except BadInput:
             lease.release()
-            raise BadInput(
-                f'Serving signature name: "{signature_name}" not found in signature def; '
-                f"this model has {sorted(predictor.signatures)}"
-            )
+            raise
+        predictor = servable.predictor
 
-        def run(images: np.ndarray) -> Prediction:
-            return Prediction(lease.version, predictor.run(images, signature_name))
+        def run(inputs: Inputs) -> Prediction:
+            return Prediction(lease.version, _run_signature(predictor, inputs, signature_name))
 
         # The predictor's identity too: a version number reloaded is another model.
         key = (name, lease.version, signature_name, id(predictor))
-        return Reservation(key, run, lease.release)
+        return Reservation(key, run, lease.release, batchable=batchable(signature))
 
     async def predict_shadow(
-        self, name: str, images: np.ndarray, label: str, signature_name: str = SIGNATURE_NAME
+        self, name: str, images: Inputs, label: str, signature_name: str = SIGNATURE_NAME
     ) -> Prediction:
         return await self._run(self._shadow_executor, name, images, None, signature_name, label)
 
     async def _run(self, executor, name, images, version, signature_name, label) -> Prediction:
         lease = self._model(name, version).acquire(version, label)
         try:
+            _signature_of(lease.servable, signature_name)
             predictor = lease.servable.predictor
-            if signature_name not in predictor.signatures:
-                raise BadInput(
-                    f'Serving signature name: "{signature_name}" not found in signature def; '
-                    f"this model has {sorted(predictor.signatures)}"
-                )
             outputs = await asyncio.get_running_loop().run_in_executor(
-                executor, predictor.run, images, signature_name
+                executor, _run_signature, predictor, images, signature_name
             )
         finally:
             # A version leaving the policy is unloaded once its last request is done.
@@ -292,3 +327,20 @@ class InProcessBackend(Backend):
         await self.registry.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._shadow_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _signature_of(servable: LoadedVersion, signature_name: str) -> SignatureSpec:
+    """A loaded version's signature; BadInput in TF Serving's words when it has no such one."""
+    signature = servable.contract.get(signature_name)
+    if signature is None or signature_name not in servable.predictor.signatures:
+        raise SignatureNotFound(signature_name, servable.contract)
+    return signature
+
+
+def _run_signature(predictor: SavedModelPredictor, inputs: Inputs, signature_name: str):
+    """The predictor's outputs; what the model refuses is the client's error (TF Serving
+    answers TensorFlow's InvalidArgument as such)."""
+    try:
+        return predictor.run(inputs, signature_name)
+    except ModelInputError as err:
+        raise BadInput(str(err)) from err

@@ -59,6 +59,39 @@ def servable_not_found(name: str, version: int | None) -> str:
     return f"Servable not found for request: Specific({name}, {version})"
 
 
+def contract_change(before: dict, after: dict) -> str:
+    """What differs between two versions' signatures (name -> typed signature), briefly."""
+    changes = []
+    for name in sorted(set(before) | set(after)):
+        if name not in after:
+            changes.append(f"no {name!r} signature")
+        elif name not in before:
+            changes.append(f"a new {name!r} signature")
+        elif before[name] != after[name]:
+            old, new = before[name], after[name]
+            parts = []
+            for what in ("inputs", "outputs"):
+                was = {spec.name: spec for spec in getattr(old, what)}
+                now = {spec.name: spec for spec in getattr(new, what)}
+                if set(was) != set(now):
+                    parts.append(f"{what} {sorted(was)} -> {sorted(now)}")
+                else:
+                    parts += [
+                        f"{key} {_tensor_text(was[key])} -> {_tensor_text(now[key])}"
+                        for key in sorted(was)
+                        if was[key] != now[key]
+                    ]
+            if old.method_name != new.method_name:
+                parts.append(f"method {old.method_name} -> {new.method_name}")
+            changes.append(f"{name!r}: " + ", ".join(parts))
+    return "; ".join(changes)
+
+
+def _tensor_text(spec) -> str:
+    shape = "unknown rank" if spec.shape is None else list(spec.shape)
+    return f"{spec.dtype} {shape}"
+
+
 @dataclasses.dataclass
 class VersionRecord:
     """What the registry knows of one version."""
@@ -107,11 +140,15 @@ class VersionRegistry:
     Args:
         entry: the model's config entry (name, base path, policy, labels).
         loader: loads and unloads versions.
+        allow_signature_changes: ALLOW_SIGNATURE_CHANGES: a new version whose signatures
+            differ from the serving version's may serve (refused otherwise, so a retrain
+            cannot silently change what clients must send).
     """
 
-    def __init__(self, entry: ModelEntry, loader: Loader):
+    def __init__(self, entry: ModelEntry, loader: Loader, allow_signature_changes: bool = False):
         self.entry = entry
         self.loader = loader
+        self.allow_signature_changes = allow_signature_changes
         self.records: dict[int, VersionRecord] = {}
         self._reason = "the model is loading"
         self._warned: set[str] = set()
@@ -379,6 +416,8 @@ class VersionRegistry:
         pending = record.loading
         try:
             servable = await asyncio.shield(pending)
+            if record.loading is pending:
+                self._check_signatures(record.version, servable)
         except Exception as err:
             if record.loading is pending:
                 record.loading = None
@@ -390,6 +429,24 @@ class VersionRegistry:
             record.state, record.servable = VersionState.AVAILABLE, servable
             log.info("%s version %s is AVAILABLE", self.name, record.version)
         return servable
+
+    def _check_signatures(self, version: int, servable: Any) -> None:
+        """Refuse (and let go of) a new version whose signatures differ from the serving
+        version's, unless the setting allows it: clients would have to send other inputs."""
+        serving = self.serving
+        if self.allow_signature_changes or serving is None or serving == version:
+            return
+        before = getattr(self.records[serving].servable, "contract", None)
+        after = getattr(servable, "contract", None)
+        if before is None or after is None or before == after:
+            return
+        task = asyncio.ensure_future(self.loader.unload(servable))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        raise ValueError(
+            f"its signatures differ from version {serving}'s, which serves: "
+            f"{contract_change(before, after)}; set ALLOW_SIGNATURE_CHANGES=true to serve it"
+        )
 
     async def close(self) -> None:
         """Unload every version (in-flight requests keep theirs until they finish)."""
@@ -415,11 +472,18 @@ class ModelRegistry:
         loader: loads and unloads versions (shared by every model).
         allow_unavailable_labels: TF Serving's --allow_version_labels_for_unavailable_models:
             a new label may point to a version that is not AVAILABLE (yet).
+        allow_signature_changes: ALLOW_SIGNATURE_CHANGES (see VersionRegistry).
     """
 
-    def __init__(self, loader: Loader, allow_unavailable_labels: bool = False):
+    def __init__(
+        self,
+        loader: Loader,
+        allow_unavailable_labels: bool = False,
+        allow_signature_changes: bool = False,
+    ):
         self.loader = loader
         self.allow_unavailable_labels = allow_unavailable_labels
+        self.allow_signature_changes = allow_signature_changes
         self.models: dict[str, VersionRegistry] = {}
         self._applying = asyncio.Lock()
 
@@ -451,7 +515,11 @@ class ModelRegistry:
                 for entry in entries:
                     if entry.name in self.models:
                         continue
-                    registry = VersionRegistry(dataclasses.replace(entry, labels={}), self.loader)
+                    registry = VersionRegistry(
+                        dataclasses.replace(entry, labels={}),
+                        self.loader,
+                        self.allow_signature_changes,
+                    )
                     fresh[entry.name] = registry
                     await registry.refresh()
                     problems += registry.label_problems(

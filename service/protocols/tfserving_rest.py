@@ -7,17 +7,14 @@ row (`instances`) and columnar (`inputs`) formats, and TF Serving's `{"error": "
 from __future__ import annotations
 
 import asyncio
-import functools
 from pathlib import Path
 
-import numpy as np
-import orjson
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
 
 from artifact.contract import SIGNATURE_NAME
-from service import codec
+from service import codec, tensor_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
 from service.protocols.http import (
@@ -29,6 +26,7 @@ from service.protocols.http import (
     label_in_url,
     version_in_url,
 )
+from service.tensors import is_image_signature
 from service.types import ModelMetadata, VersionStatus
 
 # Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
@@ -58,24 +56,6 @@ PREDICT_DOC = {
         },
     }
 }
-
-
-# TF Serving writes non-finite floats as these literals (util/json_tensor.cc, WriteDecimal);
-# orjson alone would write null.
-NAN, INFINITY, MINUS_INFINITY = (orjson.Fragment(t) for t in (b"NaN", b"Infinity", b"-Infinity"))
-
-
-def with_non_finite_literals(array: np.ndarray):
-    """An output as it is, or, when it holds NaN or Inf, as nested lists in which those are
-    written as TF Serving writes them (`NaN`, `Infinity`, `-Infinity`)."""
-    if array.dtype.kind != "f" or np.isfinite(array).all():
-        return array
-    holder = np.empty(array.size, dtype=object)
-    holder[:] = [
-        v if np.isfinite(v) else NAN if np.isnan(v) else INFINITY if v > 0 else MINUS_INFINITY
-        for v in array.ravel()
-    ]
-    return holder.reshape(array.shape).tolist()
 
 
 def render_status(statuses: list[VersionStatus]) -> dict:
@@ -244,40 +224,35 @@ class TFServingREST:
 
         In TF Serving's order (model_servers/http_rest_api_handler.cc, util/json_tensor.cc):
         the URL, the body's JSON and `signature_name`, then the model, version, label and
-        signature, and only then the tensors.
+        signature, and only then the tensors, read as the signature types them. A signature
+        taking the image contract's input reads them by the image fast paths.
         """
         parsed_version = version_in_url(version)
         label_in_url(label)
         body = call.body
-        parse = functools.partial(
-            codec.read_predict_body, body, self.dataplane.max_images, self.strict_numbers
-        )
         # A large body is parsed in a thread: it must not stall other clients' requests.
         large = len(body) > INLINE_PARSE_BYTES
-        parsed = await asyncio.to_thread(parse) if large else parse()
-        signature_name = parsed.signature_name
-        if parsed.problem is not None:
-            await self._find_signature(name, parsed_version, label, signature_name)
-            raise parsed.problem
-        result = await self.dataplane.predict(
-            name, parsed.images, parsed_version, signature_name, label
-        )
-        outputs = {key: with_non_finite_literals(value) for key, value in result.outputs.items()}
-        extra = {"model_version": str(result.version)} if self.extra_keys else {}
-        if parsed.columnar:
-            return json_response({"outputs": outputs, **extra})
-        keys = list(outputs)
-        rows = [dict(zip(keys, row, strict=True)) for row in zip(*outputs.values(), strict=True)]
-        return json_response({"predictions": rows, **extra})
 
-    async def _find_signature(
-        self, name: str, version: int | None, label: str | None, signature_name: str
-    ) -> None:
-        """Raise what TF Serving would before it reads the tensors: an unknown model, version
-        or label, a model not ready, an unknown signature (its words)."""
-        metadata = await self.dataplane.metadata(name, version, label)
-        if signature_name not in metadata.signatures:
-            raise BadInput(
-                f'Serving signature name: "{signature_name}" not found in signature def; '
-                f"this model has {sorted(metadata.signatures)}"
+        async def parse(function, *args):
+            return await asyncio.to_thread(function, *args) if large else function(*args)
+
+        max_images, strict = self.dataplane.max_images, self.strict_numbers
+        parsed = await parse(codec.read_predict_body, body, max_images, strict, False)
+        signature_name = parsed.signature_name
+        signature = await self.dataplane.signature(name, parsed_version, label, signature_name)
+        if is_image_signature(signature):
+            parsed = await parse(codec.image_tensors, parsed, body, max_images, strict)
+            if parsed.problem is not None:
+                raise parsed.problem
+            inputs, columnar = parsed.images, parsed.columnar
+        else:
+            request = parsed.request
+            if request is None:  # the usual image body, read by the fast path
+                request = codec.loads(body, non_finite=not strict)
+            inputs, columnar = await parse(
+                tensor_json.read_inputs, request, signature, max_images, strict
             )
+        result = await self.dataplane.predict(name, inputs, parsed_version, signature_name, label)
+        extra = {"model_version": str(result.version)} if self.extra_keys else {}
+        key, value = tensor_json.render_outputs(result.outputs, columnar)
+        return json_response({key: value, **extra})

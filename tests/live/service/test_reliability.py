@@ -69,17 +69,22 @@ def save_without_classes(path: Path) -> None:
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
 
 
-def test_versions_that_break_the_contract_never_serve(servers, repository, tmp_path):
+def test_versions_that_change_the_contract_or_break_it_never_serve(servers, repository, tmp_path):
     server = launch(servers, repository)
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        # A signature without `classes`: /predict would fail with a KeyError on it.
+        # Signatures without `classes`: clients of version 1 would get other answers.
         staging = tmp_path / "no-classes"
         save_without_classes(staging)
         shutil.move(staging, repository / "2")
         entry = wait_for(lambda: (s := status_of(client, "2")) and s["state"] == "END" and s,
                          "version 2 in state END", server)  # fmt: skip
-        assert "breaks the serving contract" in entry["status"]["error_message"]
-        assert "has no 'classes' output" in entry["status"]["error_message"]
+        message = entry["status"]["error_message"]
+        assert "its signatures differ from version 1's, which serves" in message
+        assert "no 'classify' signature" in message
+        assert "'serving_default': outputs ['classes', 'probabilities'] -> ['probabilities']" in (
+            message
+        )
+        assert "ALLOW_SIGNATURE_CHANGES=true" in message
         # Three labels for ten classes: some answers would have no label.
         three = add_version(repository, "1", "3.tmp")
         (three / ASSETS_EXTRA / LABELS_FILE).write_text("a\nb\nc\n")
@@ -87,7 +92,7 @@ def test_versions_that_break_the_contract_never_serve(servers, repository, tmp_p
         entry = wait_for(lambda: (s := status_of(client, "3")) and s["state"] == "END" and s,
                          "version 3 in state END", server)  # fmt: skip
         assert "labels.txt names 3 classes; the model has 10" in entry["status"]["error_message"]
-        assert "/" not in entry["status"]["error_message"].split("contract:")[1]
+        assert "/" not in entry["status"]["error_message"].split("serve:")[1]
         # Version 1 answers all along, and /predict works.
         assert client.get("/readyz").json()["version"] == "1"
         assert client.post("/predict", json={"instances": [[[0] * 28] * 28]}).status_code == 200

@@ -12,14 +12,16 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support.fakes import FakeLoader, write_version
 
 from artifact.model_config import ConfigError, ModelEntry, Policy
 from service.backends.registry import ModelRegistry, VersionRegistry
 from service.errors import BadInput, NotFound, NotReady
-from service.types import VersionState
+from service.types import SignatureSpec, TensorSpec, VersionState
 
 NAME = "fashion_mnist"
 LATEST = Policy()
@@ -399,3 +401,47 @@ def test_a_policy_change_unloads_what_leaves_once_what_stays_is_available(model_
     asyncio.run(run())
     assert models.get(NAME).available() == [2]
     assert sorted(loader.unloads) == [1, 3]
+
+
+# --- a new version's signatures -------------------------------------------------------------
+
+
+class ContractLoader(FakeLoader):
+    """Loads folders whose saved_model.pb names the one input of their signature."""
+
+    async def load(self, version: int, path: Path):
+        self.loads.append(version)
+        name = (path / "saved_model.pb").read_text()
+        inputs = (TensorSpec(name, np.dtype(np.float32), (-1,)),)
+        contract = {"serving_default": SignatureSpec("serving_default", "predict", inputs, ())}
+        return SimpleNamespace(version=version, contract=contract)
+
+    async def unload(self, servable) -> None:
+        self.unloads.append(servable.version)
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["refused", "allowed"])
+def test_a_new_version_whose_signatures_differ_is_refused_unless_allowed(model_dir, allowed):
+    write_version(model_dir, 1, "x")
+    loader = ContractLoader()
+    registry = VersionRegistry(entry(model_dir), loader, allow_signature_changes=allowed)
+
+    async def run():
+        await registry.refresh()
+        write_version(model_dir, 2, "x")  # the same signatures: serves
+        await registry.refresh()
+        write_version(model_dir, 3, "pixels")
+        await registry.refresh()
+        await asyncio.sleep(0)  # unloads run as tasks
+
+    asyncio.run(run())
+    if allowed:
+        assert registry.serving == 3
+        return
+    assert registry.serving == 2 and states(registry)[3] == "END"
+    (status,) = [s for s in registry.statuses() if s.version == 3]
+    assert status.error_message == (
+        "ValueError: its signatures differ from version 2's, which serves: 'serving_default': "
+        "inputs ['x'] -> ['pixels']; set ALLOW_SIGNATURE_CHANGES=true to serve it"
+    )
+    assert 3 in loader.unloads  # loaded to be read, then let go
