@@ -44,14 +44,20 @@ from service.errors import (
     Overloaded,
     PayloadTooLarge,
     ServiceError,
+    SignatureNotFound,
     UpstreamError,
     overload_log,
     printable,
     redact_paths,
 )
 from service.protocols.grpc_access import TokenInterceptor
-from service.tensors import fill_tensor_proto, images_from_tensor_proto
-from service.types import ModelMetadata
+from service.tensors import (
+    array_from_tensor_proto,
+    fill_tensor_proto,
+    images_from_tensor_proto,
+    is_image_signature,
+)
+from service.types import ModelMetadata, SignatureSpec
 
 log = logging.getLogger("service.grpc")
 
@@ -232,39 +238,74 @@ class _Servicer(
             self.dataplane.check_image_count,
             self.strict_numbers,
         )
+        return images, self._output_filter(request, OUTPUT_KEYS)
+
+    def _generic_inputs(self, request, signature: SignatureSpec) -> dict[str, np.ndarray]:
+        """Every input of any signature from the request, checked as TF Serving checks them
+        (servables/tensorflow/predict_util.cc: the aliases, then each tensor's type)."""
+        sent = sorted(request.inputs)
+        wanted = [spec.name for spec in signature.inputs]
+        if set(sent) != set(wanted):
+            raise BadInput(
+                f"input size does not match signature: {len(sent)}!={len(wanted)} "
+                f"len({{{','.join(sent)}}}) != len({{{','.join(sorted(wanted))}}}). "
+                f"Sent extra: {{{','.join(k for k in sent if k not in wanted)}}}. "
+                f"Missing but required: {{{','.join(k for k in sorted(wanted) if k not in sent)}}}."
+            )
+        inputs = {
+            spec.name: array_from_tensor_proto(
+                request.inputs[spec.name],
+                spec,
+                position,
+                self.dataplane.check_image_count,
+                self.strict_numbers,
+            )
+            for position, spec in enumerate(signature.inputs)
+        }
+        rows = {
+            len(array)
+            for spec, array in zip(signature.inputs, inputs.values(), strict=True)
+            if spec.shape and spec.shape[0] == -1
+        }
+        if len(rows) > 1:
+            raise BadInput(
+                f"the inputs' batch sizes differ ({sorted(rows)}); each must hold as many instances"
+            )
+        return inputs
+
+    @staticmethod
+    def _output_filter(request, outputs) -> list[str]:
         wanted = list(request.output_filter)
         for i, alias in enumerate(wanted):
-            if alias not in OUTPUT_KEYS:
+            if alias not in outputs:
                 raise BadInput(
                     f"output tensor alias not found in signature: {alias} Outputs expected to "
-                    f"be in the set {{{','.join(sorted(OUTPUT_KEYS))}}}."
+                    f"be in the set {{{','.join(sorted(outputs))}}}."
                 )
             if alias in wanted[:i]:
                 raise BadInput(f"duplicate output tensor alias: {alias}")
-        return images, wanted
+        return wanted
 
     @_rpc
     async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
         self.dataplane.admit()  # a full queue refuses before the tensor is decoded
         name, version, label = self.servable(_model_spec(request))
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        if signature_name != SIGNATURE_NAME:
-            metadata = await self.dataplane.metadata(name, version, label)
-            if signature_name not in metadata.signatures:
-                raise RPCError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f'Serving signature key "{signature_name}" not found.',
-                )
         try:
-            images, wanted = await self._predict_inputs(
+            signature = await self.dataplane.signature(name, version, label, signature_name)
+        except SignatureNotFound as err:
+            raise RPCError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f'Serving signature key "{signature_name}" not found.',
+            ) from err
+        if is_image_signature(signature):
+            inputs, wanted = await self._predict_inputs(
                 request, name, version, label, signature_name
             )
-        except (BadInput, PayloadTooLarge):
-            # TF Serving finds the servable before it reads the inputs
-            # (servables/tensorflow/predict_impl.cc): an unknown model is NOT_FOUND first.
-            await self.dataplane.metadata(name, version, label)
-            raise
-        result = await self.dataplane.predict(name, images, version, signature_name, label)
+        else:
+            inputs = self._generic_inputs(request, signature)
+            wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
+        result = await self.dataplane.predict(name, inputs, version, signature_name, label)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = result.version
