@@ -25,10 +25,18 @@ from starlette.responses import Response
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME, to_json
 from service import codec, v2_proto
 from service.errors import BadInput, NotFound, PayloadTooLarge
-from service.tensors import IMAGE_BATCH_SHAPE, IMAGE_ELEMENTS, V2_DATATYPES, v2_datatype
-from service.types import ModelMetadata, PredictResult, TensorSpec
+from service.tensors import (
+    IMAGE_BATCH_SHAPE,
+    IMAGE_ELEMENTS,
+    V2_DATATYPES,
+    V2_OF_NUMPY,
+    is_image_signature,
+    v2_datatype,
+)
+from service.types import Inputs, ModelMetadata, PredictResult, SignatureSpec, TensorSpec
 
 JSON = "application/json"
+NUMPY_OF_V2 = {datatype: dtype for dtype, datatype in V2_OF_NUMPY.items()}
 PLATFORM = "tensorflow_savedmodel"
 EXTENSIONS = ("binary_tensor_data", "model_configuration")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -44,14 +52,15 @@ class InferRequest:
 
     Attributes:
         id: the client's id, echoed back.
-        images: float32 [n, 28, 28].
+        images: float32 [n, 28, 28] for the image contract's signature; each input by name
+            for any other.
         outputs: the outputs asked for, in order, each with its `binary_data` (None: not
             said); None when the request names none (then every output is sent).
         binary_output: how outputs that do not say are sent (`binary_data_output`).
     """
 
     id: str | None
-    images: np.ndarray
+    images: Inputs
     outputs: dict[str, bool | None] | None
     binary_output: bool
 
@@ -123,18 +132,26 @@ def parse_infer_request(
     body: bytes,
     header_length: str | None,
     check_count: Callable[[int], None] = lambda count: None,
+    signature: SignatureSpec | None = None,
 ) -> InferRequest:
-    """An inference request's body (JSON, or JSON then binary tensors) to images and outputs.
+    """An inference request's body (JSON, or JSON then binary tensors) to inputs and outputs.
 
     Args:
         body: the whole body.
         header_length: the Inference-Header-Content-Length header, if any.
         check_count: called with the number of images before any tensor data is read.
+        signature: what the model takes; None (or the image contract's): one FP32 `image`.
     Raises:
         BadInput: the message names the field and says what was expected and what came.
     """
+    generic = signature is not None and not is_image_signature(signature)
     header, binary = split_body(body, header_length)
     if header_length is not None and not header:
+        if generic:
+            raise BadInput(
+                f"a raw binary request ({HEADER_LENGTH}: 0) has no header to say the inputs' "
+                f"shapes; this model takes {_inputs_text(signature)}: send the JSON header"
+            )
         return _raw_binary_request(binary, check_count)
     try:
         request = _object(codec.loads(header), "the request")
@@ -149,9 +166,189 @@ def parse_infer_request(
     if request_id is not None and not isinstance(request_id, str):
         raise BadInput(f"'id' must be a string, got {type(request_id).__name__}")
     binary_output = bool(_flag(_parameters(request, "request"), "binary_data_output", "request"))
-    inputs = _parse_inputs(request.get("inputs"), binary, header_length is not None)
+    inputs = _parse_inputs(request.get("inputs"), binary, header_length is not None, signature)
+    if generic:
+        tensors = signature_inputs(inputs, signature, check_count)
+        outputs = _parse_outputs(request.get("outputs"), _output_names(signature))
+        return InferRequest(request_id, tensors, outputs, binary_output)
     images = _model_input(inputs, check_count)
     return InferRequest(request_id, images, _parse_outputs(request.get("outputs")), binary_output)
+
+
+def _output_names(signature: SignatureSpec) -> tuple[str, ...]:
+    return tuple(spec.name for spec in signature.outputs)
+
+
+def _inputs_text(signature: SignatureSpec) -> str:
+    return ", ".join(
+        f"'{spec.name}' ({_datatype_or_none(spec.dtype)} "
+        f"{list(spec.shape) if spec.shape is not None else [-1]})"
+        for spec in signature.inputs
+    )
+
+
+def _datatype_or_none(dtype) -> str:
+    try:
+        return v2_datatype(dtype)
+    except ValueError:
+        return "unsupported"
+
+
+def signature_inputs(
+    inputs: list[_Input], signature: SignatureSpec, check_count: Callable[[int], None]
+) -> dict[str, np.ndarray]:
+    """Every input of any signature, checked by the rules both transports share: each
+    named once and none missing, the signature's datatype, a shape it takes, the values'
+    count (and, for BYTES sent binary, Triton's length-prefixed elements)."""
+    specs = {spec.name: spec for spec in signature.inputs}
+    seen: set[str] = set()
+    for item in inputs:
+        if item.name not in specs:
+            raise BadInput(
+                f"unknown input '{item.name}': the model takes {_inputs_text(signature)}"
+            )
+        if item.name in seen:
+            raise BadInput(f"input '{item.name}' is given more than once; send it once")
+        seen.add(item.name)
+    missing = [name for name in specs if name not in seen]
+    if missing:
+        raise BadInput(
+            f"input '{missing[0]}' is missing: the model takes {_inputs_text(signature)}"
+        )
+    tensors = {}
+    counted = False
+    for item in inputs:
+        spec = specs[item.name]
+        datatype = _datatype_or_none(spec.dtype)
+        if item.datatype != datatype:
+            if item.datatype not in V2_DATATYPES:
+                raise BadInput(
+                    f"{item.where}: unknown datatype {item.datatype!r:.40}; the model takes "
+                    f"{datatype} (datatypes: {', '.join(sorted(V2_DATATYPES))})"
+                )
+            raise BadInput(
+                f"{item.where}: datatype {item.datatype} does not match the model's {datatype}"
+            )
+        if spec.shape is not None and not (
+            len(spec.shape) == len(item.shape)
+            and all(want in (-1, got) for want, got in zip(spec.shape, item.shape, strict=True))
+        ):
+            raise BadInput(
+                f"{item.where}: shape {item.shape} does not match the model's {list(spec.shape)}"
+            )
+        if spec.shape and spec.shape[0] == -1 and not counted:
+            check_count(item.shape[0])
+            counted = True
+        tensors[item.name] = _typed_tensor(item, spec.dtype)
+    rows = {
+        len(tensors[name]) for name, spec in specs.items() if spec.shape and spec.shape[0] == -1
+    }
+    if len(rows) > 1:
+        raise BadInput(
+            f"the inputs' batch sizes differ ({sorted(rows)}); each must hold as many instances"
+        )
+    return tensors
+
+
+def _typed_tensor(item: _Input, dtype: np.dtype) -> np.ndarray:
+    """One input's values as its dtype: binary (little-endian, or length-prefixed BYTES),
+    JSON `data` (flat or nested, row-major) or gRPC's typed contents."""
+    elements = int(np.prod(item.shape, dtype=np.int64))
+    if item.binary is not None:
+        if dtype == np.object_:
+            values = _bytes_elements(item.binary, item)
+        else:
+            size = elements * dtype.itemsize
+            if len(item.binary) != size:
+                raise BadInput(
+                    f"{item.where}: {item.binary_field} {len(item.binary)} bytes; shape "
+                    f"{item.shape} of {item.datatype} takes {size}"
+                )
+            values = np.frombuffer(item.binary, dtype.newbyteorder("<")).astype(dtype)
+    elif isinstance(item.data, np.ndarray):
+        values = item.data
+    elif dtype == np.object_:
+        values = _string_data(item)
+    else:
+        values = _number_data(item, dtype)
+    if values.size != elements:
+        raise BadInput(
+            f"{item.where}: shape {item.shape} takes {elements} values; {item.data_field} has "
+            f"{values.size}"
+        )
+    return values.reshape(item.shape)
+
+
+def _bytes_elements(binary: memoryview, item: _Input) -> np.ndarray:
+    """Triton's binary BYTES: each element a 4-byte little-endian length, then its bytes."""
+    values, offset = [], 0
+    while offset < len(binary):
+        if offset + 4 > len(binary):
+            raise BadInput(
+                f"{item.where}: binary BYTES end inside an element's 4-byte length (at byte "
+                f"{offset} of {len(binary)})"
+            )
+        length = int.from_bytes(binary[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > len(binary):
+            raise BadInput(
+                f"{item.where}: a BYTES element of {length} bytes at byte {offset} passes the "
+                f"end of its {len(binary)} bytes"
+            )
+        values.append(bytes(binary[offset : offset + length]))
+        offset += length
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def _flatten(data: Any, item: _Input) -> list:
+    if not isinstance(data, list):
+        raise BadInput(
+            f"{item.where}: 'data' must be an array of values, got {type(data).__name__}"
+        )
+    flat, stack = [], [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(reversed(value))
+        else:
+            flat.append(value)
+    return flat
+
+
+def _string_data(item: _Input) -> np.ndarray:
+    flat = _flatten(item.data, item)
+    array = np.empty(len(flat), dtype=object)
+    for i, value in enumerate(flat):
+        if not isinstance(value, str):
+            raise BadInput(
+                f"{item.where}: 'data' must hold strings for BYTES; element {i} is "
+                f"{type(value).__name__} {str(value)[:40]!r}"
+            )
+        array[i] = value.encode("utf-8")
+    return array
+
+
+def _number_data(item: _Input, dtype: np.dtype) -> np.ndarray:
+    flat = _flatten(item.data, item)
+    want = "booleans" if dtype.kind == "b" else "integers" if dtype.kind in "iu" else "numbers"
+    for i, value in enumerate(flat):
+        ok = (
+            isinstance(value, bool)
+            if dtype.kind == "b"
+            else not isinstance(value, bool)
+            and (isinstance(value, int) or (dtype.kind == "f" and isinstance(value, float)))
+        )
+        if not ok:
+            raise BadInput(
+                f"{item.where}: 'data' must hold {want} for {item.datatype}; element {i} is "
+                f"{type(value).__name__} {str(value)[:40]!r}"
+            )
+    try:
+        return np.array(flat, dtype=dtype)
+    except OverflowError as err:
+        raise BadInput(f"{item.where}: a value is out of {item.datatype}'s range") from err
 
 
 def _model_input(inputs: list[_Input], check_count: Callable[[int], None]) -> np.ndarray:
@@ -185,8 +382,14 @@ def _raw_binary_request(binary: memoryview, check_count) -> InferRequest:
     return InferRequest(None, codec.as_model_input(images, f"input '{INPUT_KEY}'"), None, True)
 
 
-def _parse_inputs(value: Any, binary: memoryview, has_header_length: bool) -> list[_Input]:
+def _parse_inputs(
+    value: Any, binary: memoryview, has_header_length: bool, signature: SignatureSpec | None = None
+) -> list[_Input]:
     if not isinstance(value, list) or not value:
+        if signature is not None and not is_image_signature(signature):
+            raise BadInput(
+                f"'inputs' must be a list holding the model's inputs, {_inputs_text(signature)}"
+            )
         raise BadInput(f"'inputs' must be a list holding the model's one input, {INPUT_TEXT}")
     inputs = []
     for i, item in enumerate(value):
@@ -299,7 +502,9 @@ def _json_tensor(item: _Input) -> np.ndarray:
     return values.reshape(item.shape)
 
 
-def _parse_outputs(value: Any) -> dict[str, bool | None] | None:
+def _parse_outputs(
+    value: Any, names: tuple[str, ...] = OUTPUT_KEYS
+) -> dict[str, bool | None] | None:
     if value is None:
         return None
     if not isinstance(value, list):
@@ -312,19 +517,18 @@ def _parse_outputs(value: Any) -> dict[str, bool | None] | None:
             raise BadInput(f"outputs[{i}].name must be a string, got {type(name).__name__}")
         where = f"output '{name}'"
         parameters = _parameters(item, where)
-        _check_output(name, parameters, requested)
+        _check_output(name, parameters, requested, names)
         requested[name] = _flag(parameters, "binary_data", where)
     return requested or None
 
 
-def _check_output(name: str, parameters, requested) -> None:
+def _check_output(name: str, parameters, requested, names: tuple[str, ...] = OUTPUT_KEYS) -> None:
     """An output asked for: one of the model's, once, without classification (both
     transports' rule)."""
     where = f"output '{name}'"
-    if name not in OUTPUT_KEYS:
+    if name not in names:
         raise BadInput(
-            f"unknown {where}: the model's outputs are "
-            + ", ".join(f"'{key}'" for key in OUTPUT_KEYS)
+            f"unknown {where}: the model's outputs are " + ", ".join(f"'{key}'" for key in names)
         )
     if name in requested:
         raise BadInput(f"{where} is requested twice")
@@ -423,7 +627,9 @@ CONTENTS_FIELD = {
 
 
 def parse_grpc_infer_request(
-    request, check_count: Callable[[int], None] = lambda count: None
+    request,
+    check_count: Callable[[int], None] = lambda count: None,
+    signature: SignatureSpec | None = None,
 ) -> InferRequest:
     """A gRPC ModelInferRequest (service/v2_proto.py) to images and outputs, by the HTTP
     route's rules: the same checks, the same messages, the fields named as gRPC names them.
@@ -440,7 +646,10 @@ def parse_grpc_infer_request(
             f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
             "send one per input, in the order of 'inputs'"
         )
+    generic = signature is not None and not is_image_signature(signature)
     if not request.inputs:
+        if generic:
+            raise BadInput(f"'inputs' must hold the model's inputs, {_inputs_text(signature)}")
         raise BadInput(f"'inputs' must hold the model's one input, {INPUT_TEXT}")
     inputs = []
     for i, tensor in enumerate(request.inputs):
@@ -467,13 +676,28 @@ def parse_grpc_infer_request(
                     f"takes contents.{field}"
                 )
             item.data_field = f"contents.{field}"
-            if field is not None:
+            if generic and stray:
+                raise BadInput(
+                    f"{where}: its values are in contents.{stray[0]}; {tensor.datatype} "
+                    f"takes contents.{field}"
+                )
+            if field is not None and generic:
+                values = list(getattr(tensor.contents, field))
+                dtype = NUMPY_OF_V2.get(tensor.datatype, np.dtype(np.object_))
+                item.data = np.empty(len(values), dtype)
+                item.data[:] = values
+            elif field is not None:
                 item.data = np.asarray(getattr(tensor.contents, field), np.float32)
         inputs.append(item)
-    images = _model_input(inputs, check_count)
+    if generic:
+        images = signature_inputs(inputs, signature, check_count)
+        names = _output_names(signature)
+    else:
+        images = _model_input(inputs, check_count)
+        names = OUTPUT_KEYS
     requested: dict[str, bool | None] = {}
     for output in request.outputs:
-        _check_output(output.name, output.parameters, requested)
+        _check_output(output.name, output.parameters, requested, names)
         requested[output.name] = None
     return InferRequest(request.id or None, images, requested or None, bool(raw))
 
@@ -489,11 +713,27 @@ def render_grpc_infer_response(result: PredictResult, request: InferRequest):
         datatype = v2_datatype(array.dtype)
         output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         if request.binary_output:
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-            response.raw_output_contents.append(blob)
+            response.raw_output_contents.append(_blob(array))
+        elif array.dtype == np.object_:
+            output.contents.bytes_contents.extend(_as_bytes(v) for v in array.ravel())
         else:
             getattr(output.contents, CONTENTS_FIELD[datatype]).extend(array.ravel().tolist())
     return response
+
+
+def _as_bytes(value) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _blob(array: np.ndarray) -> bytes:
+    """An output's binary form: little-endian values, or Triton's length-prefixed BYTES."""
+    if array.dtype == np.object_:
+        parts = []
+        for value in array.ravel():
+            data = _as_bytes(value)
+            parts += [len(data).to_bytes(4, "little"), data]
+        return b"".join(parts)
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -508,9 +748,12 @@ def render_infer_response(result: PredictResult, request: InferRequest) -> Respo
         output = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
         binary = (request.outputs or {}).get(name)
         if request.binary_output if binary is None else binary:
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = _blob(array)
             output["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif array.dtype == np.object_:
+            # BYTES as JSON: UTF-8 text (KServe's JSON form of strings).
+            output["data"] = [_as_bytes(v).decode("utf-8", errors="replace") for v in array.ravel()]
         else:
             output["data"] = array.ravel()
         outputs.append(output)
@@ -535,18 +778,32 @@ def render_tensor(spec: TensorSpec) -> dict:
     return {"name": spec.name, "datatype": v2_datatype(spec.dtype), "shape": shape}
 
 
-def _serving_signature(metadata: ModelMetadata):
-    signature = metadata.signatures.get(SIGNATURE_NAME)
-    if signature is None:
+def v2_signature_name(signatures) -> str | None:
+    """The signature the Open Inference Protocol serves (it names none): `serving_default`,
+    or the only one a model has (a pre-made Estimator's `predict`); None otherwise."""
+    if SIGNATURE_NAME in signatures:
+        return SIGNATURE_NAME
+    if len(signatures) == 1:
+        return next(iter(signatures))
+    return None
+
+
+def serving_signature(metadata: ModelMetadata) -> SignatureSpec:
+    """The signature the Open Inference Protocol serves (v2_signature_name); NotFound when
+    the model has none it could."""
+    name = v2_signature_name(metadata.signatures)
+    if name is None:
         raise NotFound(
-            f"version {metadata.version} of {metadata.name} has no {SIGNATURE_NAME!r} signature"
+            f"version {metadata.version} of {metadata.name} has no {SIGNATURE_NAME!r} signature "
+            f"and several others ({sorted(metadata.signatures)}): the Open Inference Protocol "
+            "serves one; use TF Serving's API, which names the signature"
         )
-    return signature
+    return metadata.signatures[name]
 
 
 def render_model_metadata(metadata: ModelMetadata, versions: list[int]) -> dict:
     """A version's serving signature as the V2 model metadata object."""
-    signature = _serving_signature(metadata)
+    signature = serving_signature(metadata)
     return {
         "name": metadata.name,
         "versions": [str(v) for v in versions],
@@ -581,7 +838,7 @@ def render_model_config(metadata: ModelMetadata, max_batch_size: int) -> dict:
     Args:
         max_batch_size: the most images one request may hold (MAX_IMAGES).
     """
-    signature = _serving_signature(metadata)
+    signature = serving_signature(metadata)
     return {
         "name": metadata.name,
         "platform": PLATFORM,

@@ -8,8 +8,10 @@ tritonclient uses by default: a JSON header of `Inference-Header-Content-Length`
 each binary input's raw little-endian bytes in the order of `inputs`; outputs asked for with
 `binary_data` (or all of them with `binary_data_output`) come back the same way.
 
-The model takes one input, `image`, FP32 [-1, 28, 28] (artifact.contract), and answers
-`classes` INT64 [-1] and `probabilities` FP32 [-1, 10]. Errors are `{"error": "..."}` with the
+A model is served through its `serving_default` signature, or its only one (a pre-made
+Estimator's `predict`): named inputs of the signature's datatypes (BYTES for strings) and
+shapes, metadata from it. The image contract's model (`image` FP32 [-1, 28, 28]) keeps its
+fast paths. Errors are `{"error": "..."}` with the
 service's statuses (400 bad input, 404 unknown model or version, 413 over a limit, 503 not
 ready). Pure numpy and orjson: nothing here imports TensorFlow.
 """
@@ -24,7 +26,7 @@ from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
 from service.dataplane import DataPlane
-from service.errors import NotReady
+from service.errors import NotReady, SignatureNotFound
 from service.protocols.http import (
     JSON,
     Call,
@@ -34,7 +36,7 @@ from service.protocols.http import (
     version_in_url,
 )
 from service.tensors import IMAGE_ELEMENTS
-from service.types import VersionState
+from service.types import SignatureSpec, VersionState
 from service.v2_codec import (
     EXTENSIONS,
     HEADER_LENGTH,
@@ -45,6 +47,7 @@ from service.v2_codec import (
     render_infer_response,
     render_model_config,
     render_model_metadata,
+    serving_signature,
 )
 
 INFER_DOC = {
@@ -225,12 +228,32 @@ class OpenInferenceREST:
         # A large or compressed body is parsed in a thread: it must not stall other clients'
         # requests.
         inline = len(body) <= INLINE_PARSE_BYTES and encoding in (None, "identity")
-        parsed = parse() if inline else await asyncio.to_thread(parse)
-        result = await self.dataplane.predict(name, parsed.images, parsed_version, SIGNATURE_NAME)
+        signature_name, signature = await served_signature(self.dataplane, name, parsed_version)
+        parsed = parse(signature) if inline else await asyncio.to_thread(parse, signature)
+        result = await self.dataplane.predict(name, parsed.images, parsed_version, signature_name)
         return render_infer_response(result, parsed)
 
-    def _parse(self, body: bytes, encoding: str | None, header_length: str | None, reserve):
+    def _parse(
+        self, body: bytes, encoding: str | None, header_length: str | None, reserve, signature
+    ):
         # Triton measures the header length and the body limit on the decompressed body,
         # which counts in the bodies in flight as the wire bytes do (`reserve`).
         body = decompress_body(body, encoding, self.max_body_bytes, reserve)
-        return parse_infer_request(body, header_length, self.dataplane.check_image_count)
+        return parse_infer_request(body, header_length, self.dataplane.check_image_count, signature)
+
+
+async def served_signature(
+    dataplane: DataPlane, name: str, version: int | None
+) -> tuple[str, SignatureSpec]:
+    """The signature the Open Inference Protocol serves for a model's version: its
+    `serving_default`, or its only one.
+
+    Raises:
+        NotFound: no such model or version, or several signatures and no serving_default.
+    """
+    try:
+        return SIGNATURE_NAME, await dataplane.signature(name, version, None, SIGNATURE_NAME)
+    except SignatureNotFound:
+        metadata = await dataplane.metadata(name, version)
+        signature = serving_signature(metadata)
+        return signature.name, signature

@@ -8,10 +8,10 @@ services (service/protocols/grpc_server.py): the same server, port, bearer token
 metrics (`grpc_requests_total{method}`) and data plane. The tensors are read by the HTTP
 route's rules (service/v2_codec.py), so a bad request gets the same words over both.
 
-The model takes one input, `image`, FP32 [-1, 28, 28], and answers `classes` INT64 [-1] and
-`probabilities` FP32 [-1, 10]. Errors are gRPC statuses: INVALID_ARGUMENT for a bad request,
-NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready or when the batching
-queue is full, RESOURCE_EXHAUSTED over MAX_IMAGES.
+A model is served through its `serving_default` signature, or its only one: named inputs of
+its datatypes (BYTES for strings), typed `contents` or raw. Errors are gRPC statuses:
+INVALID_ARGUMENT for a bad request, NOT_FOUND for an unknown model or version, UNAVAILABLE
+while not ready or when the batching queue is full, RESOURCE_EXHAUSTED over MAX_IMAGES.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import functools
 
 import grpc
 
-from artifact.contract import SIGNATURE_NAME
 from service import v2_proto
 from service.dataplane import DataPlane
 from service.errors import BadInput
 from service.protocols.grpc_server import _rpc
 from service.protocols.http import version_in_url
+from service.protocols.v2 import served_signature
 from service.types import VersionState
 from service.v2_codec import (
     EXTENSIONS,
@@ -135,11 +135,12 @@ class OpenInferenceGRPC:
         self.dataplane.admit()  # a full queue refuses before the tensors are decoded
         name = _model_name(request.model_name, "model_name")
         version = _version(request.model_version)
+        signature_name, signature = await served_signature(self.dataplane, name, version)
         parse = functools.partial(
-            parse_grpc_infer_request, request, self.dataplane.check_image_count
+            parse_grpc_infer_request, request, self.dataplane.check_image_count, signature
         )
         # A large request is parsed in a thread: it must not stall other clients' requests.
         inline = request.ByteSize() <= INLINE_PARSE_BYTES
         parsed = parse() if inline else await asyncio.to_thread(parse)
-        result = await self.dataplane.predict(name, parsed.images, version, SIGNATURE_NAME)
+        result = await self.dataplane.predict(name, parsed.images, version, signature_name)
         return render_grpc_infer_response(result, parsed)
