@@ -1,0 +1,111 @@
+"""Models of other contracts than Fashion-MNIST's, made quickly for the tests that serve them.
+
+- `classifier`: a pre-made LinearClassifier on sample-data's classification.csv (floats x1,
+  x2, int64 rooms, a string categorical `color`; label_vocabulary high/low/mid), exported
+  through the raw receiver: one `predict` signature, no `serving_default`.
+- `regressor`: a pre-made DNNRegressor on regression.csv, the same receiver.
+- `shapes`: the custom model_fn's CNN on sample-data's image folder at 32x32x3 (`image`
+  float32 [-1, 32, 32, 3], 3 classes).
+- `tokens`: a tf.Module with int64 and string inputs, string outputs (one of them `_bytes`)
+  and a second signature whose input has no batch dimension.
+
+Each is trained a few steps through `python -m training` (seconds) or saved directly.
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from training.sample_data import write_sample_data
+
+STEPS = 30
+IMAGE_SIZE, CHANNELS = 32, 3
+
+
+def _train(*argv) -> None:
+    from training.__main__ import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main([str(a) for a in argv])
+    assert code == 0, out.getvalue()
+
+
+def train_classifier(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
+    _train(
+        "train", "--csv", sample["classification"], "--label", "label",
+        "--model-dir", work / "classifier", "--export-dir", export_dir,
+        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
+        "--eval-every-secs", 1,
+    )  # fmt: skip
+
+
+def train_regressor(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
+    _train(
+        "train", "--csv", sample["regression"], "--label", "price", "--model", "dnn",
+        "--hidden-units", "8", "--model-dir", work / "regressor", "--export-dir", export_dir,
+        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
+        "--eval-every-secs", 1,
+    )  # fmt: skip
+
+
+def train_shapes(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
+    _train(
+        "train", "--image-folder", sample["images"], "--image-size", IMAGE_SIZE,
+        "--channels", CHANNELS, "--model-dir", work / "shapes", "--export-dir", export_dir,
+        "--max-steps", 10, "--batch-size", 16, "--seed", 0, "--eval-every-secs", 1,
+    )  # fmt: skip
+
+
+def save_tokens(version_dir: Path) -> None:
+    """int64 `ids` [-1] and string `words` [-1] in; `doubled` int64, `upper` and `echo_bytes`
+    strings out (serving_default); `fixed`: float `x` [3] (no batch dimension) -> `scaled`."""
+    import tensorflow as tf
+
+    class Tokens(tf.Module):
+        @tf.function(
+            input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string)]
+        )
+        def serve(self, ids, words):
+            return {
+                "doubled": ids * 2,
+                "upper": tf.strings.upper(words),
+                "echo_bytes": tf.strings.join([words, b"\xff"]),
+            }
+
+        @tf.function(input_signature=[tf.TensorSpec([3], tf.float32)])
+        def fixed(self, x):
+            return {"scaled": x * 10.0}
+
+    module = Tokens()
+    tf.saved_model.save(
+        module,
+        str(version_dir),
+        signatures={
+            "serving_default": module.serve.get_concrete_function(),
+            "fixed": module.fixed.get_concrete_function(),
+        },
+    )
+
+
+def make_repository(root: Path) -> dict[str, Path]:
+    """Every model above as version 1 under root/models/<name>; their folders by name."""
+    sample = write_sample_data(root / "sample")
+    base, work = root / "models", root / "work"
+    dirs = {name: base / name for name in ("classifier", "regressor", "shapes", "tokens")}
+    train_classifier(sample, work, dirs["classifier"])
+    train_regressor(sample, work, dirs["regressor"])
+    train_shapes(sample, work, dirs["shapes"])
+    save_tokens(dirs["tokens"] / "1")
+    return dirs
+
+
+def model_config(dirs: dict[str, Path]) -> str:
+    """TF Serving's model config text serving every model of `dirs`."""
+    entries = "".join(
+        f'  config {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
+        for name, path in dirs.items()
+    )
+    return f"model_config_list {{\n{entries}}}\n"
