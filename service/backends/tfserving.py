@@ -20,7 +20,6 @@ import logging
 from pathlib import Path
 
 import grpc
-import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
@@ -41,11 +40,19 @@ from service.errors import (
     NotFound,
     NotReady,
     ServiceError,
+    SignatureNotFound,
     UpstreamError,
     check_label_name,
 )
 from service.tensors import signature_specs
-from service.types import ModelMetadata, Prediction, VersionState, VersionStatus
+from service.types import (
+    Inputs,
+    ModelMetadata,
+    Prediction,
+    SignatureSpec,
+    VersionState,
+    VersionStatus,
+)
 
 log = logging.getLogger("service.backends.tfserving")
 
@@ -63,6 +70,8 @@ CHANNEL_OPTIONS = (
 )
 STATUS_POLL_SECONDS = 1.0
 METADATA_FIELD = "signature_def"
+# Versions' metadata kept for signature(); past this many, the cache starts again.
+SIGNATURE_CACHE_SIZE = 64
 
 
 def _error_code_name(status) -> str:
@@ -117,6 +126,8 @@ class TFServingBackend(Backend):
         self._reason = f"not connected to TensorFlow Serving at {address} yet"
         # (model, version) -> (assets.extra's stamp when read, labels): re-read on change.
         self._labels: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+        # (model, version, label, the version they reach) -> its metadata (signature()).
+        self._signatures: dict[tuple, ModelMetadata] = {}
 
     # --- state --------------------------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -336,10 +347,37 @@ class TFServingBackend(Backend):
             name, response.model_spec.version.value, signature_defs, signature_specs(signature_defs)
         )
 
+    async def signature(
+        self,
+        name: str,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = SIGNATURE_NAME,
+    ) -> SignatureSpec:
+        """The signature from TF Serving's metadata, kept per version: asked again only when
+        the version a request would reach changes (the status poll sees it), so a predict
+        costs no extra call."""
+        if version is None:
+            resolved = self.version_labels(name).get(label) if label else self.serving_version(name)
+        else:
+            resolved = version
+        key = (name, version, label, resolved)
+        metadata = self._signatures.get(key) if resolved is not None else None
+        if metadata is None:
+            metadata = await self.metadata(name, version, label)
+            if len(self._signatures) >= SIGNATURE_CACHE_SIZE:
+                self._signatures.clear()
+            if resolved is not None:
+                self._signatures[key] = metadata
+        spec = metadata.signatures.get(signature_name)
+        if spec is None:
+            raise SignatureNotFound(signature_name, metadata.signatures)
+        return spec
+
     async def predict(
         self,
         name: str,
-        images: np.ndarray,
+        images: Inputs,
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
@@ -347,7 +385,11 @@ class TFServingBackend(Backend):
         request = predict_pb2.PredictRequest()
         self._model_spec(request.model_spec, name, version, label)
         request.model_spec.signature_name = signature_name
-        request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
+        if isinstance(images, dict):
+            for key, value in images.items():
+                request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        else:
+            request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
         response = await self._call(self._predict_stub.Predict, request, "Predict")
         # Sorted like the in-process outputs (TF returns a signature's outputs by key).
         outputs = {key: tf.make_ndarray(response.outputs[key]) for key in sorted(response.outputs)}
