@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import socket
+import threading
 
 import httpx
 import numpy as np
@@ -28,10 +29,11 @@ from support.fakes import (
 
 from artifact.contract import PROBABILITIES_KEY
 from service.app import create_app
-from service.backends.base import DelegatingBackend
+from service.backends.base import DelegatingBackend, Reservation
 from service.backends.batching import BatchingBackend
 from service.errors import UpstreamError
 from service.settings import Settings
+from service.types import Prediction, rows_of
 
 PATH = "/v1/models/fashion_mnist:predict"
 
@@ -245,3 +247,54 @@ def test_shutdown_fails_the_running_batch_and_the_queue_instead_of_leaving_them_
     outcomes = asyncio.run(scenario())
     assert [type(o) for o in outcomes] == [UpstreamError, UpstreamError], outcomes
     assert all("shutting down" in o.message for o in outcomes)
+
+
+class _Recording(FakeBackend):
+    """Runs y = 2x for any named inputs behind a gate; `fixed` is a signature without a batch
+    dimension (its reservations are not batchable). Records each batch's instance count."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.batches: list[int] = []
+
+    async def reserve(self, name, version=None, signature_name="serving_default", label=None):
+        def run(inputs):
+            assert self.gate.wait(WAIT_SECONDS)
+            self.batches.append(rows_of(inputs))
+            return Prediction(1, {"y": inputs["x"] * 2})
+
+        return Reservation((name, signature_name), run, batchable=signature_name != "fixed")
+
+
+def test_requests_join_only_with_the_same_inner_shapes_and_never_without_a_batch_dimension():
+    inner = _Recording()
+
+    async def scenario():
+        batcher = BatchingBackend(inner, 8, 0.0, 16)
+        await batcher.start()
+        busy = asyncio.ensure_future(batcher.predict("m", {"x": np.zeros((1, 2))}))
+        while not batcher._running:  # the model is busy with the first request
+            await asyncio.sleep(0.001)
+        inputs = [
+            ("fixed", np.arange(3.0)),
+            ("fixed", np.arange(3.0) + 10),
+            ("serving_default", np.full((1, 2), 1.0)),
+            ("serving_default", np.full((2, 2), 2.0)),
+            ("serving_default", np.full((1, 5), 3.0)),
+        ]
+        queued = [
+            asyncio.ensure_future(batcher.predict("m", {"x": x}, signature_name=sig))
+            for sig, x in inputs
+        ]
+        while batcher.waiting < len(queued):
+            await asyncio.sleep(0.001)
+        inner.gate.set()
+        answers = await asyncio.gather(busy, *queued)
+        await batcher.close()
+        for (_, x), answer in zip(inputs, answers[1:], strict=True):
+            np.testing.assert_array_equal(answer.outputs["y"], x * 2)
+
+    asyncio.run(scenario())
+    # Each `fixed` request alone; the two [n, 2] requests together; the [1, 5] one alone.
+    assert inner.batches == [1, 3, 3, 3, 1]
