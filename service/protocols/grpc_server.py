@@ -1,10 +1,11 @@
 """TensorFlow Serving's gRPC API, served natively: PredictionService and ModelService.
 
-A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on port
-8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus, and
-Classify and Regress answered as TF Serving 2.15 answers them for the predict signatures this
-model exports. The server runs on the app's event loop and calls the same data plane as the
-HTTP adapters, so gRPC requests share HTTP's limits, metrics and batches.
+A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on
+port 8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus,
+and Classify and Regress for signatures that parse serialized tf.Examples (a parsing
+receiver's export), checked as TF Serving 2.15 checks them (service/examples.py). The server
+runs on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC
+requests share HTTP's limits, metrics and batches.
 
 Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
@@ -24,19 +25,21 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
 import grpc
 import numpy as np
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
 from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
+from service import examples
 from service.dataplane import DataPlane
 from service.errors import (
     GRPC_ERRORS,
@@ -316,59 +319,69 @@ class _Servicer(
 
     @_rpc
     async def Classify(self, request, context):  # noqa: N802
-        await self._refuse_example_signature(request, "classification")
+        name, version, label, signature_name, result, count = await self._run_examples(
+            request, "classification"
+        )
+        response = classification_pb2.ClassificationResponse()
+        self._fill_spec(response.model_spec, name, result.version, signature_name)
+        for row in examples.classifications(result.outputs, count):
+            classification = response.result.classifications.add()
+            for class_label, score in row:
+                classification.classes.add(label=class_label, score=score)
+        return response
 
     @_rpc
     async def Regress(self, request, context):  # noqa: N802
-        await self._refuse_example_signature(request, "regression")
+        name, version, label, signature_name, result, count = await self._run_examples(
+            request, "regression"
+        )
+        response = regression_pb2.RegressionResponse()
+        self._fill_spec(response.model_spec, name, result.version, signature_name)
+        for value in examples.regressions(result.outputs, count):
+            response.result.regressions.add(value=value)
+        return response
 
-    async def _refuse_example_signature(self, request, kind: str) -> NoReturn:
-        """Classify and Regress as TF Serving 2.15 checks them with its default flags (no
-        --enable_signature_method_name_check): the signature must take tf.Examples under
-        `inputs`. This model's signatures take images, so a request ends in TF Serving's
-        error for its signature; one of the tf.Example form would get UNIMPLEMENTED."""
+    @staticmethod
+    def _fill_spec(spec, name: str, version: int, signature_name: str) -> None:
+        spec.name = name
+        spec.version.value = version
+        spec.signature_name = signature_name
+
+    async def _run_examples(self, request, kind: str):
+        """Classify and Regress as TF Serving 2.15 runs them with its default flags (no
+        --enable_signature_method_name_check): the signature must take serialized
+        tf.Examples under `inputs`; the request's examples (each merged with the context,
+        when it has one) are fed to it."""
+        self.dataplane.admit()
         name, version, label = self.servable(_model_spec(request))
         metadata = await self.dataplane.metadata(name, version, label)
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        signature = metadata.signatures.get(signature_name)
-        if signature is None:
-            raise BadInput(f"No signature was found with the name: {signature_name}")
-        inputs = {spec.name for spec in signature.inputs}
-        outputs = {spec.name for spec in signature.outputs}
-        if len(inputs) != 1:
-            raise BadInput("Expected one input Tensor.")
-        if kind == "classification":
-            if len(outputs) not in (1, 2):
-                raise BadInput(f"Expected one or two output Tensors, found {len(outputs)}")
-            if "inputs" not in inputs:
-                raise BadInput(
-                    "No classification inputs found in SignatureDef: "
-                    + _debug_string(metadata, signature_name)
-                )
-            if not outputs & {"classes", "scores"}:
-                raise BadInput(
-                    "Expected classification signature outputs to contain at least one of "
-                    '"classes" or "scores". Signature was: '
-                    + _debug_string(metadata, signature_name)
-                )
-        else:
-            if len(outputs) != 1:
-                raise BadInput("Expected one output Tensor.")
-            if "inputs" not in inputs:
-                raise BadInput(
-                    "No regression inputs found in SignatureDef: "
-                    + _debug_string(metadata, signature_name)
-                )
-            if "outputs" not in outputs:
-                raise BadInput(
-                    "No regression outputs found in SignatureDef: "
-                    + _debug_string(metadata, signature_name)
-                )
-        raise RPCError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"signature {signature_name!r} takes serialized tf.Examples; this service runs "
-            f"signatures that take images ({INPUT_KEY!r}): use Predict",
+        examples.check_example_signature(
+            metadata.signatures.get(signature_name),
+            signature_name,
+            kind,
+            lambda: _debug_string(metadata, signature_name),
         )
+        choice = request.input.WhichOneof("kind")
+        if choice == "example_list":
+            serialized = [e.SerializeToString() for e in request.input.example_list.examples]
+        elif choice == "example_list_with_context":
+            with_context = request.input.example_list_with_context
+            serialized = []
+            for example in with_context.examples:
+                merged = type(example)()
+                merged.CopyFrom(with_context.context)
+                merged.MergeFrom(example)
+                serialized.append(merged.SerializeToString())
+        else:
+            raise BadInput("Input is empty")
+        if not serialized:
+            raise BadInput("Input is empty")
+        self.dataplane.check_image_count(len(serialized))
+        result = await self.dataplane.predict(
+            name, examples.example_inputs(serialized), version, signature_name, label
+        )
+        return name, version, label, signature_name, result, len(serialized)
 
     @_rpc
     async def MultiInference(self, request, context):  # noqa: N802

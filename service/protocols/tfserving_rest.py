@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
 
 from artifact.contract import SIGNATURE_NAME
-from service import codec, tensor_json
+from service import codec, examples, tensor_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
 from service.protocols.http import (
@@ -52,6 +52,26 @@ PREDICT_DOC = {
                     },
                 },
                 "example": {"instances": [[[0.0] * 28] * 28]},
+            }
+        },
+    }
+}
+
+
+EXAMPLES_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "signature_name": {"type": "string", "default": SIGNATURE_NAME},
+                        "context": {"type": "object", "description": "features for every example"},
+                        "examples": {"type": "array", "description": "features by name"},
+                    },
+                },
+                "example": {"examples": [{"x1": 0.5, "color": "red"}]},
             }
         },
     }
@@ -163,19 +183,22 @@ class TFServingREST:
     def call_routes(self) -> list[CallRoute]:
         """The predict routes, answered by the door (service/door.py) with `predict`."""
         before_body = admit_always(self.dataplane.admit)
-        return [
-            CallRoute(
-                "POST", path, self.predict, summary, ("tf-serving",), PREDICT_DOC, before_body
-            )  # fmt: skip
+        routes = []
+        for verb, handler, doc in (
+            ("predict", self.predict, PREDICT_DOC),
+            ("classify", self.classify, EXAMPLES_DOC),
+            ("regress", self.regress, EXAMPLES_DOC),
+        ):
             for path, summary in (
-                ("/v1/models/{name:name}:predict", "Predict with the serving version"),
-                ("/v1/models/{name:name}/versions/{version}:predict", "Predict with one version"),
-                (
-                    "/v1/models/{name:name}/labels/{label:name}:predict",
-                    "Predict with a labeled version",
-                ),
-            )
-        ]
+                (f"/v1/models/{{name:name}}:{verb}", "the serving version"),
+                (f"/v1/models/{{name:name}}/versions/{{version}}:{verb}", "one version"),
+                (f"/v1/models/{{name:name}}/labels/{{label:name}}:{verb}", "a labeled version"),
+            ):
+                summary = f"{verb.capitalize()} with {summary}"
+                routes.append(
+                    CallRoute("POST", path, handler, summary, ("tf-serving",), doc, before_body)
+                )
+        return routes
 
     async def no_model_name(self):
         # TF Serving's words (model_servers/http_rest_api_handler.cc): it does not list models.
@@ -256,3 +279,47 @@ class TFServingREST:
         extra = {"model_version": str(result.version)} if self.extra_keys else {}
         key, value = tensor_json.render_outputs(result.outputs, columnar)
         return json_response({key: value, **extra})
+
+    async def classify(
+        self, call: Call, name: str, version: str | None = None, label: str | None = None
+    ) -> Response:
+        """TF Serving's REST classify: `examples` (and `context`) as tf.Examples through a
+        signature that parses them; `{"results": [[[label, score], ...], ...]}`."""
+        return await self._examples(call, name, version, label, "classification")
+
+    async def regress(
+        self, call: Call, name: str, version: str | None = None, label: str | None = None
+    ) -> Response:
+        """TF Serving's REST regress: `{"results": [value, ...]}`."""
+        return await self._examples(call, name, version, label, "regression")
+
+    async def _examples(self, call: Call, name, version, label, kind: str) -> Response:
+        parsed_version = version_in_url(version)
+        label_in_url(label)
+        parsed = codec.read_predict_body(
+            call.body, self.dataplane.max_images, self.strict_numbers, False
+        )
+        request = parsed.request
+        if request is None:
+            request = codec.loads(call.body, non_finite=not self.strict_numbers)
+        signature_name = parsed.signature_name
+        metadata = await self.dataplane.metadata(name, parsed_version, label)
+        signature = metadata.signatures.get(signature_name)
+        examples.check_example_signature(
+            signature,
+            signature_name,
+            kind,
+            lambda: str(metadata.signature_defs.signature_def.get(signature_name, "")),
+        )
+        serialized = examples.examples_from_json(request, self.dataplane.max_images)
+        result = await self.dataplane.predict(
+            name, examples.example_inputs(serialized), parsed_version, signature_name, label
+        )
+        if kind == "classification":
+            results = examples.classifications(result.outputs, len(serialized))
+            body = {"results": [[[c, s] for c, s in row] for row in results]}
+        else:
+            body = {"results": examples.regressions(result.outputs, len(serialized))}
+        if self.extra_keys:
+            body["model_version"] = str(result.version)
+        return json_response(body)

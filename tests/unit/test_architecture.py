@@ -147,7 +147,7 @@ def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
 SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("service.types", "service.settings", "service.errors", "service.metrics",
      "service.security", "service.codec", "service.tensors", "service.tensor_json",
-     "service.v2_codec",
+     "service.examples", "service.v2_codec",
      "service.v2_proto"),
     ("service.backends",),
     ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),

@@ -1,0 +1,236 @@
+"""TF Serving's Classify and Regress for models exported with a parsing receiver: tf.Examples
+built from JSON (REST's `examples` and `context`) or taken from the request (gRPC), run through
+the signature's serialized-examples input, and the signature's outputs read as TF Serving reads
+them (servables/tensorflow/classifier.cc, regressor.cc; util/json_tensor.cc).
+
+tf.Example is written here from its wire format (tensorflow/core/example/example.proto,
+feature.proto), so this module imports neither TensorFlow nor its protos.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from service.errors import BadInput, check_image_count
+from service.types import SignatureSpec
+
+# The input and outputs TF Serving looks for (tensorflow/python/saved_model/signature_constants.py).
+CLASSIFY_INPUTS = "inputs"
+CLASSIFY_CLASSES = "classes"
+CLASSIFY_SCORES = "scores"
+REGRESS_OUTPUTS = "outputs"
+
+
+# --- tf.Example's wire format -------------------------------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # int64's two's complement, as protobuf writes negatives
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(kind: str, values: list) -> bytes:
+    """A Feature: bytes_list (1), float_list (2) or int64_list (3), values packed."""
+    if kind == "bytes":
+        return _field(1, b"".join(_field(1, v) for v in values))
+    if kind == "float":
+        return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))
+    return _field(3, _field(1, b"".join(_varint(v) for v in values)))
+
+
+def encode_example(features: dict[str, tuple[str, list]]) -> bytes:
+    """A serialized tf.Example of features, each (kind, values) with kind bytes/float/int64."""
+    entries = b"".join(
+        _field(1, _field(1, name.encode("utf-8")) + _field(2, _feature(*value)))
+        for name, value in sorted(features.items())
+    )
+    return _field(1, entries)
+
+
+# --- JSON examples ------------------------------------------------------------------------
+
+
+def _feature_of_json(value: Any, where: str) -> tuple[str, list]:
+    """A JSON feature value (a value or a list of them) as (kind, values), as TF Serving reads
+    it: strings and {"b64": ...} are bytes, integers int64, any other number float."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise BadInput(f"{where}: a feature needs at least one value, got []")
+    kinds = set()
+    out = []
+    for i, item in enumerate(values):
+        at = f"{where}[{i}]" if isinstance(value, list) else where
+        if isinstance(item, str):
+            kinds.add("bytes")
+            out.append(item.encode("utf-8"))
+        elif isinstance(item, dict) and set(item) == {"b64"} and isinstance(item["b64"], str):
+            kinds.add("bytes")
+            try:
+                out.append(base64.b64decode(item["b64"], validate=True))
+            except (binascii.Error, ValueError) as err:
+                raise BadInput(f"Unable to base64 decode; {at}.b64: {err}") from err
+        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise BadInput(
+                f'{at}: a feature\'s values are strings, {{"b64": ...}} or numbers, got '
+                f"{type(item).__name__}"
+            )
+        elif isinstance(item, int):
+            if not -(2**63) <= item < 2**63:
+                raise BadInput(f"{at}: {item} does not fit int64")
+            kinds.add("int64")
+            out.append(item)
+        else:
+            kinds.add("float")
+            out.append(item)
+    if "bytes" in kinds and len(kinds) > 1:
+        raise BadInput(f"{where}: a feature's values are all strings or all numbers, not both")
+    kind = "bytes" if "bytes" in kinds else "float" if "float" in kinds else "int64"
+    if kind == "float":
+        out = [float(v) for v in out]
+    return kind, out
+
+
+def _features_of_json(value: Any, where: str) -> dict[str, tuple[str, list]]:
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: an example is an object of features, got {type(value).__name__}")
+    return {name: _feature_of_json(item, f"{where}.{name}") for name, item in value.items()}
+
+
+def examples_from_json(request: dict, max_examples: int) -> list[bytes]:
+    """A REST :classify or :regress body's `examples` (and `context`, merged into each) as
+    serialized tf.Examples.
+
+    Raises:
+        BadInput: no `examples` list, or a feature no tf.Example can hold.
+        PayloadTooLarge: more than max_examples examples.
+    """
+    examples = request.get("examples")
+    if not isinstance(examples, list):
+        raise BadInput(
+            "Missing 'examples' key; the body must have an 'examples' list of objects "
+            "(features by name), and may have a 'context' object merged into each"
+        )
+    if not examples:
+        raise BadInput("'examples' is empty; send at least one example")
+    check_image_count(len(examples), max_examples)
+    context = request.get("context")
+    shared = _features_of_json(context, "context") if context is not None else {}
+    return [
+        encode_example({**shared, **_features_of_json(example, f"examples[{i}]")})
+        for i, example in enumerate(examples)
+    ]
+
+
+# --- the signature and its outputs --------------------------------------------------------
+
+
+def check_example_signature(
+    signature: SignatureSpec | None, signature_name: str, kind: str, text: Callable[[], str]
+) -> None:
+    """What TF Serving 2.15 checks of a Classify or Regress signature with its default flags
+    (servables/tensorflow/classifier.cc, regressor.cc), in its words.
+
+    Args:
+        kind: "classification" or "regression".
+        text: the signature as TF Serving prints it in messages.
+    Raises:
+        BadInput: no such signature, or not one input `inputs` and the outputs it needs.
+    """
+    if signature is None:
+        raise BadInput(f"No signature was found with the name: {signature_name}")
+    inputs = {spec.name for spec in signature.inputs}
+    outputs = {spec.name for spec in signature.outputs}
+    if len(inputs) != 1:
+        raise BadInput("Expected one input Tensor.")
+    if kind == "classification":
+        if len(outputs) not in (1, 2):
+            raise BadInput(f"Expected one or two output Tensors, found {len(outputs)}")
+        if CLASSIFY_INPUTS not in inputs:
+            raise BadInput("No classification inputs found in SignatureDef: " + text())
+        if not outputs & {CLASSIFY_CLASSES, CLASSIFY_SCORES}:
+            raise BadInput(
+                "Expected classification signature outputs to contain at least one of "
+                '"classes" or "scores". Signature was: ' + text()
+            )
+    else:
+        if len(outputs) != 1:
+            raise BadInput("Expected one output Tensor.")
+        if CLASSIFY_INPUTS not in inputs:
+            raise BadInput("No regression inputs found in SignatureDef: " + text())
+        if REGRESS_OUTPUTS not in outputs:
+            raise BadInput("No regression outputs found in SignatureDef: " + text())
+    (spec,) = signature.inputs
+    if spec.dtype != np.dtype(object):
+        raise BadInput(
+            f"signature {signature_name!r} takes {spec.dtype} '{CLASSIFY_INPUTS}', not "
+            "serialized tf.Examples: use Predict"
+        )
+
+
+def example_inputs(serialized: list[bytes]) -> dict[str, np.ndarray]:
+    """Serialized tf.Examples as the signature's input."""
+    array = np.empty(len(serialized), dtype=object)
+    array[:] = serialized
+    return {CLASSIFY_INPUTS: array}
+
+
+def classifications(outputs: dict[str, np.ndarray], count: int) -> list[list[tuple[str, float]]]:
+    """Each example's (label, score) pairs, as TF Serving pairs the classes and scores outputs
+    (a missing one: empty labels, or zero scores).
+
+    Raises:
+        BadInput: an output of another batch size than the examples (TF Serving's words).
+    """
+    classes, scores = outputs.get(CLASSIFY_CLASSES), outputs.get(CLASSIFY_SCORES)
+    for name, value in ((CLASSIFY_CLASSES, classes), (CLASSIFY_SCORES, scores)):
+        if value is not None and (value.ndim != 2 or len(value) != count):
+            raise BadInput(
+                f"Expected {name} Tensor of shape [batch_size num_classes] with batch_size "
+                f"{count}; got {list(value.shape)}"
+            )
+    width = (classes if classes is not None else scores).shape[1]
+    results = []
+    for i in range(count):
+        row = []
+        for j in range(width):
+            label = classes[i, j] if classes is not None else b""
+            label = label.decode("utf-8", errors="replace") if isinstance(label, bytes) else label
+            row.append((str(label), float(scores[i, j]) if scores is not None else 0.0))
+        results.append(row)
+    return results
+
+
+def regressions(outputs: dict[str, np.ndarray], count: int) -> list[float]:
+    """Each example's regressed value (the `outputs` output, [batch] or [batch, 1]).
+
+    Raises:
+        BadInput: an output of another shape (TF Serving's words).
+    """
+    value = outputs[REGRESS_OUTPUTS]
+    if value.ndim == 2 and value.shape[1] == 1:
+        value = value[:, 0]
+    if value.ndim != 1 or len(value) != count:
+        raise BadInput(
+            f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but "
+            f"got {list(outputs[REGRESS_OUTPUTS].shape)}"
+        )
+    return [float(v) for v in value]
