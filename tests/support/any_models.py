@@ -4,6 +4,9 @@
   x2, int64 rooms, a string categorical `color`; label_vocabulary high/low/mid), exported
   through the raw receiver: one `predict` signature, no `serving_default`.
 - `regressor`: a pre-made DNNRegressor on regression.csv, the same receiver.
+- `classifier_examples`, `regressor_examples`: the same checkpoints exported through the
+  parsing receiver (tf.Examples in: `classification`/`regression`, `predict` and
+  `serving_default` signatures), what TF Serving's Classify and Regress need.
 - `shapes`: the custom model_fn's CNN on sample-data's image folder at 32x32x3 (`image`
   float32 [-1, 32, 32, 3], 3 classes).
 - `tokens`: a tf.Module with int64 and string inputs, string outputs (one of them `_bytes`)
@@ -33,21 +36,23 @@ def _train(*argv) -> None:
     assert code == 0, out.getvalue()
 
 
-def train_classifier(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
+def train_classifier(sample: dict[str, Path], work: Path, export_dir: Path, *extra) -> None:
+    """Trained once; a second call with the same work folder only exports (the run is at its
+    last step), e.g. through `--receiver parsing`."""
     _train(
         "train", "--csv", sample["classification"], "--label", "label",
         "--model-dir", work / "classifier", "--export-dir", export_dir,
         "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
-        "--eval-every-secs", 1,
+        "--eval-every-secs", 1, *extra,
     )  # fmt: skip
 
 
-def train_regressor(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
+def train_regressor(sample: dict[str, Path], work: Path, export_dir: Path, *extra) -> None:
     _train(
         "train", "--csv", sample["regression"], "--label", "price", "--model", "dnn",
         "--hidden-units", "8", "--model-dir", work / "regressor", "--export-dir", export_dir,
         "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
-        "--eval-every-secs", 1,
+        "--eval-every-secs", 1, *extra,
     )  # fmt: skip
 
 
@@ -94,9 +99,13 @@ def make_repository(root: Path) -> dict[str, Path]:
     """Every model above as version 1 under root/models/<name>; their folders by name."""
     sample = write_sample_data(root / "sample")
     base, work = root / "models", root / "work"
-    dirs = {name: base / name for name in ("classifier", "regressor", "shapes", "tokens")}
+    names = ("classifier", "regressor", "classifier_examples", "regressor_examples", "shapes",
+             "tokens")  # fmt: skip
+    dirs = {name: base / name for name in names}
     train_classifier(sample, work, dirs["classifier"])
+    train_classifier(sample, work, dirs["classifier_examples"], "--receiver", "parsing")
     train_regressor(sample, work, dirs["regressor"])
+    train_regressor(sample, work, dirs["regressor_examples"], "--receiver", "parsing")
     train_shapes(sample, work, dirs["shapes"])
     save_tokens(dirs["tokens"] / "1")
     return dirs

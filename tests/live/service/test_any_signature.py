@@ -24,9 +24,11 @@ import tensorflow as tf
 from support.helpers import error_message
 from support.servers import start_server, wait_for
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
 from service import v2_proto
@@ -365,6 +367,75 @@ def test_v2_grpc_with_bytes_answers_as_tensorflow(any_server, loaded):
     assert list(outputs["doubled"].contents.int64_contents) == expected["doubled"].tolist()
     assert list(outputs["upper"].contents.bytes_contents) == list(expected["upper"])
     assert list(outputs["echo_bytes"].contents.bytes_contents) == list(expected["echo_bytes"])
+
+
+# --- Classify and Regress: tf.Examples through a parsing receiver's export ----------------
+
+
+def tf_example(features: dict) -> tf.train.Example:
+    feature = {}
+    for key, value in features.items():
+        if isinstance(value, str):
+            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif isinstance(value, int):
+            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        else:
+            feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def serialized(rows: list[dict]) -> np.ndarray:
+    return np.array([tf_example(r).SerializeToString() for r in rows], dtype=object)
+
+
+def test_rest_classify_and_regress_answer_as_tensorflow(client, loaded):
+    expected = reference(loaded, "classifier_examples", "classification", inputs=serialized(ROWS))
+    # The context's features go into every example.
+    context = {"x2": ROWS[0]["x2"]}
+    body = {"context": context, "examples": [{k: v for k, v in ROWS[0].items() if k != "x2"}]}
+    response = client.post("/v1/models/classifier_examples:classify", json=body)
+    assert response.status_code == 200, response.text
+    (row,) = response.json()["results"]
+    assert [label for label, _ in row] == [c.decode() for c in expected["classes"][0]]
+    np.testing.assert_array_equal(np.float32([s for _, s in row]), expected["scores"][0])
+    response = client.post("/v1/models/classifier_examples:classify", json={"examples": ROWS})
+    assert len(response.json()["results"]) == len(ROWS)
+    expected = reference(loaded, "regressor_examples", "regression", inputs=serialized(CITY_ROWS))
+    response = client.post("/v1/models/regressor_examples:regress", json={"examples": CITY_ROWS})
+    assert response.status_code == 200, response.text
+    np.testing.assert_array_equal(
+        np.float32(response.json()["results"]), expected["outputs"].reshape(-1)
+    )
+    # A raw receiver's export has no tf.Example signature: TF Serving's words.
+    response = client.post(
+        "/v1/models/classifier:classify", json={"signature_name": "predict", "examples": ROWS}
+    )
+    assert error_message(response, 400) == "Expected one input Tensor."
+
+
+def test_grpc_classify_and_regress_answer_as_tensorflow(stub, loaded):
+    expected = reference(loaded, "classifier_examples", "classification", inputs=serialized(ROWS))
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = "classifier_examples"
+    for row in ROWS:
+        request.input.example_list.examples.add().CopyFrom(tf_example(row))
+    response = stub.Classify(request, timeout=TIMEOUT)
+    for i, classification in enumerate(response.result.classifications):
+        assert [c.label.encode() for c in classification.classes] == list(expected["classes"][i])
+        np.testing.assert_array_equal(
+            np.float32([c.score for c in classification.classes]), expected["scores"][i]
+        )
+    expected = reference(loaded, "regressor_examples", "regression", inputs=serialized(CITY_ROWS))
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = "regressor_examples"
+    context = request.input.example_list_with_context
+    context.context.CopyFrom(tf_example({"city": CITY_ROWS[0]["city"]}))
+    context.examples.add().CopyFrom(
+        tf_example({k: v for k, v in CITY_ROWS[0].items() if k != "city"})
+    )
+    response = stub.Regress(request, timeout=TIMEOUT)
+    (regression,) = response.result.regressions
+    assert np.float32(regression.value) == expected["outputs"].reshape(-1)[0]
 
 
 # --- a version whose signatures differ ------------------------------------------------------
