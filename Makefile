@@ -24,10 +24,10 @@ LOCKS := requirements.lock requirements-service.lock requirements-training.lock 
 # itself too: the dev lock has it). The locks come from the requirements-*.in files (`make lock`).
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
 
-.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
-        figures docs tokens tls
+.PHONY: setup data compose browser tools containers venv train serve test test-fast test-containers k8s \
+        lint format bench bench-peers clean figures docs tokens tls
 
-setup: venv data compose browser tools
+setup: venv data compose browser tools containers
 
 venv: $(STAMP) $(CRD_SDKS_STAMP)
 
@@ -90,6 +90,19 @@ tools:
 	    echo "wrk or h2load is missing, so their tests will be skipped: run 'sudo apt-get install wrk nghttp2-client'"; \
 	  fi; }
 
+# Rootful podman and what it needs (tools/podman.py: a private configuration and storage under
+# /var/tmp/estimator-serving-podman, the base image made with mmdebstrap), for the container
+# tier, tests/live/containers. Without root it is skipped, and says so.
+CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables mmdebstrap
+containers:
+	@{ command -v podman && command -v runc && command -v mmdebstrap && command -v iptables \
+	   && test -x /usr/lib/podman/netavark && test -x /usr/lib/podman/aardvark-dns; } >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTAINER_PACKAGES) >/dev/null; \
+	  else \
+	    echo "podman is missing, so the container tier will be skipped: run 'sudo apt-get install $(CONTAINER_PACKAGES)'"; \
+	  fi; }
+
 train: setup
 	$(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
 
@@ -135,9 +148,17 @@ serve: setup
 	@echo "Serving on http://$(HOST):$(PORT) (docs: /docs; try: curl http://$(HOST):$(PORT)/v1/models/$(MODEL_NAME))"
 	MODEL_NAME=$(MODEL_NAME) MODEL_BASE_PATH=$(MODEL_BASE_PATH) HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
-# Everything: tests/unit and tests/live (tests/README.md).
+# Everything: tests/unit and tests/live (tests/README.md), the container tier included; where
+# podman cannot run, that tier is skipped and this says why before and after.
 test: setup
+	@$(PY) tools/podman.py check >/dev/null || echo "*** the container tier (tests/live/containers) will be SKIPPED: $$($(PY) tools/podman.py check) ***"
 	$(PY) -m pytest
+
+# The container tier alone: the base image and both images (cached between runs), training,
+# serving, the retrain, stop and compose in containers (docs/containers.md).
+test-containers: venv data containers
+	$(PY) tools/podman.py images
+	$(PY) -m pytest tests/live/containers
 
 # The fast tier, chosen by folder: tests/unit (no TensorFlow, no model, no server process
 # beyond loopback helpers), well under a minute on both cores (pytest-xdist; the full suite

@@ -1,0 +1,98 @@
+"""The container tier's session: the images built with podman, a first version trained in the
+trainer container, and an api container serving it.
+
+Where podman cannot run, every test here is skipped saying why (`pytest -ra` lists it); as root,
+where `make setup` installs podman, a missing podman fails instead, as other Debian tools do.
+The images' layers and the base image stay in podman's private storage between runs
+(tools/podman.py), so a warm run rebuilds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import pytest
+from support.containers import (
+    ApiContainer,
+    give_to_app_user,
+    podman,
+    podman_tool,
+    run_trainer,
+    start_api,
+)
+from support.helpers import REPO_ROOT
+
+# The first version: a few steps on the full data the trainer image carries (Debian's
+# dataset-fashion-mnist), enough for the retrain to beat it.
+FIRST_TRAIN_STEPS = 20
+TRAIN_BATCH_SIZE = 50
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    """{target: tag} of the api and trainer images, built (or found cached) on the local base."""
+    reason = podman_tool.cannot_run()
+    if reason is not None:
+        if os.geteuid() == 0 and "not installed" in reason:
+            pytest.fail(f"the container tier cannot run: {reason}; `make setup` installs it")
+        pytest.skip(f"the container tier cannot run here: {reason}")
+    try:
+        return podman_tool.build_images()
+    except podman_tool.PodmanError as err:
+        pytest.fail(f"building the images failed: {err}")
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """A prefix for this session's container names, so runs side by side never collide."""
+    return f"estimator-serving-test-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory, images, run_id) -> Path:
+    """A host model repository (the repository's models/*.config files, as the Kubernetes
+    volume is seeded) with version 1 trained and exported by the trainer container."""
+    root = tmp_path_factory.mktemp("container-models")
+    for config in ("models.config", "batching_parameters.txt", "monitoring.config"):
+        shutil.copy(REPO_ROOT / "models" / config, root / config)
+    give_to_app_user(root)
+    result = run_trainer(
+        images["trainer"],
+        root,
+        [
+            "train",
+            "--data-dir", DATA_DIR,
+            "--model-dir", "/models/runs/fashion_mnist",
+            "--export-dir", "/models/fashion_mnist",
+            "--max-steps", str(FIRST_TRAIN_STEPS),
+            "--batch-size", str(TRAIN_BATCH_SIZE),
+            "--seed", "0",
+        ],
+        name=f"{run_id}-train",
+    )  # fmt: skip
+    assert result.returncode == 0, f"training in the container failed:\n{result.stderr[-4000:]}"
+    return root
+
+
+@pytest.fixture(scope="session")
+def tokens(tmp_path_factory) -> tuple[Path, str]:
+    """(folder holding `tokens`, the predict token): the api-tokens Secret's files."""
+    folder = tmp_path_factory.mktemp("api-tokens")
+    token = secrets.token_urlsafe(32)
+    (folder / "tokens").write_text(f"{token} predict,status\n")
+    give_to_app_user(folder)
+    (folder / "tokens").chmod(0o400)
+    return folder, token
+
+
+@pytest.fixture(scope="session")
+def api(images, repository, tokens, run_id) -> ApiContainer:
+    """The api container serving `repository`, as the Kubernetes Deployment runs it."""
+    tokens_dir, token = tokens
+    container = start_api(f"{run_id}-api", images["api"], repository, tokens_dir, token)
+    yield container
+    podman("rm", "--force", "--time", "0", container.name, check=False)

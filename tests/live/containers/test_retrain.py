@@ -1,0 +1,85 @@
+"""The nightly retrain as the Kubernetes CronJob runs it, in the trainer image, against the
+model repository the api container serves: a blessed candidate becomes the next version,
+labeled canary, and the running api serves it without a restart."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import yaml
+from support.containers import give_to_app_user, inspect, run_trainer
+from support.helpers import REPO_ROOT, ok_json
+from support.servers import MODEL_NAME
+
+CRONJOB = REPO_ROOT / "deploy" / "kubernetes" / "base" / "retrain-cronjob.yaml"
+# Fewer steps than the CronJob's two epochs, more than the first version's: enough to beat it.
+RETRAIN_STEPS = 80
+PICKUP_TIMEOUT_SECONDS = 60.0
+V1 = f"/v1/models/{MODEL_NAME}"
+
+
+def cronjob_container() -> dict:
+    """The CronJob's `retrain` container spec."""
+    spec = yaml.safe_load(CRONJOB.read_text())["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == "retrain"]
+    return container
+
+
+def test_the_cronjob_mounts_what_the_container_run_gives():
+    # run_trainer mounts the model repository at /models (read-write), the feedback read-only
+    # at /feedback and a tmpfs /tmp on a read-only root: the CronJob's own mounts.
+    container = cronjob_container()
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    assert mounts == {"/models": False, "/feedback": True, "/tmp": False}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["command"] == ["python", "-m", "training"]
+
+
+@pytest.fixture(scope="module")
+def retrained(images, repository, run_id, tmp_path_factory) -> str:
+    """The output of the CronJob's command run once (its exit code asserted 0)."""
+    container = cronjob_container()
+    feedback = tmp_path_factory.mktemp("feedback")
+    give_to_app_user(feedback)
+    # The CronJob's arguments as they are, a shorter run added (a later --max-steps wins).
+    args = [*container["args"], "--max-steps", str(RETRAIN_STEPS), "--batch-size", "50"]
+    result = run_trainer(
+        images["trainer"], repository, args, name=f"{run_id}-retrain", feedback=feedback
+    )
+    assert result.returncode == 0, (
+        f"the retrain exited with {result.returncode} (3: not blessed):\n{result.stderr[-4000:]}"
+    )
+    return result.stdout + result.stderr
+
+
+def api_started_at(api) -> str:
+    return inspect(api.name)["State"]["StartedAt"]
+
+
+def versions(api) -> dict[str, str]:
+    answer = httpx.get(f"{api.url}{V1}", headers=api.headers, timeout=10)
+    return {entry["version"]: entry["state"] for entry in ok_json(answer)["model_version_status"]}
+
+
+def test_retrain_publishes_a_canary_the_api_serves_without_a_restart(api, repository, retrained):
+    started = api_started_at(api)
+    exported = sorted(int(p.name) for p in (repository / MODEL_NAME).iterdir() if p.name.isdigit())
+    assert exported == [1, 2], exported
+    config = (repository / "models.config").read_text()
+    assert 'key: "canary"' in config and "value: 2" in config, config
+
+    deadline = time.monotonic() + PICKUP_TIMEOUT_SECONDS
+    while versions(api).get("2") != "AVAILABLE":
+        assert time.monotonic() < deadline, f"version 2 not served: {versions(api)}\n{api.logs()}"
+        time.sleep(0.5)
+    canary = httpx.post(
+        f"{api.url}{V1}/labels/canary:predict",
+        json={"instances": [[[0.5] * 28] * 28]},
+        headers=api.headers,
+        timeout=30,
+    )
+    assert ok_json(canary)["model_version"] == "2"
+    assert versions(api)["1"] == "AVAILABLE"  # the previous version keeps serving
+    assert api_started_at(api) == started  # the same container, never restarted
