@@ -66,8 +66,6 @@ IMAGES = {
     "trainer": "localhost/estimator-serving-trainer:0.1.0",
 }
 APP_UID = 1000
-# The label an image carries with the key of what it was built from (build_key).
-BUILD_KEY_LABEL = "org.estimator-serving.build-key"
 
 
 class PodmanError(RuntimeError):
@@ -252,15 +250,30 @@ def build_key(target: str, base: str, root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def image_build_key(tag: str, env: dict[str, str]) -> str | None:
-    """The build key an existing image was labeled with, or None (no such image, no label)."""
+def image_id(tag: str, env: dict[str, str]) -> str | None:
+    """The id of the image `tag` names, or None when there is none."""
     result = subprocess.run(
-        ["podman", "image", "inspect", "--format", "{{json .Labels}}", tag],
+        ["podman", "image", "inspect", "--format", "{{.Id}}", tag],
         env=env, capture_output=True, text=True,
     )  # fmt: skip
-    if result.returncode != 0:
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def built_from(target: str, env: dict[str, str], directory: Path = PODMAN_DIR) -> str | None:
+    """The build key the image now tagged for `target` was built from, or None if unknown.
+
+    Kept in a file beside the storage, with the image's id: a label would not do, since
+    buildah leaves a `--label` off a target that is not the Dockerfile's last stage when every
+    layer comes from the cache.
+    """
+    record = directory / "build-keys" / f"{target}.json"
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
         return None
-    return (json.loads(result.stdout) or {}).get(BUILD_KEY_LABEL)
+    if recorded.get("id") != image_id(IMAGES[target], env):
+        return None
+    return recorded.get("key")
 
 
 def build_image(target: str, base: str, env: dict[str, str], directory: Path = PODMAN_DIR) -> str:
@@ -269,7 +282,7 @@ def build_image(target: str, base: str, env: dict[str, str], directory: Path = P
     spends a minute here checksumming the 2 GB virtualenv its COPY --from copies."""
     tag = IMAGES[target]
     key = build_key(target, base)
-    if image_build_key(tag, env) == key:
+    if built_from(target, env, directory) == key:
         return tag
     command = [
         "nice", "-n", "10", "podman", "build",
@@ -280,13 +293,15 @@ def build_image(target: str, base: str, env: dict[str, str], directory: Path = P
         "--target", target,
         "--build-arg", f"PYTHON_IMAGE={base}",
         "--build-arg", f"APP_UID={APP_UID}",
-        "--label", f"{BUILD_KEY_LABEL}={key}",
         "--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",
         "--tag", tag,
         "--file", str(ROOT / "Dockerfile"),
         str(ROOT),
     ]  # fmt: skip
     run(command, env=env, log=directory / f"build-{target}.log")
+    record = directory / "build-keys" / f"{target}.json"
+    record.parent.mkdir(exist_ok=True)
+    record.write_text(json.dumps({"key": key, "id": image_id(tag, env)}))
     return tag
 
 

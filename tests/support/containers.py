@@ -28,6 +28,9 @@ _spec.loader.exec_module(podman_tool)
 
 APP_UID = podman_tool.APP_UID
 START_TIMEOUT_SECONDS = 120.0
+# Where a test's small MNIST-format data is mounted in the trainer (the image's own data set,
+# Debian's, takes a minute a run just to evaluate on here).
+DATA_MOUNT = "/data"
 # The manifests' tokens mount (deploy/kubernetes/base/api-deployment.yaml).
 TOKENS_DIR = "/run/secrets/api-tokens"
 # The hardening docker-compose.yml and the Kubernetes manifests give every container: a
@@ -162,12 +165,21 @@ def start_api(
 
 
 def run_trainer(
-    image: str, repository: Path, args: list[str], *, name: str, feedback: Path | None = None
+    image: str,
+    repository: Path,
+    args: list[str],
+    *,
+    name: str,
+    data: Path | None = None,
+    feedback: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m training ARGS` in a trainer container as the Kubernetes Jobs run it: the model
-    repository read-write at /models (runs under /models/runs), the feedback read-only, the
-    hardening above. Returns the finished run (its exit code is the caller's to judge)."""
+    repository read-write at /models (runs under /models/runs), data read-only at DATA_MOUNT,
+    the feedback read-only, the hardening above. Returns the finished run (its exit code is
+    the caller's to judge)."""
     mounts = ["--volume", f"{repository}:/models"]
+    if data is not None:
+        mounts += ["--volume", f"{data}:{DATA_MOUNT}:ro"]
     if feedback is not None:
         mounts += ["--volume", f"{feedback}:/feedback:ro"]
     return podman(

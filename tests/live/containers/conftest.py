@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.containers import (
+    DATA_MOUNT,
     ApiContainer,
     give_to_app_user,
     podman,
@@ -25,11 +26,10 @@ from support.containers import (
 )
 from support.helpers import REPO_ROOT
 
-# The first version: a few steps on the full data the trainer image carries (Debian's
-# dataset-fashion-mnist), enough for the retrain to beat it.
+# The first version: a few steps on the live tier's small copy of Fashion-MNIST, enough for
+# the retrain to beat it.
 FIRST_TRAIN_STEPS = 20
 TRAIN_BATCH_SIZE = 50
-DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 @pytest.fixture(scope="session")
@@ -53,9 +53,19 @@ def run_id() -> str:
 
 
 @pytest.fixture(scope="session")
-def repository(tmp_path_factory, images, run_id) -> Path:
+def container_data(tmp_path_factory, small_data_dir) -> Path:
+    """The small data, readable by the containers' user (mounted read-only at DATA_MOUNT)."""
+    folder = tmp_path_factory.mktemp("container-data") / "fashion-mnist"
+    shutil.copytree(small_data_dir, folder)
+    give_to_app_user(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory, images, run_id, container_data) -> Path:
     """A host model repository (the repository's models/*.config files, as the Kubernetes
-    volume is seeded) with version 1 trained and exported by the trainer container."""
+    volume is seeded) with version 1 trained and exported by the trainer container on the
+    small data (tests/live/conftest.py)."""
     root = tmp_path_factory.mktemp("container-models")
     for config in ("models.config", "batching_parameters.txt", "monitoring.config"):
         shutil.copy(REPO_ROOT / "models" / config, root / config)
@@ -65,7 +75,7 @@ def repository(tmp_path_factory, images, run_id) -> Path:
         root,
         [
             "train",
-            "--data-dir", DATA_DIR,
+            "--data-dir", DATA_MOUNT,
             "--model-dir", "/models/runs/fashion_mnist",
             "--export-dir", "/models/fashion_mnist",
             "--max-steps", str(FIRST_TRAIN_STEPS),
@@ -73,6 +83,7 @@ def repository(tmp_path_factory, images, run_id) -> Path:
             "--seed", "0",
         ],
         name=f"{run_id}-train",
+        data=container_data,
     )  # fmt: skip
     assert result.returncode == 0, f"training in the container failed:\n{result.stderr[-4000:]}"
     return root

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.containers import give_to_app_user, podman, podman_tool
+from support.containers import DATA_MOUNT, give_to_app_user, podman, podman_tool
 from support.helpers import REPO_ROOT, ok_json, require_tool
 from support.servers import MODEL_NAME, free_port
 
@@ -56,7 +56,7 @@ def docker_host(images, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, repository, run_id, docker_host):
+def project(tmp_path_factory, repository, run_id, docker_host, container_data):
     """A compose project directory (./models with version 1, the tokens secret) and the
     environment that runs docker-compose.yml there on a free port."""
     require_tool("docker-compose", "docker-compose")
@@ -78,6 +78,7 @@ def project(tmp_path_factory, repository, run_id, docker_host):
         "API_PORT": str(free_port()),
         "APP_UID": str(podman_tool.APP_UID),
     }
+    env["SMALL_DATA_DIR"] = str(container_data)
     yield directory, env, token
     compose(directory, env, "down", "--volumes", "--timeout", "40", check=False)
 
@@ -129,9 +130,11 @@ def test_compose_up_serves_trains_a_new_version_and_down_removes_everything(proj
     )
     assert ok_json(answer)["model_version"] == "1"
 
+    # The trainer service as it is, on the small data (the image's own takes minutes here).
     compose(
-        directory, env, "--profile", "train", "run", "--rm", "trainer",
-        "train", "--data-dir", "/usr/share/datasets/fashion-mnist",
+        directory, env, "--profile", "train", "run", "--rm",
+        "--volume", f"{env['SMALL_DATA_DIR']}:{DATA_MOUNT}:ro", "trainer",
+        "train", "--data-dir", DATA_MOUNT,
         "--model-dir", "/app/runs/fashion_mnist", "--export-dir", "/models/fashion_mnist",
         "--max-steps", "10", "--batch-size", "50", "--seed", "0",
     )  # fmt: skip

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 import yaml
-from support.containers import give_to_app_user, inspect, run_trainer
+from support.containers import DATA_MOUNT, give_to_app_user, inspect, run_trainer
 from support.helpers import REPO_ROOT, ok_json
 from support.servers import MODEL_NAME
 
@@ -38,16 +38,23 @@ def test_the_cronjob_mounts_what_the_container_run_gives():
 
 
 @pytest.fixture(scope="module")
-def retrained(images, repository, run_id, tmp_path_factory) -> str:
+def retrained(images, repository, run_id, tmp_path_factory, container_data) -> str:
     """The output of the CronJob's command run once (its exit code asserted 0)."""
     container = cronjob_container()
     feedback = tmp_path_factory.mktemp("feedback")
     give_to_app_user(feedback)
-    # The CronJob's arguments as they are, a shorter run added (a later --max-steps wins).
-    args = [*container["args"], "--max-steps", str(RETRAIN_STEPS), "--batch-size", "50"]
+    # The CronJob's arguments as they are, then the small data and a shorter run (a later
+    # option wins).
+    args = [
+        *container["args"],
+        "--data-dir", DATA_MOUNT,
+        "--max-steps", str(RETRAIN_STEPS),
+        "--batch-size", "50",
+    ]  # fmt: skip
     result = run_trainer(
-        images["trainer"], repository, args, name=f"{run_id}-retrain", feedback=feedback
-    )
+        images["trainer"], repository, args,
+        name=f"{run_id}-retrain", data=container_data, feedback=feedback,
+    )  # fmt: skip
     assert result.returncode == 0, (
         f"the retrain exited with {result.returncode} (3: not blessed):\n{result.stderr[-4000:]}"
     )
