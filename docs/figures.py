@@ -28,6 +28,7 @@ LATEST = ROOT / "benchmarks" / "results" / "latest.json"
 MEASURED = ROOT / "docs" / "measured.json"
 FIGURES_PAGE = ROOT / "docs" / "figures.md"
 README = ROOT / "README.md"
+CONTAINERS_PAGE = ROOT / "docs" / "containers.md"
 
 # The benchmark's tables, in table()'s order, each under a heading other pages can link to.
 SECTION_HEADINGS = (
@@ -73,9 +74,16 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def setup_block(measured: dict) -> str:
-    setup = measured["setup"]
+    setup, containers = measured["setup"], measured["containers"]
     rows = [[row["step"], row["time"]] for row in setup["rows"]]
+    rows += [[row["step"], row["time"]] for row in containers["rows"]]
     return f"Measured {setup['measured']}.\n\n" + markdown_table(["step", "time here"], rows)
+
+
+def containers_block(measured: dict) -> str:
+    containers = measured["containers"]
+    rows = [[row["step"], row["time"]] for row in containers["rows"]]
+    return f"Measured {containers['measured']}.\n\n" + markdown_table(["run", "time here"], rows)
 
 
 def training_block(measured: dict) -> str:
@@ -106,6 +114,8 @@ def readme_commands_block(measured: dict) -> str:
             "make serve   # set up, train a model if none is exported, serve on 127.0.0.1:8000",
             f"             # ({times['serve']})",
             f"make test    # set up and run every test ({times['test']})",
+            "make test-containers   # the images built and run with podman "
+            f"({measured['containers']['readme']})",
             "```",
         ]
     )
@@ -122,6 +132,7 @@ def blocks() -> dict[Path, dict[str, str]]:
             "training": training_block(measured),
         },
         README: {"commands": readme_commands_block(measured)},
+        CONTAINERS_PAGE: {"containers": containers_block(measured)},
     }
 
 
