@@ -24,8 +24,8 @@ LOCKS := requirements.lock requirements-service.lock requirements-training.lock 
 # itself too: the dev lock has it). The locks come from the requirements-*.in files (`make lock`).
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
 
-.PHONY: setup data compose browser tools containers venv train serve test test-fast test-containers k8s \
-        lint format bench bench-peers clean figures docs tokens tls
+.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
+        figures docs tokens tls containers test-containers
 
 setup: venv data compose browser tools containers
 
