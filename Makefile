@@ -150,9 +150,11 @@ serve: setup
 
 # Everything: tests/unit and tests/live (tests/README.md), the container tier included; where
 # podman cannot run, that tier is skipped and this says why before and after.
+# With PYTHONDONTWRITEBYTECODE set (some machines set it), pytest keeps no rewritten test
+# modules and every `python -m service` a test starts compiles the project again: unset here.
 test: setup
 	@$(PY) tools/podman.py check >/dev/null || echo "*** the container tier (tests/live/containers) will be SKIPPED: $$($(PY) tools/podman.py check) ***"
-	$(PY) -m pytest
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 # The container tier alone: the base image and both images (cached between runs), training,
 # serving, the retrain, stop and compose in containers (docs/containers.md).
