@@ -191,3 +191,12 @@ def test_the_floor_rule_catches_an_arrow_up():
     assert upward_imports(graph) == [
         "service.backends.factory (floor 1) imports service.config_watcher (floor 2)"
     ]
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    """pytest imports test modules by their basename (rootdir-relative, no packages): two
+    test_x.py files in different folders stop the whole run at collection."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
