@@ -1,0 +1,72 @@
+"""The two sides' interpreters: the service on current TensorFlow, the trainer on TensorFlow 2.15.
+
+The service and the trainer run in virtualenvs of their own (`make setup`: `.venv` for the
+service, with the tests' tools; `.venv-training` for `python -m training`, which needs
+`tf.estimator`, gone after TensorFlow 2.15). A test on one side reaches the other only through
+its command line, in the other side's interpreter: a service test makes its models with
+`run_training(...)`, a training test serves a version with `support.servers.start_server`
+(`python -m service` in `SERVICE_PYTHON`), never by importing the other package.
+
+`TRAINING_PYTHON` and `SERVICE_PYTHON` name the interpreters (`make test` sets both); unset,
+each is the checkout's own venv when it exists, else this interpreter (one venv with both
+sides, as on a machine set up before the split).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support.helpers import REPO_ROOT
+
+TRAINING_TIMEOUT_SECONDS = 600.0
+
+
+def _interpreter(variable: str, venv: str) -> str:
+    named = os.environ.get(variable)
+    if named:
+        return named
+    own = REPO_ROOT / venv / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
+def training_python() -> str:
+    """The interpreter `python -m training` runs in (TRAINING_PYTHON, or .venv-training's)."""
+    return _interpreter("TRAINING_PYTHON", ".venv-training")
+
+
+def service_python() -> str:
+    """The interpreter `python -m service` runs in (SERVICE_PYTHON, or .venv's)."""
+    return _interpreter("SERVICE_PYTHON", ".venv")
+
+
+def run_training(
+    *argv: object, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    """`python -m training ARGV...` in the training side's interpreter, output captured.
+
+    Args:
+        argv: the command line after `python -m training` (str() of each).
+        cwd: the working directory (default: the checkout, so `-m training` is this one).
+        env: the whole environment (default: this process's).
+        check: fail the test, with the command's output, unless it exits 0.
+    """
+    command = [training_python(), "-m", "training", *map(str, argv)]
+    done = subprocess.run(
+        command,
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TRAINING_TIMEOUT_SECONDS,
+    )
+    if check and done.returncode != 0:
+        import pytest
+
+        pytest.fail(
+            f"{' '.join(map(str, argv[:1]))} exited {done.returncode}:\n"
+            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
+    return done
