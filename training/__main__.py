@@ -1,5 +1,6 @@
 """Command line: `python -m training
-{train,evaluate,export,predict,compare,promote,retrain,sample-data,expire-feedback} --help`."""
+{train,evaluate,export,predict,compare,promote,retrain,publish,sample-data,
+expire-feedback} --help`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from training import (  # noqa: E402
     promote,
     retrain,
     sample_data,
+    staging,
     train,
 )
 from training.data import DataError  # noqa: E402
@@ -103,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
             "75 another retrain holds the lock.",
         )
     )
+    staging.add_arguments(
+        sub.add_parser(
+            "publish",
+            help="publish what a retrain with --stage-to left (checked, the next version, a "
+            "label moved); loads no model",
+            description="The small step with write access to the model repository: check what "
+            "a `retrain --stage-to DIR` staged (every file unchanged since, by its sha256; the "
+            "blessing says blessed, against the version that still serves), publish it "
+            "atomically as the next version and move --publish's label. Exit codes: 0 "
+            "published (or nothing to publish), 1 crash, 2 refused (nothing changed), 3 the "
+            "retrain did not bless its candidate, 75 another retrain holds the repository.",
+        )
+    )
     feedback_source.add_expire_arguments(
         sub.add_parser(
             "expire-feedback",
@@ -137,6 +152,7 @@ INTERRUPTED = {
     "compare": "the kinds done so far are in the work dir; the table was not written.",
     "promote": "the model config was left as it was.",
     "retrain": "nothing was published; run the same command to resume from its last checkpoint.",
+    "publish": "the model repository has the new version whole or not at all; run it again.",
     "sample-data": "the files written so far are in the output folder.",
     "expire-feedback": "every shard is whole: the old one or its compacted copy.",
 }
@@ -148,6 +164,7 @@ COMMANDS = {
     "compare": compare.cmd_compare,
     "promote": promote.cmd_promote,
     "retrain": retrain.cmd_retrain,
+    "publish": staging.cmd_publish,
     "sample-data": sample_data.cmd_sample_data,
     "expire-feedback": feedback_source.cmd_expire_feedback,
 }

@@ -5,20 +5,19 @@ requests are built in a hidden staging directory beside the versions and renamed
 only when complete, so TF Serving and our service, which poll the folder, never see a
 half-written version.
 
-The gated retrain stages its candidate outside the repository (in its run dir), so that a
-candidate that is not blessed leaves the repository untouched, and publishes it with
-`publish_staged`: renamed in when the run dir is on the repository's filesystem, otherwise
-copied into a hidden staging directory beside the versions first and renamed from there.
+The gated retrain stages its candidate outside the repository (`staged_version`, in its run
+dir), so that a candidate that is not blessed leaves the repository untouched, and publishes
+it with training.versions' `publish_staged` (or leaves it for the publish step,
+training/staging.py). The renames themselves, which need no TensorFlow, are in
+training/versions.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,16 +33,12 @@ from artifact.contract import (
     REPORT_FILE,
     normalize_pixels,
 )
-from artifact.repository import parse_version
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import WARMUP_BATCH_SIZES, build_warmup_requests, write_warmup_file
 from training.evaluation import build_report
 from training.plots import write_export_plots
 from training.runs import EVAL_BATCH_SIZE
-
-STAGING_PREFIX = ".export-"
-# Staging directories older than this belong to a killed export and are swept away.
-STALE_STAGING_SECONDS = 3600
+from training.versions import STAGING_PREFIX, publish_next, sweep_stale_staging
 
 
 def serving_input_receiver_fn():
@@ -53,38 +48,6 @@ def serving_input_receiver_fn():
     with tf.Graph().as_default():
         image = tf.compat.v1.placeholder(tf.float32, [None, IMAGE_HEIGHT, IMAGE_WIDTH], INPUT_KEY)
     return tf.estimator.export.build_raw_serving_input_receiver_fn({INPUT_KEY: image})
-
-
-def _sweep_stale_staging(base: Path) -> None:
-    cutoff = time.time() - STALE_STAGING_SECONDS
-    for path in base.glob(STAGING_PREFIX + "*"):
-        if path.is_dir() and path.stat().st_mtime < cutoff:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _publish(
-    staged: Path, base: Path, before_rename: Callable[[int, Path], None] | None = None
-) -> Path:
-    """Rename a complete staged version to the next free integer; atomic on one filesystem.
-
-    Args:
-        before_rename: called with the number about to be taken and the staged folder, before
-            each try (to write a file that names the version into it).
-    """
-    while True:
-        # Every version-named folder counts, loadable or not: a number is never reused.
-        numbers = (parse_version(p.name) for p in base.iterdir())
-        existing = [v for v in numbers if v is not None]
-        target = base / str(max(existing, default=0) + 1)
-        if before_rename is not None:
-            before_rename(int(target.name), staged)
-        try:
-            staged.rename(target)
-            return target
-        except OSError:
-            if not target.exists():
-                raise
-            # Another export took this number between our listing and the rename.
 
 
 def export_model(
@@ -116,12 +79,12 @@ def export_model(
     """
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
-    _sweep_stale_staging(base)
+    sweep_stale_staging(base)
     with staged_version(
         estimator, base, base.name, labels, build_report, checkpoint_path, warmup_images,
         write_extras,
     ) as staged:  # fmt: skip
-        return _publish(staged, base)
+        return publish_next(staged, base)
 
 
 @contextlib.contextmanager
@@ -198,59 +161,10 @@ def export_version(
     """
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
-    _sweep_stale_staging(base)
+    sweep_stale_staging(base)
     with _staged_saved_model(estimator, base, receiver_fn, checkpoint_path) as staged:
         write_assets(staged)
-        return _publish(staged, base)
-
-
-def publish_staged(
-    staged: str | Path,
-    export_base: str | Path,
-    before_rename: Callable[[int, Path], None] | None = None,
-) -> Path:
-    """Move a complete version staged outside the repository in as the next version.
-
-    Atomic either way: renamed in directly when `staged` is on the repository's filesystem,
-    else copied into a hidden staging folder beside the versions and renamed from there. The
-    files are fsynced before the rename, so a version never appears with empty files.
-
-    Args:
-        staged: the complete version folder (staged_version's).
-        export_base: the model's directory in the repository (created when missing).
-        before_rename: as _publish's.
-    Returns:
-        The published version directory.
-    """
-    staged, base = Path(staged), Path(export_base)
-    base.mkdir(parents=True, exist_ok=True)
-    _sweep_stale_staging(base)
-    _fsync_tree(staged)
-    if os.stat(staged).st_dev == os.stat(base).st_dev:
-        return _publish(staged, base, before_rename)
-    copy = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=base))
-    try:
-        target = copy / staged.name
-        shutil.copytree(staged, target)
-        _fsync_tree(target)
-        return _publish(target, base, before_rename)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-
-
-def _fsync_tree(root: Path) -> None:
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        return publish_next(staged, base)
 
 
 def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:

@@ -20,6 +20,9 @@
 5. Blessed: the candidate is published atomically as the next version (with its
    blessing.json), and `--publish canary|stable` moves the label with training.promote's
    `promote`. Not blessed: nothing under the model repository changes.
+   With `--stage-to DIR` the retrain publishes nothing and only reads the repository: the
+   blessed candidate is left in DIR for `python -m training publish`, the small step with
+   write access (training/staging.py).
 
 Exit codes: 0 published (or already published by an earlier run), 1 crash, 2 bad input,
 3 not blessed, 75 another retrain holds the lock.
@@ -36,7 +39,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -47,8 +49,8 @@ import tensorflow as tf
 
 from artifact import feedback
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, NUM_CLASSES, normalize_pixels
-from artifact.model_config import ConfigError, ModelEntry, Policy, parse_config
-from artifact.repository import list_versions, read_labels, read_report
+from artifact.model_config import ModelEntry
+from artifact.repository import read_labels, read_report
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import WARMUP_BATCH_SIZES
 from training import (
@@ -61,22 +63,30 @@ from training import (
     publish,
     runs,
     sources,
+    staging,
     train,
 )
 from training.errors import UsageError
 from training.estimator import make_estimator, trainable_variable_shapes
 from training.evaluation import build_report
 from training.plots import write_export_plots
-from training.promote import promote
 from training.runs import EVAL_BATCH_SIZE
+from training.staging import EXIT_LOCKED, EXIT_NOT_BLESSED
+from training.versions import (
+    PUBLISH_MODES,
+    Baseline,
+    config_entry,
+    move_label,
+    pin_stable_before_a_canary,
+    publish_staged,
+    serving_baseline,
+    write_json,
+)
 
 # A warm-started candidate needs fewer passes than a first model (train's default is 10).
 DEFAULT_EPOCHS = 2
 DEFAULT_HOLDOUT_FRACTION = 0.2
-PUBLISH_MODES = ("version", "canary", "stable")
 RUN_PREFIX = "retrain-"
-EXIT_NOT_BLESSED = 3
-EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: try again later
 # Params that do not change the trained weights: a rerun that differs only in these resumes.
 _NOT_IN_RUN_ID = ("hooks", "check_numerics", "data_dir")
 # What the run starts from, on top of the inputs.
@@ -194,6 +204,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "label it stable (default: %(default)s)",
     )
     out.add_argument(
+        "--stage-to",
+        metavar="DIR",
+        help="publish nothing, and only read the model repository: leave what the retrain "
+        "decided (a blessed candidate, complete, with the digest of each file) in DIR, a "
+        "folder of its own that it empties first, for `python -m training publish --staged "
+        "DIR`, the step that writes the repository",
+    )
+    out.add_argument(
         "--wait-for-lock",
         type=non_negative_float,
         default=0.0,
@@ -201,15 +219,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="when another retrain runs on this --model-dir, wait this long for it before "
         "giving up with exit code 75 (default: %(default)s, give up at once)",
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Baseline:
-    """The version serving now, and why it is the one."""
-
-    version: int
-    path: Path
-    chosen_by: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +256,12 @@ class HeldOut:
 
 def cmd_retrain(args) -> int:
     """Train a candidate, judge it against the serving version, publish it only if blessed."""
+    if args.stage_to and args.publish != "version":
+        raise UsageError(
+            f"--publish {args.publish} with --stage-to: the publish step moves the label "
+            f"(`python -m training publish --staged {args.stage_to} --publish {args.publish} "
+            "...`)"
+        )
     if args.publish != "version" and not args.config:
         raise UsageError(
             f"--publish {args.publish} moves a label in the model config: give --config"
@@ -264,25 +279,36 @@ def cmd_retrain(args) -> int:
         raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
     try:
         with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock), ExitStack() as held:
-            try:
-                # The repository root, not the model's folder: a first publish makes that one.
-                repository = Path(args.export_dir).absolute().parent
-                held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
-            except OSError as err:
-                raise UsageError(
-                    f"--export-dir {args.export_dir}: cannot open its folder: {err.strerror}"
-                ) from err
+            # The repository root, not the model's folder: a first publish makes that one.
+            repository = Path(args.export_dir).absolute().parent
+            if args.stage_to:
+                _hold_staging_area(args, repository, held)
+            else:
+                try:
+                    held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
+                except OSError as err:
+                    raise UsageError(
+                        f"--export-dir {args.export_dir}: cannot open its folder: {err.strerror}"
+                    ) from err
             return _retrain(args, thresholds, hooks, model_dir)
     except lock.LockHeld as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_LOCKED
 
 
+def _hold_staging_area(args, repository: Path, held: ExitStack) -> None:
+    """--stage-to's folder, made, locked for the run (not the repository: a staged retrain
+    writes nothing there) and emptied of what an earlier retrain staged."""
+    stage_dir = staging.make_area(args.stage_to, repository)
+    held.enter_context(lock.hold_directory(stage_dir, args.wait_for_lock))
+    staging.clear(stage_dir)
+
+
 def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
     export_dir = Path(args.export_dir)
-    entry = _config_entry(args.config, export_dir) if args.config else None
+    entry = config_entry(args.config, export_dir) if args.config else None
     model_name = entry.name if entry is not None else export_dir.name
-    baseline = _baseline(entry, export_dir)
+    baseline = serving_baseline(entry, export_dir)
     labels = _labels(args, baseline)
     assembled = sources.assemble(
         _read_sources(args, model_name), args.holdout_fraction, args.holdout_seed
@@ -322,6 +348,10 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
             f"The serving version {baseline.version} was retrained on these very data with "
             "these options (its blessing.json says so): nothing new to train on."
         )
+        _record_staged_outcome(
+            args, model_name, baseline, staging.UNCHANGED,
+            f"the serving version {baseline.version} was retrained on these very inputs",
+        )  # fmt: skip
         return 0
     print(
         f"Baseline: {_describe_baseline(baseline)}; "
@@ -334,8 +364,13 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
         published = runs.exported_version_of(export_dir, run_dir, step)
         if published is not None:
             print(f"{run_dir} at step {step} is already published as {published}.")
+            _record_staged_outcome(
+                args, model_name, baseline, staging.PUBLISHED,
+                f"{run_dir} at step {step} was published earlier",
+                published_version=int(published.name),
+            )  # fmt: skip
             if args.publish != "version":
-                _label(args, entry, int(published.name))
+                move_label(args.config, entry, args.publish, int(published.name))
             return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     runs.check_resumable(run_dir, params)
@@ -394,9 +429,12 @@ def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
         document = _blessing_document(gate, candidate, context, verdict)
         print(blessing.format_blessing(verdict), flush=True)
         if not verdict.blessed:
-            _record_not_blessed(gate, candidate, document)
+            _record_not_blessed(gate, candidate, document, verdict)
             return EXIT_NOT_BLESSED
-        _pin_stable_before_a_canary(gate)
+        if gate.args.stage_to:
+            _stage(gate, candidate, document, staged)
+            return 0
+        pin_stable_before_a_canary(gate.args.config, gate.entry, gate.args.publish, gate.baseline)
         published = _publish_as_next_version(staged, gate.args.export_dir, document)
     _record_published(gate, candidate, document, published)
     return 0
@@ -524,8 +562,14 @@ def _blessing_document(
     )
 
 
-def _record_not_blessed(gate: Gate, candidate: Candidate, document: dict) -> None:
-    _write_json(candidate.run_dir / BLESSING_FILE, document)
+def _record_not_blessed(
+    gate: Gate, candidate: Candidate, document: dict, verdict: blessing.Blessing
+) -> None:
+    write_json(candidate.run_dir / BLESSING_FILE, document)
+    _record_staged_outcome(
+        gate.args, gate.model_name, gate.baseline, staging.NOT_BLESSED,
+        "; ".join(check.describe() for check in verdict.failed),
+    )  # fmt: skip
     print(
         f"Not published: the model repository {gate.args.export_dir} is unchanged; the "
         f"report is {candidate.run_dir / BLESSING_FILE}.",
@@ -533,13 +577,42 @@ def _record_not_blessed(gate: Gate, candidate: Candidate, document: dict) -> Non
     )
 
 
-def _pin_stable_before_a_canary(gate: Gate) -> None:
-    """Without a stable label the newest version takes all the traffic: pin the one serving
-    now before the candidate appears, so that it gets the canary's share only."""
-    args, entry, baseline = gate.args, gate.entry, gate.baseline
-    if args.publish == "canary" and baseline is not None and "stable" not in entry.labels:
-        for line in promote(args.config, entry.name, label="stable", version=baseline.version):
-            print(line)
+def _staged_fields(args, model_name: str, baseline: Baseline | None) -> dict:
+    """What staged.json says the candidate was judged for and against."""
+    return {
+        "model": model_name,
+        "export_dir": os.path.abspath(args.export_dir),
+        "config": args.config,
+        "baseline_version": baseline.version if baseline is not None else None,
+    }
+
+
+def _record_staged_outcome(
+    args, model_name: str, baseline: Baseline | None, outcome: str, reason: str, **more
+) -> None:
+    """With --stage-to, a staged.json for a run that stages no candidate."""
+    if args.stage_to:
+        fields = _staged_fields(args, model_name, baseline)
+        staging.record(Path(args.stage_to), outcome, fields, reason, **more)
+
+
+def _stage(gate: Gate, candidate: Candidate, document: dict, staged: Path) -> None:
+    """--stage-to: the blessed candidate with its blessing.json left for the publish step;
+    the repository is not written."""
+    args, stage_dir = gate.args, Path(gate.args.stage_to)
+    document["publish"].update(mode="staged", staged_to=os.path.abspath(stage_dir))
+    staging.stage_candidate(
+        stage_dir, staged, document, _staged_fields(args, gate.model_name, gate.baseline),
+        f"blessed against {_describe_baseline(gate.baseline)}",
+    )  # fmt: skip
+    write_json(candidate.run_dir / BLESSING_FILE, document)
+    config = f" --config {args.config}" if args.config else ""
+    print(
+        f"Blessed: staged in {stage_dir}; the model repository {args.export_dir} is "
+        f"unchanged. Publish it with `python -m training publish --staged {stage_dir} "
+        f"--export-dir {args.export_dir}{config}`.",
+        flush=True,
+    )
 
 
 def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> Path:
@@ -549,9 +622,9 @@ def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> P
     def name_version(version: int, folder: Path) -> None:
         document["versions"]["candidate"] = version
         document["publish"]["version"] = version
-        _write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
+        write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
 
-    return publish.publish_staged(staged, export_dir, name_version)
+    return publish_staged(staged, export_dir, name_version)
 
 
 def _record_published(gate: Gate, candidate: Candidate, document: dict, published: Path) -> None:
@@ -560,8 +633,9 @@ def _record_published(gate: Gate, candidate: Candidate, document: dict, publishe
     print(f"Blessed: published {published}", flush=True)
     version = int(published.name)
     if gate.args.publish != "version":
-        document["publish"]["label_changes"] = _label(gate.args, gate.entry, version)
-    _write_json(candidate.run_dir / BLESSING_FILE, document)
+        changes = move_label(gate.args.config, gate.entry, gate.args.publish, version)
+        document["publish"]["label_changes"] = changes
+    write_json(candidate.run_dir / BLESSING_FILE, document)
 
 
 def _confusions(truth, predicted, slices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -589,44 +663,6 @@ def _predict_baseline(baseline: Baseline, images: np.ndarray) -> np.ndarray:
         ) from err
     classes, _ = predictor.predict_batched(images, EVAL_BATCH_SIZE)
     return classes
-
-
-def _write_json(path: Path, document: dict) -> None:
-    """Written beside itself and renamed: a reader sees the old file or the new one."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(document, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def _label(args, entry: ModelEntry, version: int) -> list[str]:
-    """Point --publish's label at the version (the policy first, when it does not serve it)."""
-    changes = []
-    try:
-        current = {e.name: e for e in parse_config(Path(args.config).read_text(), args.config)}
-        policy = current[entry.name].policy
-        if policy.kind == "specific" and version not in policy.versions:
-            wider = Policy("specific", versions=tuple(sorted({*policy.versions, version})))
-            changes += promote(args.config, entry.name, policy=wider)
-        changes += promote(args.config, entry.name, label=args.publish, version=version)
-    except (ConfigError, UsageError, OSError, KeyError) as err:
-        raise UsageError(
-            f"version {version} is published, but the label {args.publish} could not be "
-            f"moved: {err}; move it with `python -m training promote --config {args.config} "
-            f"--model {entry.name} --label {args.publish} --version {version}`"
-        ) from err
-    for line in changes or [f"{entry.name}: label {args.publish} already names {version}"]:
-        print(line)
-    if changes:
-        print(f"Wrote {args.config}; the label applies once version {version} is AVAILABLE.")
-    return changes
 
 
 def _estimator(run_dir: Path, params: dict, args, start: str | None):
@@ -672,53 +708,6 @@ def _trained_on_the_same_inputs(baseline: Baseline | None, inputs_key: str) -> b
         return False
     run = recorded.get("candidate_run") if isinstance(recorded, dict) else None
     return isinstance(run, dict) and run.get("inputs_sha256") == inputs_key
-
-
-def _config_entry(config: str, export_dir: Path) -> ModelEntry:
-    """The model config's entry whose base_path is --export-dir."""
-    path = Path(config)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"--config {path}: cannot read it: {err}") from err
-    try:
-        entries = parse_config(text, path)
-    except ConfigError as err:
-        raise UsageError(str(err)) from err
-    target = export_dir.resolve()
-    for entry in entries:
-        if entry.base_path.resolve() == target:
-            return entry
-    listed = ", ".join(f"{e.name} at {e.base_path}" for e in entries)
-    raise UsageError(
-        f"--config {path}: no model there has its base_path at --export-dir {export_dir} "
-        f"(it lists: {listed})"
-    )
-
-
-def _baseline(entry: ModelEntry | None, export_dir: Path) -> Baseline | None:
-    on_disk = dict(list_versions(export_dir))
-    if not on_disk:
-        return None
-    if entry is not None:
-        stable = entry.labels.get("stable")
-        if stable is not None:
-            if stable not in on_disk:
-                raise UsageError(
-                    f"--config: the stable label names version {stable}, which is not in "
-                    f"{export_dir} (on disk: {', '.join(map(str, on_disk))})"
-                )
-            return Baseline(stable, on_disk[stable], "the stable label")
-        served = entry.aspired(on_disk)
-        if served:
-            version = max(served)
-            return Baseline(
-                version,
-                on_disk[version],
-                f"the newest version the policy ({entry.policy.describe()}) serves",
-            )
-    version = max(on_disk)
-    return Baseline(version, on_disk[version], "the newest version on disk")
 
 
 def _describe_baseline(baseline: Baseline | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import io
 import logging
 import os
@@ -18,6 +19,20 @@ from PIL import Image
 
 # The checkout under test: tests/support/helpers.py is two folders below it.
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every file and folder under root (root too), links not followed: kind, mode, size,
+    mtime in ns, content hash. Equal before and after: not a file, mode or timestamp changed."""
+    found = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        stat = path.lstat()
+        regular = path.is_file() and not path.is_symlink()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if regular else None
+        found[str(path.relative_to(root))] = (
+            path.is_dir(), stat.st_mode, stat.st_size, stat.st_mtime_ns, digest
+        )  # fmt: skip
+    return found
 
 
 def png_bytes(pixels: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> bytes:

@@ -8,7 +8,6 @@ canary label) is in tests/service/test_feedback_live.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.helpers import REPO_ROOT, assert_one_error_line
+from support.helpers import REPO_ROOT, assert_one_error_line, tree
 from support.training_harness import call_main, integer_dirs
 
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
@@ -67,18 +66,6 @@ def repository(trained_model, tmp_path) -> Path:
     shutil.copytree(trained_model.export_base.parent, base)
     (base / "models.config").write_text(config_text())
     return base
-
-
-def tree(root: Path) -> dict[str, tuple]:
-    """Every file and folder under root (root too): kind, mode, size, mtime in ns, content hash."""
-    found = {}
-    for path in [root, *sorted(root.rglob("*"))]:
-        stat = path.stat()
-        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        found[str(path.relative_to(root))] = (
-            path.is_dir(), stat.st_mode, stat.st_size, stat.st_mtime_ns, digest
-        )  # fmt: skip
-    return found
 
 
 def retrain_argv(small_data_dir, repository: Path, runs: Path, *extra, steps=40, batch=50):
@@ -343,62 +330,6 @@ def test_the_first_model_meets_only_the_value_thresholds(small_data_dir, tmp_pat
     assert "Baseline: none (no version on disk" in out
     assert "No version serves yet: only the value thresholds apply." in out
     assert not repository.exists()  # not even the folder
-
-
-# deploy/kubernetes's nightly CronJob runs exactly this.
-KUBERNETES_CRONJOB = [
-    "retrain",
-    "--data-dir", "/usr/share/datasets/fashion-mnist",
-    "--model-dir", "/models/runs/fashion_mnist",
-    "--export-dir", "/models/fashion_mnist",
-    "--config", "/models/models.config",
-    "--feedback-dir", "/feedback",
-    "--publish", "canary",
-]  # fmt: skip
-
-
-def test_the_kubernetes_cronjob_command_runs_on_the_shipped_model_config(
-    trained_model, new_data, small_data_dir, tmp_path, capsys
-):
-    """The CronJob's command line, with /models, /feedback and the data moved into a scratch
-    folder, a smaller budget and new data added, on a copy of models/models.config."""
-    import shutil
-
-    from training.__main__ import build_parser
-
-    args = build_parser().parse_args(KUBERNETES_CRONJOB)
-    assert (args.command, args.publish, args.feedback_dir) == ("retrain", "canary", "/feedback")
-    assert (args.model_dir, args.export_dir, args.config) == (
-        "/models/runs/fashion_mnist", "/models/fashion_mnist", "/models/models.config"
-    )  # fmt: skip
-    models = tmp_path / "models"
-    shutil.copytree(trained_model.export_base, models / MODEL_NAME)
-    shipped = (REPO_ROOT / "models" / "models.config").read_text()
-    assert '"/models/fashion_mnist"' in shipped
-    (models / "models.config").write_text(shipped.replace('"/models/', f'"{models}/'))
-    (tmp_path / "feedback").mkdir()
-    places = {
-        "/usr/share/datasets/fashion-mnist": str(small_data_dir),
-        "/models": str(models),
-        "/feedback": str(tmp_path / "feedback"),
-    }
-    moved = [
-        next((new + a[len(old) :] for old, new in places.items() if a.startswith(old)), a)
-        for a in KUBERNETES_CRONJOB
-    ]
-    code = call_main(
-        *moved, "--max-steps", 60, "--batch-size", 50, "--eval-every-secs", 1000,
-        "--hooks", "none", "--extra-data", new_data["good"],
-    )  # fmt: skip
-    captured = capsys.readouterr()
-    assert code == 0, captured.out + captured.err
-    assert integer_dirs(models / MODEL_NAME) == ["1", "2"]
-    config = models / "models.config"
-    (entry,) = parse_config(config.read_text(), config)
-    assert dict(entry.labels) == {"stable": 1, "canary": 2}
-    assert entry.policy.describe() == "latest 2"
-    assert config.read_text().startswith(shipped.split("\n", 1)[0])  # its comments are kept
-    assert list((models / "runs" / "fashion_mnist").glob("retrain-*/model.ckpt-60.index"))
 
 
 def test_a_retrain_into_a_repository_another_retrain_publishes_into_waits_its_turn(
