@@ -172,18 +172,24 @@ def run_trainer(
     name: str,
     data: Path | None = None,
     feedback: Path | None = None,
+    models_read_only: bool = False,
+    staging: Path | None = None,
+    staging_read_only: bool = False,
 ) -> subprocess.CompletedProcess:
     """`python -m training ARGS` in a trainer container as the Kubernetes Jobs run it: the model
-    repository read-write at /models (runs under /models/runs), data read-only at DATA_MOUNT,
-    the feedback read-only, the hardening above. Returns the finished run (its exit code is
-    the caller's to judge)."""
-    mounts = ["--volume", f"{repository}:/models"]
+    repository at /models (runs under /models/runs), read-write unless models_read_only, data
+    read-only at DATA_MOUNT, the feedback read-only, the retrain's staging volume at /staging
+    when given, the hardening above and no network (the trainers' NetworkPolicy). Returns the
+    finished run (its exit code is the caller's to judge)."""
+    mounts = ["--volume", f"{repository}:/models" + (":ro" if models_read_only else "")]
     if data is not None:
         mounts += ["--volume", f"{data}:{DATA_MOUNT}:ro"]
     if feedback is not None:
         mounts += ["--volume", f"{feedback}:/feedback:ro"]
+    if staging is not None:
+        mounts += ["--volume", f"{staging}:/staging" + (":ro" if staging_read_only else "")]
     return podman(
-        "run", "--rm", "--name", name, *HARDENING, *mounts,
+        "run", "--rm", "--name", name, *HARDENING, *mounts, "--network", "none",
         "--env", "TF_CPP_MIN_LOG_LEVEL=2",
         image, *args,
         check=False,

@@ -203,6 +203,27 @@ def mounts(pod: Pod, container: dict) -> dict[str, tuple[dict, bool]]:
     return found
 
 
+def selects(policy: dict, labels: dict) -> bool:
+    """A label selector as the API server applies it: matchLabels and matchExpressions, all."""
+    selector = policy["spec"]["podSelector"]
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    operators = {
+        "In": lambda key, values: labels.get(key) in values,
+        "NotIn": lambda key, values: labels.get(key) not in values,
+        "Exists": lambda key, _: key in labels,
+        "DoesNotExist": lambda key, _: key not in labels,
+    }
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        operators[e["operator"]](e["key"], e.get("values", []))
+        for e in selector.get("matchExpressions", [])
+    )
+
+
+def policies_for(objects: list[dict], labels: dict) -> list[dict]:
+    """The NetworkPolicies among objects that select pods with these labels."""
+    return [o for o in objects if o["kind"] == "NetworkPolicy" and selects(o, labels)]
+
+
 # --- the images the Dockerfile builds and the commands the manifests run ------------------
 
 

@@ -1,6 +1,7 @@
 """The nightly retrain as the Kubernetes CronJob runs it, in the trainer image, against the
-model repository the api container serves: a blessed candidate becomes the next version,
-labeled canary, and the running api serves it without a restart."""
+model repository the api container serves: the `retrain` step (the repository read-only)
+stages a blessed candidate, the `publish` step makes it the next version, labeled canary, and
+the running api serves it without a restart."""
 
 from __future__ import annotations
 
@@ -20,45 +21,65 @@ PICKUP_TIMEOUT_SECONDS = 60.0
 V1 = f"/v1/models/{MODEL_NAME}"
 
 
-def cronjob_container() -> dict:
-    """The CronJob's `retrain` container spec."""
-    spec = yaml.safe_load(CRONJOB.read_text())["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    (container,) = [c for c in spec["containers"] if c["name"] == "retrain"]
-    return container
+def cronjob_pod() -> dict:
+    return yaml.safe_load(CRONJOB.read_text())["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
 
-def test_the_cronjob_mounts_what_the_container_run_gives():
-    # run_trainer mounts the model repository at /models (read-write), the feedback read-only
-    # at /feedback and a tmpfs /tmp on a read-only root: the CronJob's own mounts.
-    container = cronjob_container()
-    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
-    assert mounts == {"/models": False, "/feedback": True, "/tmp": False}
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["command"] == ["python", "-m", "training"]
+def cronjob_containers() -> tuple[dict, dict]:
+    """The CronJob's `retrain` (an init container) and `publish` container specs."""
+    spec = cronjob_pod()
+    (retrain,) = [c for c in spec["initContainers"] if c["name"] == "retrain"]
+    (publish,) = [c for c in spec["containers"] if c["name"] == "publish"]
+    return retrain, publish
+
+
+def test_the_cronjob_mounts_what_the_container_runs_give():
+    # run_trainer mounts the model repository at /models, the staging volume at /staging, the
+    # feedback read-only at /feedback and a tmpfs /tmp on a read-only root: the CronJob's own
+    # mounts, read-only where it says.
+    retrain, publish = cronjob_containers()
+    for container, expected in (
+        (retrain, {"/models": True, "/staging": False, "/feedback": True, "/tmp": False}),
+        (publish, {"/models": False, "/staging": True, "/tmp": False}),
+    ):
+        mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+        assert mounts == expected, container["name"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["command"] == ["python", "-m", "training"]
 
 
 @pytest.fixture(scope="module")
 def retrained(images, repository, run_id, tmp_path_factory, container_data) -> str:
-    """The output of the CronJob's command run once (its exit code asserted 0)."""
-    container = cronjob_container()
+    """The output of the CronJob's two steps run once (each exit code asserted 0)."""
+    retrain, publish = cronjob_containers()
     feedback = tmp_path_factory.mktemp("feedback")
+    staging = tmp_path_factory.mktemp("staging")
     give_to_app_user(feedback)
+    give_to_app_user(staging)
     # The CronJob's arguments as they are, then the small data and a shorter run (a later
     # option wins).
     args = [
-        *container["args"],
+        *retrain["args"],
         "--data-dir", DATA_MOUNT,
         "--max-steps", str(RETRAIN_STEPS),
         "--batch-size", "50",
     ]  # fmt: skip
-    result = run_trainer(
+    staged = run_trainer(
         images["trainer"], repository, args,
         name=f"{run_id}-retrain", data=container_data, feedback=feedback,
+        models_read_only=True, staging=staging,
     )  # fmt: skip
-    assert result.returncode == 0, (
-        f"the retrain exited with {result.returncode} (3: not blessed):\n{result.stderr[-4000:]}"
+    assert staged.returncode == 0, (
+        f"the retrain exited with {staged.returncode} (3: not blessed):\n{staged.stderr[-4000:]}"
     )
-    return result.stdout + result.stderr
+    published = run_trainer(
+        images["trainer"], repository, publish["args"],
+        name=f"{run_id}-publish", staging=staging, staging_read_only=True,
+    )  # fmt: skip
+    assert published.returncode == 0, (
+        f"the publish exited with {published.returncode}:\n{published.stderr[-4000:]}"
+    )
+    return staged.stdout + staged.stderr + published.stdout + published.stderr
 
 
 def api_started_at(api) -> str:

@@ -16,11 +16,13 @@ def all_pods() -> list[tuple[str, Pod]]:
 
 
 def test_training_commands_parse_with_the_training_cli(all_pods):
-    """Until `python -m training retrain` and `promote` exist, this fails for those commands."""
+    """The retrain CronJob's two steps, the feedback expiry, the first training and promote."""
     from training.__main__ import build_parser
 
     commands = training_commands(all_pods)
-    assert {args[0] for _, args, _, _ in commands} >= {"train", "retrain", "promote"}
+    assert {args[0] for _, args, _, _ in commands} == {
+        "train", "retrain", "publish", "promote", "expire-feedback"
+    }  # fmt: skip
     refused = []
     for label, args, _, _ in commands:
         try:

@@ -41,6 +41,7 @@ TRAINER_IMAGE = "estimator-serving-trainer"
 TF_SERVING_IMAGE = "tensorflow/serving"
 MODEL_PVC = "model-repository"
 FEEDBACK_PVC = "feedback"
+STAGING_PVC = "retrain-staging"
 # Between the end of the service's shutdown and SIGKILL.
 GRACE_MARGIN_SECONDS = 5
 TF_REPLICA_TYPES = {"Chief", "Worker", "PS", "Evaluator"}
@@ -177,10 +178,12 @@ def test_every_container_has_cpu_and_memory_requests_within_limits(all_pods):
 
 
 def test_every_main_container_has_a_writable_tmp(all_pods):
-    """The root filesystem is read-only; TensorFlow and TF Serving write to /tmp."""
+    """The root filesystem is read-only; TensorFlow and TF Serving write to /tmp (and so does
+    the retrain, an init container)."""
     missing = []
     for where, pod in all_pods:
-        for c in containers(pod, init=False):
+        pythons = [c for c in containers(pod) if argv(c, entrypoints())[:1] == ["python"]]
+        for c in {id(c): c for c in containers(pod, init=False) + pythons}.values():
             volume = next((v for path, (v, _) in mounts(pod, c).items() if path == "/tmp"), None)
             if volume is None or "emptyDir" not in volume:
                 missing.append(f"{where} {pod.owner} {c['name']}")
@@ -354,8 +357,28 @@ def test_images_are_the_dockerfile_targets_and_tf_serving_of_the_compose_files(a
 # --- training commands ----------------------------------------------------------------------
 
 
+# Where each training command's paths live: (claim, read-only). The retrain only reads the
+# repository and writes its staging volume; the publish step reads the staging and writes the
+# repository; expire-feedback alone writes the feedback besides the API.
+PATH_MOUNTS = {
+    ("train", "--export-dir"): (MODEL_PVC, False),
+    ("train", "--model-dir"): (MODEL_PVC, False),
+    ("retrain", "--export-dir"): (MODEL_PVC, True),
+    ("retrain", "--config"): (MODEL_PVC, True),
+    ("retrain", "--feedback-dir"): (FEEDBACK_PVC, True),
+    ("retrain", "--model-dir"): (STAGING_PVC, False),
+    ("retrain", "--stage-to"): (STAGING_PVC, False),
+    ("publish", "--export-dir"): (MODEL_PVC, False),
+    ("publish", "--config"): (MODEL_PVC, False),
+    ("publish", "--staged"): (STAGING_PVC, True),
+    ("promote", "--config"): (MODEL_PVC, False),
+    ("expire-feedback", "--feedback-dir"): (FEEDBACK_PVC, False),
+}
+
+
 def test_every_path_agrees_on_one_model_repository(all_pods):
-    """Trainers export where the servers look, and edit the config file the servers read."""
+    """Trainers export where the servers look, and edit the config file the servers read;
+    each path on the volume and with the access PATH_MOUNTS gives it."""
     apis = api_containers(all_pods)
     export_dirs = {
         f"{setting(c, 'MODEL_BASE_PATH')}/{setting(c, 'MODEL_NAME')}" for _, _, c in apis
@@ -370,20 +393,24 @@ def test_every_path_agrees_on_one_model_repository(all_pods):
             paths.append((env(c)["FEEDBACK_DIR"], FEEDBACK_PVC, False))
         for path, claim, read_only in paths:
             assert mount_of(pod, c, path) == (claim, read_only), f"{where} {pod.owner} {path}"
+    checked = set()
     for label, args, pod, c in training_commands(all_pods):
         for flag, expected in (("--export-dir", export_dirs), ("--config", config_files),
                                ("--feedback-dir", feedback_dirs)):  # fmt: skip
             value = option(args, flag)
             if value is not None:
                 assert {value} == expected, f"{label}: {flag} {value}"
-        for flag in ("--export-dir", "--model-dir", "--config"):
-            if (value := option(args, flag)) is not None:
-                assert mount_of(pod, c, value) == (MODEL_PVC, False), f"{label}: {flag}"
-        if (value := option(args, "--feedback-dir")) is not None:
-            assert mount_of(pod, c, value)[0] == FEEDBACK_PVC, label
+        for (command, flag), mount in PATH_MOUNTS.items():
+            if args[0] == command and (value := option(args, flag)) is not None:
+                assert mount_of(pod, c, value) == mount, f"{label}: {flag} {value}"
+                checked.add((command, flag))
+    assert checked == set(PATH_MOUNTS)
     # Seeded where it is read: the init containers copy the seed to that very path.
     (config_file,) = config_files
-    seeds = [c for _, pod in all_pods for c in pod.spec.get("initContainers", [])]
+    seeds = [
+        c for _, pod in all_pods for c in pod.spec.get("initContainers", [])
+        if c["name"] == "seed-model-config"
+    ]  # fmt: skip
     assert seeds and all(config_file in " ".join(c["command"]) for c in seeds)
 
 
@@ -459,7 +486,7 @@ def test_the_api_in_the_tfserving_overlay_calls_tfserving():
 # --- retraining and distributed training ----------------------------------------------------
 
 
-def test_retrain_cronjob_never_retries_not_blessed():
+def test_retrain_cronjob_never_retries_not_blessed_or_refused():
     (cron,) = [o for o in render(KUBE_DIR / "base") if o["kind"] == "CronJob"]
     spec, job = cron["spec"], cron["spec"]["jobTemplate"]["spec"]
     assert spec["concurrencyPolicy"] == "Forbid"
@@ -468,17 +495,26 @@ def test_retrain_cronjob_never_retries_not_blessed():
     assert job["activeDeadlineSeconds"] > 0
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never"  # podFailurePolicy requires it
-    (container,) = pod["containers"]
-    assert option(argv(container, entrypoints()), "--publish") == "canary"
+    (publish,) = pod["containers"]
+    retrain = pod["initContainers"][-1]
+    assert argv(retrain, entrypoints())[3] == "retrain"
+    assert option(argv(publish, entrypoints()), "--publish") == "canary"
     rules = job["podFailurePolicy"]["rules"]
     exit_rules = [r for r in rules if "onExitCodes" in r]
     for rule in exit_rules:
-        assert rule["onExitCodes"]["containerName"] == container["name"]
+        assert rule["onExitCodes"]["containerName"] in (retrain["name"], publish["name"])
         assert rule["onExitCodes"]["operator"] == "In"
+
     # The first matching rule wins: exit 3 must meet FailJob first, never Ignore (which
     # would retry it forever) or Count (which would retry it up to backoffLimit).
-    first = next(r for r in exit_rules if 3 in r["onExitCodes"]["values"])
-    assert first["action"] == "FailJob"
+    def first(container, code):
+        return next(
+            r["action"] for r in exit_rules
+            if r["onExitCodes"]["containerName"] == container["name"]
+            and code in r["onExitCodes"]["values"]
+        )  # fmt: skip
+
+    assert first(retrain, 3) == first(retrain, 2) == first(publish, 2) == "FailJob"
     assert all(r["action"] != "Ignore" for r in exit_rules)
 
 
@@ -521,12 +557,16 @@ def test_kserve_serves_the_same_repository():
 
 @pytest.mark.parametrize("directory", ["overlays/gpu", "overlays/tfserving-gpu"])
 def test_gpu_overlays_put_gpu_images_on_gpus(directory):
+    """Every container with a GPU runs a -gpu image; the API and the retrain (an init
+    container) get the GPU their -gpu image is for. The publish step and the config's seed
+    share the trainer's image but load no model: no GPU."""
     gpu_containers = 0
     for obj in render(KUBE_DIR / directory):
         for pod in pods(obj):
-            for c in containers(pod, init=False):
+            for c in containers(pod):
                 has_gpu = "nvidia.com/gpu" in c["resources"]["limits"]
-                assert has_gpu == tag(c["image"]).endswith("-gpu"), f"{pod.owner} {c['name']}"
+                if has_gpu or repository(c["image"]) == API_IMAGE or c["name"] == "retrain":
+                    assert has_gpu == tag(c["image"]).endswith("-gpu"), f"{pod.owner} {c['name']}"
                 if has_gpu:
                     gpu_containers += 1
                     tolerated = {t.get("key") for t in pod.spec.get("tolerations", [])}

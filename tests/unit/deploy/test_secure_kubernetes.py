@@ -19,7 +19,16 @@ import subprocess
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import REPO_ROOT
-from support.manifest_harness import KUBE_DIR, containers, env, kustomizations, mounts, pods, render
+from support.manifest_harness import (
+    KUBE_DIR,
+    containers,
+    env,
+    kustomizations,
+    mounts,
+    pods,
+    policies_for,
+    render,
+)
 
 API_IMAGE = "estimator-serving-api"
 SECRET = "api-tokens"
@@ -78,16 +87,6 @@ def test_no_secret_is_committed(renders):
     assert not any("secretGenerator" in p.read_text() for p in KUBE_DIR.rglob("*.yaml"))
 
 
-def selects(policy: dict, labels: dict) -> bool:
-    selector = policy["spec"]["podSelector"]
-    assert set(selector) <= {"matchLabels"}, "only matchLabels here"
-    return selector.get("matchLabels", {}).items() <= labels.items()
-
-
-def policies_for(objects: list[dict], labels: dict) -> list[dict]:
-    return [o for o in objects if o["kind"] == "NetworkPolicy" and selects(o, labels)]
-
-
 def peers(policy: dict) -> list[tuple[dict, list]]:
     """(peer, ports) of every ingress rule's peers; a rule with no `from` admits anyone."""
     found = []
@@ -120,7 +119,9 @@ def test_a_network_policy_admits_only_the_ingress_and_prometheus_to_the_api(rend
 
 def test_prometheus_reaches_only_the_http_port():
     objects = render(KUBE_DIR / "base")
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (policy,) = [
+        o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "api"
+    ]
     for peer, ports in peers(policy):
         if peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring":
             assert "grpc" not in {p["port"] for p in ports}
