@@ -13,7 +13,7 @@ import re
 from support.compose import env, port_bindings
 from support.helpers import REPO_ROOT
 
-SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain"}
+SERVICES = {"api", "tfserving", "api-tfserving", "trainer", "retrain", "publish"}
 TF_SERVING_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+$")
 TF_SERVING_GPU_IMAGE = re.compile(r"^tensorflow/serving:2\.15\.\d+-gpu$")
 
@@ -32,7 +32,7 @@ def mounts(service: dict) -> dict[str, tuple[str, str]]:
     return result
 
 
-def test_compose_file_has_the_five_services(config):
+def test_compose_file_has_the_six_services(config):
     assert set(config["services"]) == SERVICES
 
 
@@ -78,31 +78,69 @@ def test_trainer_is_a_profile_that_writes_the_shared_repository(config):
     assert mounts(trainer)["/app/runs"][0] in config["volumes"]
 
 
-def test_retrain_is_a_profile_that_reads_the_apis_feedback_and_edits_the_model_config(
-    feedback_config,
-):
+def options_of(service: dict) -> dict[str, str]:
+    command = service["command"]
+    return dict(zip(command[1::2], command[2::2], strict=True))
+
+
+def test_retrain_is_a_profile_that_reads_the_repository_and_the_apis_feedback(feedback_config):
+    """The retrain runs the serving version's model: it may write its runs and staging only."""
     config = feedback_config
     services = config["services"]
     retrain, trainer = services["retrain"], services["trainer"]
     assert retrain["profiles"] == ["retrain"]
     assert retrain["image"] == trainer["image"] and retrain["build"]["target"] == "trainer"
-    command = retrain["command"]
-    assert command[0] == "retrain"
-    options = dict(zip(command[1::2], command[2::2], strict=True))
-    assert options["--publish"] == "canary"
-    # Warm-starts from the trainer's runs, publishes where the APIs look, edits the config
-    # they read, and reads the feedback they write.
+    assert retrain["command"][0] == "retrain"
+    options = options_of(retrain)
+    assert "--publish" not in options and options["--stage-to"].startswith("/app/runs/")
+    # Warm-starts from the trainer's runs, judges against the versions the APIs serve, reads
+    # the config they read and the feedback they write; writes only the runs volume.
     assert options["--model-dir"] == "/app/runs/fashion_mnist"
     assert mounts(retrain)["/app/runs"] == mounts(trainer)["/app/runs"]
     assert options["--export-dir"] == f"{env(services['api'])['MODEL_BASE_PATH']}/fashion_mnist"
     assert options["--config"] == env(services["api"])["MODEL_CONFIG_FILE"]
-    assert mounts(retrain)["/models"] == (str(REPO_ROOT / "models"), "rw")
+    assert mounts(retrain)["/models"] == (str(REPO_ROOT / "models"), "ro")
+    assert {path for path, (_, mode) in mounts(retrain).items() if mode == "rw"} == {"/app/runs"}
     for name in ("api", "api-tfserving"):
         feedback_dir = env(services[name])["FEEDBACK_DIR"]
         assert feedback_dir == options["--feedback-dir"], name
         assert mounts(services[name])[feedback_dir] == (mounts(retrain)[feedback_dir][0], "rw")
     assert mounts(retrain)[options["--feedback-dir"]][1] == "ro"
     assert mounts(retrain)[options["--feedback-dir"]][0] in config["volumes"]
+
+
+def test_publish_is_the_retrains_second_step_and_alone_writes_the_repository(config):
+    services = config["services"]
+    retrain, publish = services["retrain"], services["publish"]
+    assert publish["profiles"] == ["retrain"] and publish["image"] == retrain["image"]
+    assert publish["command"][0] == "publish"
+    staged, options = options_of(retrain), options_of(publish)
+    assert options["--staged"] == staged["--stage-to"]
+    assert options["--export-dir"] == staged["--export-dir"]
+    assert options["--config"] == staged["--config"]
+    assert options["--publish"] == "canary"
+    assert mounts(publish)["/models"] == (str(REPO_ROOT / "models"), "rw")
+    assert mounts(publish)["/app/runs"] == (mounts(retrain)["/app/runs"][0], "ro")
+    assert {path for path, (_, mode) in mounts(publish).items() if mode == "rw"} == {"/models"}
+
+
+def test_feedback_expires_in_a_profile_that_writes_only_the_store(config, feedback_config):
+    assert "expire-feedback" not in config["services"]
+    services = feedback_config["services"]
+    expire = services["expire-feedback"]
+    assert expire["profiles"] == ["expire-feedback"] and expire["command"][0] == "expire-feedback"
+    options = options_of(expire)
+    assert options["--feedback-dir"] == env(services["api"])["FEEDBACK_DIR"]
+    assert options["--model"] == env(services["api"])["MODEL_NAME"]
+    assert float(options["--max-age-days"]) > 0
+    source = mounts(services["api"])[options["--feedback-dir"]][0]
+    assert mounts(expire) == {options["--feedback-dir"]: (source, "rw")}
+
+
+def test_the_trainers_have_no_network(feedback_config):
+    services = feedback_config["services"]
+    for name in ("retrain", "publish", "expire-feedback"):
+        assert services[name]["network_mode"] == "none", name
 
 
 def test_gpu_override_uses_gpu_images_and_reserves_gpus(gpu_config):
