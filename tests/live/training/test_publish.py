@@ -152,6 +152,19 @@ def test_the_retrain_step_writes_nothing_in_the_repository_and_publish_puts_it_i
     assert "published from this very staging already" in capsys.readouterr().out
     assert tree(models) == before
 
+    # The next night on the same data: the retrain finds its run published (as after a
+    # publish step that stopped before the label) and stages only that; publish moves the
+    # label if it must, and nothing else.
+    retrain_args, _ = cronjob_steps
+    new_data = ("--extra-data", cronjob.root / "new")
+    assert call_main(*cronjob.moved(retrain_args), *BUDGET, *new_data) == 0
+    manifest = json.loads((staging_dir / staging.MANIFEST_FILE).read_text())
+    assert (manifest["outcome"], manifest["published_version"]) == (staging.PUBLISHED, 2)
+    assert not (staging_dir / staging.VERSION_DIR).exists()
+    assert call_main(*cronjob.moved(publish_args)) == 0
+    assert "is published already" in capsys.readouterr().out
+    assert tree(models) == before
+
 
 def change_a_byte(staging_dir: Path) -> None:
     (path,) = (staging_dir / "version" / "variables").glob("variables.data-*")
