@@ -35,10 +35,16 @@ REPORT_FILE = "evaluation.json"
 # TF Serving replays this TFRecord of PredictionLog requests when it loads a version; so does
 # the in-process backend (the name and format are TF Serving's).
 WARMUP_FILE = "tf_serving_warmup_requests"
-# PNG plots the export draws beside the report (training/plots.py); the service's page shows them.
+# PNG plots the export draws beside the report (training/plots.py); the service's page shows
+# whichever of them a version has. Classifiers get the confusion matrix, regressors predicted
+# against true and the residuals; every task its learning curves.
 CONFUSION_MATRIX_PLOT = "confusion_matrix.png"
 LEARNING_CURVES_PLOT = "learning_curves.png"
-EXPORT_PLOTS = (CONFUSION_MATRIX_PLOT, LEARNING_CURVES_PLOT)
+PREDICTED_VS_TRUE_PLOT = "predicted_vs_true.png"
+RESIDUALS_PLOT = "residuals.png"
+CLASSIFIER_PLOTS = (CONFUSION_MATRIX_PLOT, LEARNING_CURVES_PLOT)
+REGRESSOR_PLOTS = (PREDICTED_VS_TRUE_PLOT, RESIDUALS_PLOT, LEARNING_CURVES_PLOT)
+EXPORT_PLOTS = (CONFUSION_MATRIX_PLOT, LEARNING_CURVES_PLOT, PREDICTED_VS_TRUE_PLOT, RESIDUALS_PLOT)
 # Retraining's verdict on a version, candidate against baseline, when it wrote one.
 BLESSING_FILE = "blessing.json"
 

@@ -4,7 +4,9 @@
     <base>/<model name>/<version>/variables/
     <base>/<model name>/<version>/assets.extra/   labels.txt, evaluation.json,
                                                   tf_serving_warmup_requests,
-                                                  confusion_matrix.png, learning_curves.png,
+                                                  confusion_matrix.png (classifiers),
+                                                  predicted_vs_true.png, residuals.png
+                                                  (regressors), learning_curves.png,
                                                   blessing.json (when retraining wrote one)
 
 A version is a folder named by a non-negative int64 written in ASCII digits (TF Serving's

@@ -96,14 +96,19 @@ def hook_names(names) -> tuple[str, ...]:
         raise UsageError(f"--hooks: {err}") from err
 
 
-def add_budget_arguments(parser: argparse.ArgumentParser, default_epochs: float) -> None:
-    """--epochs or --max-steps: how long to train (one of the two; epochs by default)."""
+def add_budget_arguments(
+    parser: argparse.ArgumentParser, default_epochs: float, default_text: str | None = None
+) -> None:
+    """--epochs or --max-steps: how long to train (one of the two; epochs by default).
+
+    default_text: how --help shows the default (default: default_epochs).
+    """
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument(
         "--epochs",
         type=positive_float,
         default=None,
-        help=f"passes over the training set (default: {default_epochs:g})",
+        help=f"passes over the training set (default: {default_text or f'{default_epochs:g}'})",
     )
     budget.add_argument(
         "--max-steps", type=positive_int, help="train to this global step instead of --epochs"

@@ -8,32 +8,43 @@ training time, parameter count, export size) is printed and saved as comparison.
 comparison.json in --work-dir, with comparison.png, a chart of the kinds side by side; the
 exports are a model repository under --work-dir/models
 (`MODEL_BASE_PATH=<work-dir>/models MODEL_NAME=dnn python -m service` serves one).
+
+With --csv or --image-folder, the kinds of that data are compared instead, ranked by the
+task's metric (training/compare_any.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 
-import numpy as np
-import tensorflow as tf
-
 from artifact.repository import read_report
-from training import cli, data, plots, runs
-from training.errors import UsageError
+from training import cli, compare_any, data, plots, runs, train_any
+from training.comparison import (
+    budget_text,
+    check_work_dir,
+    chosen_kinds,
+    format_table,
+    save_comparison,
+    saved_model_parameter_count,
+)
 from training.estimator import MODEL_KINDS, make_estimator
 from training.hooks import ProgressHook
+from training.image_folder import IMAGE_KINDS
 from training.publish import export_evaluated
-from training.train import add_model_arguments, model_params, pixel_stats
+from training.tabular import TABULAR_KINDS
+from training.train import DEFAULT_EPOCHS as ANY_EPOCHS
+from training.train import (
+    add_any_data_arguments,
+    add_model_arguments,
+    model_params,
+    pixel_stats,
+)
 
 DEFAULT_EPOCHS = 1.0
 DEFAULT_WORK_DIR = "runs/compare"
-TABLE_FILE = "comparison.md"
-RESULTS_FILE = "comparison.json"
-CHART_FILE = "comparison.png"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--models",
         type=cli.name_list,
-        default=list(MODEL_KINDS),
-        help=f"the kinds to compare, comma-separated (default: {','.join(MODEL_KINDS)})",
+        default=None,
+        help=f"the kinds to compare, comma-separated (default: {','.join(MODEL_KINDS)}; with "
+        f"--csv {','.join(TABULAR_KINDS)}; with --image-folder {','.join(IMAGE_KINDS)})",
     )
     p.add_argument(
         "--work-dir",
@@ -51,57 +63,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="new or empty folder for each kind's model dir, the exports and the table "
         "(default: %(default)s)",
     )
-    cli.add_budget_arguments(p, DEFAULT_EPOCHS)  # the same budget for every kind
-    add_model_arguments(p, seed=0)  # one seed for every kind unless told otherwise
-
-
-def saved_model_parameter_count(version: Path) -> int:
-    """Scalars in an exported version's float variables (the model; not the global step)."""
-    reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
-    dtypes = reader.get_variable_to_dtype_map()
-    return int(
-        sum(
-            np.prod(shape)
-            for name, shape in reader.get_variable_to_shape_map().items()
-            if dtypes[name].is_floating
-        )
+    # The same budget for every kind.
+    cli.add_budget_arguments(
+        p, DEFAULT_EPOCHS, f"{DEFAULT_EPOCHS:g}; with --csv or --image-folder {ANY_EPOCHS:g}"
     )
-
-
-def format_table(rows: list[dict], labels) -> str:
-    """The results as a Markdown table, in the given order."""
-    head = ["rank", "model", "test accuracy", "training s", "parameters", "export MB"]
-    head += [f"recall {label}" for label in labels]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for rank, row in enumerate(rows, 1):
-        cells = [
-            str(rank),
-            row["model"],
-            f"{row['accuracy']:.4f}",
-            f"{row['train_seconds']:.1f}",
-            f"{row['parameters']:,}",
-            f"{row['export_bytes'] / 1e6:.2f}",
-        ]
-        cells += [f"{recall:.3f}" for recall in row["recall"]]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    add_model_arguments(p, seed=0)  # one seed for every kind unless told otherwise
+    add_any_data_arguments(p)
 
 
 def cmd_compare(args) -> int:
     """Train, export and evaluate each kind; print and save the table, best first."""
-    kinds = list(dict.fromkeys(args.models))
-    unknown = [k for k in kinds if k not in MODEL_KINDS]
-    if unknown or not kinds:
-        raise UsageError(
-            f"--models: unknown kind(s) {', '.join(unknown) or '(none given)'}; "
-            f"known kinds: {', '.join(MODEL_KINDS)}"
-        )
+    if args.csv or args.image_folder:
+        return compare_any.cmd_compare_any(args, ANY_EPOCHS)
+    train_any.refuse_options(args, train_any.CSV_ONLY, "--csv")
+    train_any.refuse_options(args, train_any.FOLDER_ONLY, "--image-folder")
+    kinds = chosen_kinds(args.models, MODEL_KINDS)
     work_dir = Path(args.work_dir)
-    if work_dir.exists() and (not work_dir.is_dir() or any(work_dir.iterdir())):
-        raise UsageError(
-            f"--work-dir {work_dir}: already exists and is not empty; every kind must start "
-            "from scratch, so give a new folder"
-        )
+    check_work_dir(work_dir)
     labels = cli.labels(args)
     train_split, train_images, _ = data.load_split(args.data_dir, "train")
     _, test_images, test_labels = data.load_split(args.data_dir, "test")
@@ -149,16 +127,16 @@ def cmd_compare(args) -> int:
         )
         print(f"[{kind}] test accuracy {report['accuracy']:.4f}; exported {version}", flush=True)
     rows.sort(key=lambda row: row["accuracy"], reverse=True)
-    table = format_table(rows, labels)
-    epochs = max_steps / steps_per_epoch
-    budget = f"{max_steps} steps of {args.batch_size} ({epochs:.2g} epoch{'s' * (epochs != 1)})"
-    print(f"\nTest accuracy on {len(test_labels):,} images after {budget}, best first:")
-    print(table)
-    (work_dir / TABLE_FILE).write_text(f"Budget: {budget}, seed {args.seed}.\n\n{table}\n")
+    budget = budget_text(max_steps, args.batch_size, steps_per_epoch)
     results = {"budget_steps": max_steps, "batch_size": args.batch_size, "labels": list(labels)}
-    results["results"] = rows
-    (work_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    title = f"{len(test_labels):,} test images after {budget}, best first"
-    plots.plot_comparison(rows, labels, work_dir / CHART_FILE, title)
-    print(f"Wrote {work_dir / TABLE_FILE}, {work_dir / RESULTS_FILE} and {work_dir / CHART_FILE}")
+    save_comparison(
+        work_dir,
+        f"Test accuracy on {len(test_labels):,} images after {budget}, best first",
+        f"Budget: {budget}, seed {args.seed}.",
+        format_table(rows, labels),
+        {**results, "results": rows},
+        lambda path: plots.plot_comparison(
+            rows, labels, path, f"{len(test_labels):,} test images after {budget}, best first"
+        ),
+    )
     return 0

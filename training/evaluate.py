@@ -1,13 +1,21 @@
 """`python -m training evaluate PATH`: the evaluation report of a checkpoint or an export.
 
 PATH is a model dir (its latest checkpoint, through the Estimator), an exported version, or a
-model folder (its newest version, through the SavedModel). The report is printed and written
-as JSON.
+model folder (its newest version, through the SavedModel). The report follows the model's
+task (training/evaluation.py): a classifier's accuracy, per-class precision and recall and
+confusion matrix; a regressor's RMSE, MAE, largest error and errors by categorical value. It
+is printed and written as JSON.
+
+A 28x28 model of IDX data is evaluated on --data-dir's test split; an exported CSV model on
+--csv FILE (the model's feature columns and its label column), an exported image model on
+--image-folder DIR (one subfolder per class, named as the model's classes): every row or image
+of them (training/exported.py reads them against what the version takes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +24,7 @@ import numpy as np
 from artifact.contract import normalize_pixels
 from artifact.repository import newest_version, read_labels, resolve_version_path
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, runs
+from training import cli, data, exported, runs, tabular
 from training.errors import UsageError
 from training.estimator import make_estimator
 from training.evaluation import build_report, format_report
@@ -36,35 +44,121 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="evaluation.json",
         help="where to write the report (default: %(default)s)",
     )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="an exported CSV model: evaluate on every row of FILE (the model's feature "
+        "columns and its label column)",
+    )
+    source.add_argument(
+        "--image-folder",
+        metavar="DIR",
+        help="an exported image model: evaluate on every image of DIR/<class>/ (class "
+        "folders named as the model's classes; some may be missing)",
+    )
+    p.add_argument(
+        "--label",
+        metavar="COLUMN",
+        help="--csv: the label column (default: the one the model was trained with)",
+    )
 
 
 def cmd_evaluate(args) -> int:
-    """Evaluate on the test split; print the report and write it to --output."""
+    """Evaluate on the model's kind of data; print the report and write it to --output."""
     path = Path(args.path)
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
     if not path.exists():
         raise UsageError(f"{path}: not found")
+    if args.label and not args.csv:
+        raise UsageError("--label is for --csv")
     if (path / "saved_model.pb").is_file() or newest_version(path) is not None:
         version_path = resolve_version_path(path)
-        predictor = SavedModelPredictor(version_path)
-        classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
-        labels = read_labels(version_path) or cli.labels(args)
-        source = {"saved_model": str(version_path)}
+        described = exported.describe_version(version_path)
+        if described is not None:
+            report = _evaluate_export(args, described)
+        else:
+            _refuse_other_data(args, f"{version_path} takes 28x28 images: evaluate it on IDX "
+                               "files with --data-dir")  # fmt: skip
+            report = _evaluate_idx_export(args, version_path)
     else:
         params = runs.load_params(path)
-        if runs.latest_step(path) == 0:
-            raise UsageError(f"{path}: holds no checkpoint")
-        estimator = make_estimator(str(path), params)
-        predictions = estimator.predict(
-            lambda: data.predict_input_fn(test_images, EVAL_BATCH_SIZE), predict_keys=["classes"]
-        )
-        classes = np.fromiter((p["classes"] for p in predictions), np.int64, len(test_images))
-        labels = tuple(params.get("labels") or cli.labels(args))
-        source = {"model_dir": str(path), "global_step": runs.latest_step(path)}
-    report = build_report(
-        test_labels, classes, labels, data_dir=str(args.data_dir), split="test", **source
-    )
+        if "data" in params:
+            raise UsageError(
+                f"{path}: a model dir of a --csv or --image-folder run: evaluate its exported "
+                "version (models/NAME) with --csv FILE or --image-folder DIR"
+            )
+        _refuse_other_data(args, f"{path} is a model dir: evaluate an exported version")
+        report = _evaluate_checkpoint(args, path, params)
     print(format_report(report))
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     print(f"Wrote {args.output}")
     return 0
+
+
+def _refuse_other_data(args, why: str) -> None:
+    for option, given in (("--csv", args.csv), ("--image-folder", args.image_folder)):
+        if given:
+            raise UsageError(f"{option}: {why}")
+
+
+def _evaluate_idx_export(args, version_path: Path) -> dict:
+    _, test_images, test_labels = data.load_split(args.data_dir, "test")
+    predictor = SavedModelPredictor(version_path)
+    classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
+    labels = read_labels(version_path) or cli.labels(args)
+    return build_report(
+        test_labels, classes, labels, data_dir=str(args.data_dir), split="test",
+        saved_model=str(version_path),
+    )  # fmt: skip
+
+
+def _evaluate_checkpoint(args, model_dir: Path, params: dict) -> dict:
+    # The data first: a bad data dir is named whatever the model dir holds.
+    _, test_images, test_labels = data.load_split(args.data_dir, "test")
+    if runs.latest_step(model_dir) == 0:
+        raise UsageError(f"{model_dir}: holds no checkpoint")
+    estimator = make_estimator(str(model_dir), params)
+    predictions = estimator.predict(
+        lambda: data.predict_input_fn(test_images, EVAL_BATCH_SIZE), predict_keys=["classes"]
+    )
+    classes = np.fromiter((p["classes"] for p in predictions), np.int64, len(test_images))
+    labels = tuple(params.get("labels") or cli.labels(args))
+    return build_report(
+        test_labels, classes, labels, data_dir=str(args.data_dir), split="test",
+        model_dir=str(model_dir), global_step=runs.latest_step(model_dir),
+    )  # fmt: skip
+
+
+def _evaluate_export(args, version) -> dict:
+    """An exported CSV or image model on every row of --csv or image of --image-folder."""
+    source = {"saved_model": str(version.path), "split": "all"}
+    if isinstance(version, exported.TabularVersion):
+        if not args.csv:
+            raise UsageError(
+                f"{version.path} is a model of CSV rows (it takes {version.inputs_text()}): "
+                f"evaluate it with --csv FILE holding those columns and the label column "
+                f"{(args.label or version.label)!r}"
+            )
+        if args.label:
+            version = dataclasses.replace(version, label=args.label)
+        rows = exported.read_csv_for(version, args.csv, with_label=True)
+        predictor = SavedModelPredictor(version.path)
+        inputs = exported.model_inputs(version, rows)
+        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        return tabular.evaluation_report(
+            rows.schema, outputs, rows.header, rows.rows, csv=str(args.csv),
+            receiver=version.receiver, **source,
+        )  # fmt: skip
+    if not args.image_folder:
+        raise UsageError(
+            f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
+            f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
+        )
+    images, truth, _ = exported.read_labeled_folder(version, args.image_folder)
+    predictor = SavedModelPredictor(version.path)
+    inputs = {version.input_name: images}
+    outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+    return build_report(
+        truth, exported.image_classes(outputs), version.labels, task="classification",
+        image_folder=str(args.image_folder), **source,
+    )  # fmt: skip

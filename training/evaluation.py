@@ -84,9 +84,29 @@ def build_regression_report(truth, predicted, slices: dict | None = None, **cont
     }
 
 
+def is_regression(report: dict) -> bool:
+    """Whether a report is a regressor's (build_regression_report's) rather than a
+    classifier's."""
+    return "rmse" in report
+
+
+def worst_slice(report: dict) -> dict | None:
+    """A regression report's largest slice error: {"column", "value", "rmse", "examples"} of
+    the slice with the highest RMSE over every categorical column; None without slices."""
+    rows = [
+        {"column": column, **row}
+        for column, column_rows in report.get("slices", {}).items()
+        for row in column_rows
+    ]
+    if not rows:
+        return None
+    worst = max(rows, key=lambda row: row["rmse"])
+    return {key: worst[key] for key in ("column", "value", "rmse", "examples")}
+
+
 def format_report(report: dict) -> str:
     """The report as a few lines for a terminal."""
-    if "rmse" in report:
+    if is_regression(report):
         lines = [
             f"rmse {report['rmse']:.4f}, mae {report['mae']:.4f}, largest error "
             f"{report['max_error']:.4f} on {report['examples']} examples"

@@ -39,6 +39,7 @@ from training import heads
 from training.baselines import LOGITS_KEY, keras_estimator, keras_optimizer, to_contract
 from training.errors import DataError
 from training.evaluation import build_report
+from training.plots import write_export_plots
 from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY
 
@@ -113,11 +114,14 @@ def scan_image_folder(root: str | Path) -> ImageFolder:
     return ImageFolder(str(root), tuple(classes), tuple(train), tuple(holdout))
 
 
-def load_image(path, size: int, channels: int):
-    """Graph ops: one image file to float32 [size, size, channels] in [0, 1]."""
+def load_image(path, size: int | tuple[int, int], channels: int):
+    """Graph ops: one image file to float32 [height, width, channels] in [0, 1].
+
+    size: N for N x N, or (height, width).
+    """
     image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
     image.set_shape([None, None, channels])
-    resized = tf.image.resize(image, [size, size])
+    resized = tf.image.resize(image, [size, size] if isinstance(size, int) else list(size))
     return tf.clip_by_value(resized / PIXEL_MAX, 0.0, 1.0)
 
 
@@ -258,8 +262,9 @@ def serving_input_receiver_fn(size: int, channels: int):
 def export_image_model(
     estimator, folder: ImageFolder, size: int, channels: int, export_dir, context: dict
 ) -> tuple[Path, dict]:
-    """Export a new version with labels.txt (the class folders, in class-id order) and the
-    evaluation report on the held-out images, made by the staged SavedModel itself.
+    """Export a new version with labels.txt (the class folders, in class-id order), the
+    evaluation report on the held-out images made by the staged SavedModel itself, and its
+    plots (the confusion matrix and the learning curves).
 
     Returns:
         (the version directory, its report).
@@ -274,6 +279,7 @@ def export_image_model(
         extra = staged / ASSETS_EXTRA
         (extra / LABELS_FILE).write_text("\n".join(folder.classes) + "\n", encoding="utf-8")
         (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_export_plots(extra, report, context.get("model_dir"))
         reports.append(report)
 
     version = export_version(

@@ -21,6 +21,16 @@ same order, within --batch-size); TensorFlow's CPU kernels round differently for
 sizes, so probabilities may then differ in the last float32 digits (about 1e-7), as the
 service's own answers do when its dynamic batching groups requests differently.
 
+An exported CSV model takes a CSV file instead (its feature columns; a label column is
+allowed and ignored) and an exported image model of any size an image file or a folder of them
+(its subfolders too), each read as its training read them (training/exported.py). A line per
+row or image holds what the service's friendly answer would: a classifier's class id, label
+and probabilities by label, a regressor's value:
+
+    {"index": 0, "class_id": 2, "label": "mid", "probabilities": {"high": ..., "mid": ...}}
+    {"index": 0, "value": 12.5}
+    {"file": "circle/circle_004.png", "class_id": 0, "label": "circle", "probabilities": {...}}
+
 The output appears complete or not at all (written beside it, then renamed).
 """
 
@@ -29,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +50,11 @@ from artifact.contract import (
     normalize_pixels,
     pixels_to_input,
     prediction_rows,
-    to_json,
 )
 from artifact.images import INVERT_MODES, ImageError, image_to_pixels
 from artifact.repository import resolve_version_path, version_labels
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data
+from training import cli, data, exported
 from training.errors import UsageError
 from training.progress import ProgressBar
 
@@ -64,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--input",
         required=True,
         metavar="FILE_OR_DIR",
-        help="an IDX images file, a .npy array, an image file, or a folder of image files "
-        f"({', '.join(IMAGE_SUFFIXES)})",
+        help="a 28x28 model: an IDX images file, a .npy array, an image file, or a folder of "
+        f"image files ({', '.join(IMAGE_SUFFIXES)}); a CSV model: a CSV file of its feature "
+        "columns; another image model: an image file or a folder (its subfolders too)",
     )
     p.add_argument(
         "--output", required=True, help="the JSON-lines file to write (replaced when complete)"
@@ -144,7 +155,7 @@ def read_inputs(path: Path, invert: str = "auto") -> tuple[np.ndarray, str, list
 
 
 def cmd_predict(args) -> int:
-    """Classify every image of --input with an exported version; write --output."""
+    """Predict every image (or CSV row) of --input with an exported version; write --output."""
     try:
         version = resolve_version_path(Path(args.model))
     except FileNotFoundError as err:
@@ -154,26 +165,102 @@ def cmd_predict(args) -> int:
         raise UsageError(f"--output {output}: folder {output.parent} does not exist")
     if output.is_dir():
         raise UsageError(f"--output {output}: is a folder")
+    described = exported.describe_version(version)
+    if isinstance(described, exported.TabularVersion):
+        return _predict_rows(args, described, output)
+    if isinstance(described, exported.ImageVersion):
+        return _predict_images(args, described, output)
     images, key_name, keys = read_inputs(Path(args.input), args.invert)
     # The labels the service answers with for this version.
     labels = version_labels(version)
     predictor = SavedModelPredictor(version)
     print(f"Predicting {len(images):,} images from {args.input} with {version}", flush=True)
+
+    def batches() -> Iterator[list[bytes]]:
+        for start in range(0, len(images), args.batch_size):
+            stop = start + args.batch_size
+            classes, probabilities = predictor.predict(images[start:stop])
+            rows = prediction_rows(classes, probabilities, labels)
+            yield [
+                exported.json_line(key_name, key, row)
+                for key, row in zip(keys[start:stop], rows, strict=True)
+            ]
+
+    write_lines(output, batches(), len(images), "images")
+    return 0
+
+
+def _predict_rows(args, version: exported.TabularVersion, output: Path) -> int:
+    """Every row of a CSV file through an exported CSV model."""
+    source = Path(args.input)
+    if source.is_dir():
+        raise UsageError(
+            f"{source}: a folder; {version.path} is a model of CSV rows: give a CSV file with "
+            f"the columns it takes ({version.inputs_text()})"
+        )
+    rows = exported.read_csv_for(version, source, with_label=False)
+    predictor = SavedModelPredictor(version.path)
+    inputs = exported.model_inputs(version, rows)
+    count = len(rows.rows)
+    print(f"Predicting {count:,} rows from {source} with {version.path}", flush=True)
+
+    def batches() -> Iterator[list[bytes]]:
+        for start in range(0, count, args.batch_size):
+            chunk = {
+                name: values[start : start + args.batch_size] for name, values in inputs.items()
+            }
+            answers = exported.tabular_answers(version, predictor.run(chunk, version.signature))
+            yield [
+                exported.json_line("index", start + i, answer) for i, answer in enumerate(answers)
+            ]
+
+    write_lines(output, batches(), count, "rows")
+    return 0
+
+
+def _predict_images(args, version: exported.ImageVersion, output: Path) -> int:
+    """Every image of a file or a folder (its subfolders too) through an exported image model."""
+    source = Path(args.input)
+    files = exported.image_files(source)
+    predictor = SavedModelPredictor(version.path)
+    print(
+        f"Predicting {len(files):,} images from {source} with {version.path} "
+        f"({version.shape_text()})",
+        flush=True,
+    )
+
+    def batches() -> Iterator[list[bytes]]:
+        for start in range(0, len(files), args.batch_size):
+            chunk = files[start : start + args.batch_size]
+            images = np.stack([exported.read_image(version, path) for path in chunk])
+            outputs = predictor.run({version.input_name: images}, version.signature)
+            answers = exported.image_answers(version, outputs)
+            yield [
+                exported.json_line("file", _shown_name(path, source), answer)
+                for path, answer in zip(chunk, answers, strict=True)
+            ]
+
+    write_lines(output, batches(), len(files), "images")
+    return 0
+
+
+def _shown_name(path: Path, source: Path) -> str:
+    return path.name if source.is_file() else path.relative_to(source).as_posix()
+
+
+def write_lines(output: Path, batches: Iterable[list[bytes]], total: int, unit: str) -> None:
+    """Write the batches' JSON lines to output: complete or not at all (a file beside it,
+    renamed in when every line is written), with a progress bar counting `unit`."""
     fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    progress = ProgressBar(len(images), "predict")
+    progress = ProgressBar(total, "predict", unit)
     try:
         with os.fdopen(fd, "wb") as out:
-            for start in range(0, len(images), args.batch_size):
-                stop = start + args.batch_size
-                classes, probabilities = predictor.predict(images[start:stop])
-                rows = prediction_rows(classes, probabilities, labels)
-                for key, row in zip(keys[start:stop], rows, strict=True):
-                    out.write(to_json({key_name: key, **row}) + b"\n")
-                progress.update(len(classes))
+            for lines in batches:
+                out.writelines(lines)
+                progress.update(len(lines))
         os.replace(temp, output)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
     progress.close()
-    print(f"Wrote {len(images):,} predictions to {output}")
-    return 0
+    print(f"Wrote {total:,} predictions to {output}")

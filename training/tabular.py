@@ -27,6 +27,7 @@ import tensorflow as tf
 from artifact.contract import ASSETS_EXTRA, LABELS_FILE, REPORT_FILE
 from training.baselines import keras_optimizer
 from training.evaluation import build_regression_report, build_report
+from training.plots import write_export_plots
 from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY, Schema, holdout_rows
 
@@ -259,8 +260,8 @@ def evaluation_report(schema: Schema, outputs: dict, header, rows, **context) ->
     id, labels.txt's order); regression: RMSE, MAE, the largest error, and the same per value
     of each categorical column (vocabulary columns; hashed ones too, by their raw value).
     """
-    labels = [row[header.index(schema.label)] for row in rows]
     if schema.task == "classification":
+        labels = [row[header.index(schema.label)] for row in rows]
         truth = [schema.classes.index(v if schema.label_kind == "string" else str(int(v)))
                  for v in labels]  # fmt: skip
         predicted = outputs["class_ids"].reshape(-1)
@@ -271,20 +272,25 @@ def evaluation_report(schema: Schema, outputs: dict, header, rows, **context) ->
     slices = {
         c.name: [row[header.index(c.name)] for row in rows] for c in schema.columns if not c.numeric
     }
-    return build_regression_report(
-        np.array([float(v) for v in labels]),
-        outputs["predictions"].reshape(-1),
-        slices,
-        task=schema.task,
-        **context,
-    )
+    truth, predicted = regression_points(schema, outputs, header, rows)
+    return build_regression_report(truth, predicted, slices, task=schema.task, **context)
+
+
+def regression_points(schema: Schema, outputs: dict, header, rows):
+    """A regressor's (true values, predictions) on rows, as float arrays (its plots draw
+    them); (None, None) for a classifier."""
+    if schema.task != "regression":
+        return None, None
+    truth = np.array([float(row[header.index(schema.label)]) for row in rows])
+    return truth, outputs["predictions"].reshape(-1)
 
 
 def export_tabular(
     estimator, schema: Schema, export_dir, receiver: str, context: dict
 ) -> tuple[Path, dict]:
-    """Export a new version through the receiver, with labels.txt (classifiers) and the
-    evaluation report on the held-out rows made by the staged SavedModel itself.
+    """Export a new version through the receiver, with labels.txt (classifiers), the
+    evaluation report on the held-out rows made by the staged SavedModel itself, and the
+    task's plots (training/plots.py).
 
     Returns:
         (the version directory, its report).
@@ -301,6 +307,8 @@ def export_tabular(
         if schema.task == "classification":
             (extra / LABELS_FILE).write_text("\n".join(schema.classes) + "\n", encoding="utf-8")
         (extra / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        truth, predicted = regression_points(schema, outputs, header, rows)
+        write_export_plots(extra, report, context.get("model_dir"), truth, predicted)
         reports.append(report)
 
     version = export_version(

@@ -99,8 +99,14 @@ def is_holdout(index: int) -> bool:
     return index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether TensorFlow's CSV reader reads the text as a number (no spaces, no nan/inf)."""
     return bool(_FLOAT.fullmatch(text))
+
+
+def is_integer(text: str) -> bool:
+    """Whether the text is an integer as the CSV reader reads an int64 column."""
+    return bool(_INT.fullmatch(text))
 
 
 def _records(f) -> tuple[list[list[str]], list[int]]:
@@ -158,17 +164,17 @@ def _numeric_kind(path, name, values: list[str], lines: list[int]) -> str | None
     Numeric when most values are numbers; then every value must be one (a stray word in a
     numeric column is a mistake in the data, not a category).
     """
-    numbers = sum(map(_is_number, values))
+    numbers = sum(map(is_number, values))
     if numbers * 2 <= len(values):
         return None
     for line, value in zip(lines, values, strict=True):
-        if not _is_number(value):
+        if not is_number(value):
             shown = repr(value) if value else "an empty value"
             raise DataError(
                 f"{path}: line {line}, column {name!r}: {shown} is not a number "
                 "(the column is numeric)"
             )
-    return "int" if all(_INT.fullmatch(v) for v in values) else "float"
+    return "int" if all(map(is_integer, values)) else "float"
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -183,8 +189,8 @@ def _label_task(path, name, values: list[str], lines: list[int], task: str | Non
     if not all(values):
         line = lines[values.index("")]
         raise DataError(f"{path}: line {line}, label column {name!r}: empty label")
-    numeric = all(map(_is_number, values))
-    integers = numeric and all(_INT.fullmatch(v) for v in values)
+    numeric = all(map(is_number, values))
+    integers = numeric and all(map(is_integer, values))
     if task is None:
         if not numeric:
             task = "classification"
@@ -196,7 +202,7 @@ def _label_task(path, name, values: list[str], lines: list[int], task: str | Non
             task = "regression"
     if task == "regression":
         if not numeric:
-            bad = next(v for v in values if not _is_number(v))
+            bad = next(v for v in values if not is_number(v))
             raise UsageError(
                 f"--task regression: label column {name!r} holds {bad!r}, not a number"
             )

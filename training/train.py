@@ -43,6 +43,8 @@ from training.tabular_schema import (
 DEFAULT_EPOCHS = 10
 DEFAULT_BATCH_SIZE = 100
 DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_EVAL_EVERY_SECS = 120
+DEFAULT_CHECKPOINT_STEPS = 1000
 _FINE_TUNING_KEYS = ("warm_start_from", "warm_start_vars", "fine_tune_from", "fine_tune_scopes")
 # check_numerics' message: "<tensor name> : Tensor had NaN values".
 _NUMERICS_FAILURE = re.compile(r"(\S+) : Tensor had (NaN|Inf|Inf and NaN) values")
@@ -212,13 +214,13 @@ def add_schedule_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eval-every-secs",
         type=cli.positive_int,
-        default=120,
+        default=DEFAULT_EVAL_EVERY_SECS,
         help="evaluate on the test set at most this often while training (default: %(default)s)",
     )
     p.add_argument(
         "--checkpoint-steps",
         type=cli.positive_int,
-        default=1000,
+        default=DEFAULT_CHECKPOINT_STEPS,
         help="save a checkpoint every N steps, the point a killed run resumes from "
         "(default: %(default)s)",
     )

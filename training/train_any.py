@@ -9,6 +9,7 @@ training/publish.py's staged, atomic export.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -106,8 +107,39 @@ def _check_resumable(model_dir: Path, params: dict) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """What train_any did: the kind trained, its budget (steps, and the training examples one
+    epoch holds), how long it took, and the version it exported with its evaluation report
+    (None with --no-export)."""
+
+    kind: str
+    model_dir: Path
+    max_steps: int
+    train_examples: int
+    train_seconds: float
+    version: Path | None
+    report: dict | None
+
+
 def cmd_train_any(args, default_epochs: float) -> int:
     """Train on a CSV file or an image folder; export a new version unless --no-export."""
+    run = train_any(args, default_epochs)
+    if run.version is not None:
+        print(format_report(run.report), flush=True)
+        print(f"Exported {run.version} after {run.train_seconds / 60:.1f} min of training.")
+        sys.stdout.flush()
+    return 0
+
+
+def train_any(args, default_epochs: float) -> TrainedRun:
+    """Train args.model (or the data's default kind) on args.csv or args.image_folder to the
+    budget, evaluating on the held-out rows or images; export unless args.no_export.
+
+    Raises:
+        UsageError / DataError: options that do not apply, bad data, a model dir of another
+            run; all before anything is written.
+    """
     _check_options(args)
     name = data_name(args)
     model_dir = Path(args.model_dir or f"runs/{name}")
@@ -185,7 +217,7 @@ def cmd_train_any(args, default_epochs: float) -> int:
         print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
     if args.no_export:
-        return 0
+        return TrainedRun(kind, model_dir, max_steps, count, train_seconds, None, None)
     source = args.csv or args.image_folder
     context = runs.report_context(source, model_dir, params, train_seconds)
     context["split"] = "holdout"
@@ -197,7 +229,4 @@ def cmd_train_any(args, default_epochs: float) -> int:
         version, report = image_folder.export_image_model(
             estimator, folder, args.image_size, args.channels, export_dir, context
         )
-    print(format_report(report), flush=True)
-    print(f"Exported {version} after {train_seconds / 60:.1f} min of training.")
-    sys.stdout.flush()
-    return 0
+    return TrainedRun(kind, model_dir, max_steps, count, train_seconds, version, report)

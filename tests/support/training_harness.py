@@ -8,6 +8,7 @@ TestClient, so a test sees exactly what a client would get for a version.
 from __future__ import annotations
 
 import contextlib
+import io
 import struct
 import warnings
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
 from artifact.contract import FASHION_MNIST_LABELS
 from training.__main__ import main
@@ -78,3 +80,25 @@ LABELS = FASHION_MNIST_LABELS
 # batch size.
 COMPARE_STEPS = 20
 COMPARE_BATCH_SIZE = 50
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_real_png(
+    path: Path, min_width: int, min_height: int, title: str | None = None
+) -> np.ndarray:
+    """A PNG that decodes, of at least this size, with a drawing on it (and, given a title,
+    naming what it shows in its Title text chunk, as training/plots.py writes it); its pixels."""
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE), path
+    assert len(data) > 15_000, f"{path}: {len(data)} bytes is too small for a real plot"
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG"
+    assert image.width >= min_width and image.height >= min_height, image.size
+    if title is not None:
+        assert image.info.get("Title") == title, (path, image.info)
+    pixels = np.asarray(image.convert("RGB"))
+    # Mostly white paper, but with plenty drawn on it.
+    drawn = (pixels.min(axis=2) < 200).mean()
+    assert 0.02 < drawn < 0.9, f"{path}: {drawn:.1%} of the pixels are drawn"
+    return pixels

@@ -3,43 +3,24 @@ files), and compare's chart of the kinds."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
+from support.training_harness import assert_real_png
 
 from artifact.contract import (
     ASSETS_EXTRA,
+    CLASSIFIER_PLOTS,
     CONFUSION_MATRIX_PLOT,
-    EXPORT_PLOTS,
     LEARNING_CURVES_PLOT,
 )
 from artifact.repository import read_report
 from training import plots
-from training.compare import CHART_FILE, RESULTS_FILE
+from training.comparison import CHART_FILE, RESULTS_FILE
 from training.estimator import MODEL_KINDS
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def assert_real_png(path: Path, min_width: int, min_height: int) -> np.ndarray:
-    """A PNG that decodes, of at least this size, with a drawing on it; its pixels."""
-    data = path.read_bytes()
-    assert data.startswith(PNG_SIGNATURE), path
-    assert len(data) > 15_000, f"{path}: {len(data)} bytes is too small for a real plot"
-    image = Image.open(io.BytesIO(data))
-    assert image.format == "PNG"
-    assert image.width >= min_width and image.height >= min_height, image.size
-    pixels = np.asarray(image.convert("RGB"))
-    # Mostly white paper, but with plenty drawn on it.
-    drawn = (pixels.min(axis=2) < 200).mean()
-    assert 0.02 < drawn < 0.9, f"{path}: {drawn:.1%} of the pixels are drawn"
-    return pixels
 
 
 def independent_scalars(directory: Path, tag: str) -> list[tuple[int, float]]:
@@ -53,7 +34,7 @@ def independent_scalars(directory: Path, tag: str) -> list[tuple[int, float]]:
 
 def test_the_export_writes_both_plots_beside_its_report(trained_model):
     extra = trained_model.version_path / ASSETS_EXTRA
-    assert sorted(p.name for p in extra.glob("*.png")) == sorted(EXPORT_PLOTS)
+    assert sorted(p.name for p in extra.glob("*.png")) == sorted(CLASSIFIER_PLOTS)
     assert_real_png(extra / CONFUSION_MATRIX_PLOT, 500, 450)
     assert_real_png(extra / LEARNING_CURVES_PLOT, 700, 300)
 
@@ -127,5 +108,5 @@ def test_compare_writes_its_chart_and_every_kind_its_plots(comparison):
     results = json.loads((comparison.work_dir / RESULTS_FILE).read_text())
     for row in results["results"]:
         extra = Path(row["version"]) / ASSETS_EXTRA
-        assert sorted(p.name for p in extra.glob("*.png")) == sorted(EXPORT_PLOTS), row["model"]
+        assert sorted(p.name for p in extra.glob("*.png")) == sorted(CLASSIFIER_PLOTS), row["model"]
     assert sorted(row["model"] for row in results["results"]) == sorted(MODEL_KINDS)

@@ -23,7 +23,7 @@ import tensorflow as tf
 from support.helpers import REPO_ROOT, assert_one_error_line, tree
 from support.training_harness import call_main, integer_dirs
 
-from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, CLASSIFIER_PLOTS, REPORT_FILE
 from artifact.feedback import FeedbackWriter, store_dir
 from artifact.model_config import parse_config
 from training import data, lock
@@ -176,7 +176,7 @@ def test_a_killed_retrain_publishes_nothing_resumes_and_publishes_once(
     )
     assert blessing["blessed"] is True and blessing["versions"]["candidate"] == 2
     # The page's plots, as a trained version has them.
-    for plot in EXPORT_PLOTS:
+    for plot in CLASSIFIER_PLOTS:
         assert (repository / MODEL_NAME / "2" / ASSETS_EXTRA / plot).stat().st_size > 1000
     (entry,) = parse_config(config.read_text(), config)
     assert entry.policy.describe() == "specific 1, 2" and dict(entry.labels) == {"stable": 2}
