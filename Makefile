@@ -25,7 +25,7 @@ LOCKS := requirements.lock requirements-service.lock requirements-training.lock 
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
-        figures docs tokens tls containers test-containers
+        figures docs tokens tls containers test-containers serve-examples
 
 setup: venv data compose browser tools containers
 
@@ -138,15 +138,39 @@ tls:
 	  -out $(TLS_DIR)/api-tls.crt 2>/dev/null) && chmod 0644 $(TLS_DIR)/api-tls.crt \
 	  && echo "wrote $(TLS_DIR)/api-tls.crt and $(TLS_DIR)/api-tls.key"; fi
 
+# $(call train_once,EXPORT_DIR,TRAIN_OPTIONS): `python -m training train` into EXPORT_DIR, only
+# when no version is exported there yet.
+train_once = if ! ls -d $(1)/[0-9]* >/dev/null 2>&1; then \
+	  echo "No version under $(1): training one first."; \
+	  $(PY) -m training train $(2) --export-dir $(1); \
+	fi
+
 # Train with the defaults only when no version is exported yet, then serve. On 127.0.0.1 with
 # no AUTH_TOKENS_FILE it is open to this machine only (the service says so at start).
 serve: setup
-	@if ! ls -d $(MODEL_BASE_PATH)/$(MODEL_NAME)/[0-9]* >/dev/null 2>&1; then \
-	  echo "No version under $(MODEL_BASE_PATH)/$(MODEL_NAME): training one with the defaults first."; \
-	  $(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME); \
-	fi
+	@$(call train_once,$(MODEL_BASE_PATH)/$(MODEL_NAME),--data-dir $(DATA_DIR))
 	@echo "Serving on http://$(HOST):$(PORT) (docs: /docs; try: curl http://$(HOST):$(PORT)/v1/models/$(MODEL_NAME))"
 	MODEL_NAME=$(MODEL_NAME) MODEL_BASE_PATH=$(MODEL_BASE_PATH) HOST=$(HOST) PORT=$(PORT) $(PY) -m service
+
+# The shipped examples side by side, from one model config (examples/models.config): Fashion-MNIST
+# (trained with the defaults when none is exported, as `make serve` does) and a tabular
+# classifier and regressor, pre-made Estimators trained in seconds each on the small CSV files
+# `python -m training sample-data` writes (no download), when not exported yet. The exports go
+# to models/ (git-ignored build output), the data and runs to runs/examples/.
+EXAMPLES_RUNS := runs/examples
+EXAMPLE_CLASSIFIER := --csv $(EXAMPLES_RUNS)/data/classification.csv --label label --model linear \
+  --max-steps 300 --batch-size 32 --learning-rate 0.05 --seed 0 \
+  --model-dir $(EXAMPLES_RUNS)/tabular_classifier
+EXAMPLE_REGRESSOR := --csv $(EXAMPLES_RUNS)/data/regression.csv --label price --model dnn \
+  --hidden-units 16,8 --max-steps 500 --batch-size 32 --learning-rate 0.05 --seed 0 \
+  --model-dir $(EXAMPLES_RUNS)/tabular_regressor
+serve-examples: setup
+	@$(call train_once,models/fashion_mnist,--data-dir $(DATA_DIR))
+	@test -f $(EXAMPLES_RUNS)/data/regression.csv || $(PY) -m training sample-data --out $(EXAMPLES_RUNS)/data
+	@$(call train_once,models/tabular_classifier,$(EXAMPLE_CLASSIFIER))
+	@$(call train_once,models/tabular_regressor,$(EXAMPLE_REGRESSOR))
+	@echo "Serving fashion_mnist, tabular_classifier and tabular_regressor on http://$(HOST):$(PORT) (the README and docs/training.md show requests)"
+	MODEL_CONFIG_FILE=examples/models.config MODEL_NAME=fashion_mnist HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
 # Everything: tests/unit and tests/live (tests/README.md), the container tier included; where
 # podman cannot run, that tier is skipped and this says why before and after.

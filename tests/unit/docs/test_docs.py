@@ -238,3 +238,49 @@ def test_the_script_refuses_an_image_that_is_not_the_sneaker(make_examples, real
     monkeypatch.setattr(make_examples, "INDEX", 0)  # test image 0 is an ankle boot
     with pytest.raises(ValueError, match="is not a Sneaker"):
         make_examples.write_examples(real_data_dir, tmp_path)
+
+
+# ---- make serve-examples ------------------------------------------------------------------------
+
+EXAMPLE_MODELS = ("fashion_mnist", "tabular_classifier", "tabular_regressor")
+
+
+def test_the_example_model_config_serves_the_three_examples_from_models():
+    from artifact.model_config import parse_config
+
+    config = EXAMPLES / "models.config"
+    entries = parse_config(config.read_text(), config)
+    assert [entry.name for entry in entries] == list(EXAMPLE_MODELS)
+    for entry in entries:
+        assert entry.base_path.resolve() == ROOT / "models" / entry.name
+        assert entry.policy.describe() == "latest 1"
+
+
+def test_make_serve_examples_trains_what_is_missing_then_serves_the_config():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^serve-examples: setup$", makefile, re.M), "it must set up from nothing"
+    assert re.search(r"^\.PHONY:(.*\\\n)*.*\bserve-examples\b", makefile, re.M)
+    done = subprocess.run(
+        ["make", "-n", "-o", "setup", "serve-examples", "HOST=127.0.0.1", "PORT=8123"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # Each model's folder: trained only while it holds no version.
+    for name in EXAMPLE_MODELS:
+        (line,) = [line for line in lines if f"--export-dir models/{name};" in line]
+        assert line.startswith(f"if ! ls -d models/{name}/[0-9]* ")
+    data = "runs/examples/data"
+    assert any(f"-m training sample-data --out {data}" in line for line in lines)
+    assert any(f"train --csv {data}/classification.csv --label label" in ln for ln in lines)
+    assert any(f"train --csv {data}/regression.csv --label price" in ln for ln in lines)
+    assert lines[-1].startswith("MODEL_CONFIG_FILE=examples/models.config MODEL_NAME=fashion_mnist")
+    assert "HOST=127.0.0.1 PORT=8123 " in lines[-1] and lines[-1].endswith("-m service")
+
+
+def test_the_readme_shows_an_example_served_in_one_command():
+    text = README.read_text()
+    first_screen = "\n".join(text.splitlines()[:70])
+    assert "make serve-examples" in first_screen
+    assert "/v1/models/tabular_classifier:predict" in first_screen
+    assert '"signature_name": "predict"' in first_screen
