@@ -14,7 +14,11 @@ with their own batching, as their docs show and with this service's two tricks
 (benchmarks/peers/, each in its own venv under benchmarks/.peers/).
 Load comes from wrk, a separate process, with the same request bodies for every server.
 Results: benchmarks/results/latest.json and latest.png, and a Markdown table on stdout.
-`--protocols-only` runs only the protocol rows and saves nothing (a quick check).
+(4) also serves two models of other contracts, each against its own ceiling: the tabular
+classifier through :predict with named instances and a 32x32x3 image CNN
+(benchmarks/generic.py), so a generic path that is slow shows beside Fashion-MNIST's rows.
+`--protocols-only` runs only the protocol rows, `--generic-only` only the other models' rows,
+and both save nothing (quick checks).
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import generic
 from benchmarks.common import (
     LOADS,
     PATH,
     ROOT,
     find_or_train_model,
     free_port,
+    measure_ceiling,
     request_bodies,
     run_loads,
     run_wrk,
@@ -97,38 +103,6 @@ def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
     grpc_body = workdir / "body-grpc.bin"
     grpc_body.write_bytes(b"\x00" + len(message).to_bytes(4, "big") + message)
     return {"v2_binary": v2, "v2_header_length": len(header), "grpc": grpc_body}
-
-
-def measure_ceiling(version_path: Path) -> dict:
-    """The SavedModel in this process: images/s per batch size and batch-1 latency."""
-    from artifact.saved_model import SavedModelPredictor
-    from service.backends.device import configure_tensorflow
-
-    configure_tensorflow("auto", 0, 1)
-    model = SavedModelPredictor(version_path)
-    rng = np.random.default_rng(0)
-    by_batch = {}
-    for batch in (1, 8, 32, 64, 128, 256):
-        images = rng.random((batch, 28, 28), dtype=np.float32)
-        model.run(images)  # trace and warm
-        times = []
-        deadline = time.perf_counter() + 2.0
-        while time.perf_counter() < deadline or len(times) < 5:
-            start = time.perf_counter()
-            model.run(images)
-            times.append(time.perf_counter() - start)
-        by_batch[batch] = {
-            "images_per_s": batch / float(np.median(times)),
-            "p50_ms": 1000 * float(np.percentile(times, 50)),
-            "p99_ms": 1000 * float(np.percentile(times, 99)),
-        }
-    best = max(by_batch, key=lambda b: by_batch[b]["images_per_s"])
-    return {
-        "by_batch": by_batch,
-        "best_batch": best,
-        "images_per_s": by_batch[best]["images_per_s"],
-        "batch1_p50_ms": by_batch[1]["p50_ms"],
-    }
 
 
 def grpc_codes(port: int) -> dict[str, float]:
@@ -361,6 +335,8 @@ def table(result: dict) -> str:
     if peers:
         rows += ["", peer_report.versus_table(result["servers"]["batched"], peers)]
         rows += ["", peer_report.settings_table(peers)]
+    if result.get("generic"):
+        rows += ["", generic.generic_table(result)]
     if result.get("targets"):
         rows += ["", targets_table(result["targets"])]
     return "\n".join(rows)
@@ -562,6 +538,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="only (4)'s rows per protocol at c=64; print them, save nothing",
     )
     parser.add_argument(
+        "--generic-only",
+        action="store_true",
+        help="only the rows of the models of other contracts (tabular, 32x32x3 images); print "
+        "them, save nothing",
+    )
+    parser.add_argument(
         "--peers",
         action="store_true",
         help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
@@ -584,15 +566,22 @@ def prepare_run(workdir: Path, seconds: int) -> Setup:
     version_path = find_or_train_model(workdir)
     bodies = {**request_bodies(workdir), **protocol_bodies(workdir)}
     base_env = {
-        **os.environ,
+        **service_environment(),
         "MODEL_NAME": "fashion_mnist",
         "MODEL_BASE_PATH": str(version_path.parent.parent),
+    }
+    return Setup(version_path, bodies, base_env, workdir, seconds)
+
+
+def service_environment() -> dict:
+    """What every server of the run shares: quiet logs, no polling, no gRPC unless asked."""
+    return {
+        **os.environ,
         "MODEL_POLL_SECONDS": "0",
         "LOG_LEVEL": "warning",
         "MAX_IMAGES": "1024",
         "GRPC_PORT": "0",
     }
-    return Setup(version_path, bodies, base_env, workdir, seconds)
 
 
 def measure_protocols_only(setup: Setup) -> dict:
@@ -669,6 +658,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
     ceiling = measure_ceiling(setup.version_path)
     servers, protocols, overload = measure_servers(setup)
     memory = measure_memory(setup.version_path, setup.workdir, setup.base_env, setup.bodies[1])
+    generic_rows = generic.bench_generic(setup.base_env, setup.workdir, setup.seconds)
     peers = {}
     if with_peers:
         tf_bodies = {n: setup.bodies[n] for n in sorted({n for _, n in LOADS})}
@@ -682,6 +672,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
         "protocols": protocols,
         "overload": overload,
         "memory": memory,
+        "generic": generic_rows,
         "peers": peers,
     }
 
@@ -712,6 +703,7 @@ def build_result(
     overload: dict,
     memory: dict,
     peers: dict,
+    generic: dict | None = None,
 ) -> dict:
     """The run's result as latest.json holds it, its targets included."""
     result = {
@@ -732,6 +724,8 @@ def build_result(
         "overload_workers": overload["workers"],
         "memory": memory,
     }
+    if generic:
+        result["generic"] = generic
     if peers:
         result["peers"] = peers
     result["targets"] = targets(result) + targets(result, "workers")
@@ -760,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
     quiet_tensorflow()
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
+        if args.generic_only:
+            print()
+            print(generic.generic_table({"generic": generic.bench_generic(
+                service_environment(), workdir, args.seconds)}))  # fmt: skip
+            return 0
         setup = prepare_run(workdir, args.seconds)
         if args.protocols_only:
             protocols = measure_protocols_only(setup)

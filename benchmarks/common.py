@@ -32,6 +32,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def training_python() -> str:
+    """The interpreter `python -m training` runs in: TRAINING_PYTHON, the checkout's
+    .venv-training when there is one, else this one (a venv with both sides)."""
+    named = os.environ.get("TRAINING_PYTHON")
+    if named:
+        return named
+    own = ROOT / ".venv-training" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
+def measure_ceiling(
+    version_path: Path,
+    make_inputs: Callable[[int], np.ndarray | dict] | None = None,
+    signature: str | None = None,
+    seconds_per_batch: float = 2.0,
+) -> dict:
+    """A SavedModel in this process: examples/s per batch size and batch-1 latency.
+
+    Args:
+        make_inputs: batch size -> the signature's inputs (default: random 28x28 images).
+        signature: the signature to run (default: serving_default).
+        seconds_per_batch: how long each batch size runs (at least five calls).
+    """
+    from artifact.saved_model import SavedModelPredictor
+    from service.backends.device import configure_tensorflow
+
+    configure_tensorflow("auto", 0, 1)
+    model = SavedModelPredictor(version_path)
+    rng = np.random.default_rng(0)
+    make_inputs = make_inputs or (lambda batch: rng.random((batch, 28, 28), dtype=np.float32))
+    signature = signature or "serving_default"
+    by_batch = {}
+    for batch in (1, 8, 32, 64, 128, 256):
+        inputs = make_inputs(batch)
+        model.run(inputs, signature)  # trace and warm
+        times = []
+        deadline = time.perf_counter() + seconds_per_batch
+        while time.perf_counter() < deadline or len(times) < 5:
+            start = time.perf_counter()
+            model.run(inputs, signature)
+            times.append(time.perf_counter() - start)
+        by_batch[batch] = {
+            "images_per_s": batch / float(np.median(times)),
+            "p50_ms": 1000 * float(np.percentile(times, 50)),
+            "p99_ms": 1000 * float(np.percentile(times, 99)),
+        }
+    best = max(by_batch, key=lambda b: by_batch[b]["images_per_s"])
+    return {
+        "by_batch": by_batch,
+        "best_batch": best,
+        "images_per_s": by_batch[best]["images_per_s"],
+        "batch1_p50_ms": by_batch[1]["p50_ms"],
+    }
+
+
 def find_or_train_model(workdir: Path) -> Path:
     """The newest exported version under models/fashion_mnist, or a quickly trained one."""
     from artifact.repository import list_versions as version_dirs
@@ -47,7 +102,7 @@ def find_or_train_model(workdir: Path) -> Path:
     export = workdir / "models" / "fashion_mnist"
     subprocess.run(
         [
-            sys.executable,
+            training_python(),
             "-m",
             "training",
             "train",

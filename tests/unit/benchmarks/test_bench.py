@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import http.server
 import itertools
+import json
 import os
 import subprocess
 import threading
 
+import numpy as np
 import pytest
 from support.helpers import require_tool
 
-from benchmarks import bench, common
+from benchmarks import bench, common, generic
 from benchmarks.probe import probe
 
 
@@ -235,3 +237,111 @@ def test_the_bench_stops_at_once_without_a_load_generator(monkeypatch, capsys, m
     assert capsys.readouterr().out == (
         f"error: {missing} is not installed (apt-get install {package}; `make bench` does it)\n"
     )
+
+
+# ---- the models of other contracts (benchmarks/generic.py) ---------------------------------------
+
+
+def generic_entry(title: str, rps: float, ceiling: float) -> dict:
+    return {
+        "model": title.split()[0],
+        "title": title,
+        "version": "/models/x/1",
+        "ceiling": {"images_per_s": ceiling, "best_batch": 128, "batch1_p50_ms": 0.9},
+        "loads": {
+            "c1x1": load(rps / 10, 3),
+            "c64x1": load(rps, 40),
+            "c16x8": {**load(rps / 8, 40), "images_per_s": rps},
+        },
+        "max_abs_diff": 0.0,
+    }
+
+
+def with_generic(**changes) -> dict:
+    measured = result(**changes)
+    return {
+        **measured,
+        "ratios": {},
+        "ceiling": {**measured["ceiling"], "best_batch": 256},
+        "generic": {
+            "tabular": generic_entry("tabular classifier", 500, 5000),
+            "image32": generic_entry("32x32x3 CNN", 1200, 2400),
+        },
+    }
+
+
+def test_the_other_models_rows_stand_beside_fashion_mnists():
+    measured = with_generic()
+    text = bench.table({**measured, "targets": bench.targets(measured)})
+    section = text[text.index("Other models: (4)") :]
+    # Each model's throughput and its share of its own ceiling, Fashion-MNIST's first.
+    assert (
+        "| fashion_mnist (28x28, the fast paths) | c=64, 1/req | 3,600 | 3,600 | 20.0 | 40.0 "
+        "| 0 | 0.51 |" in section
+    )
+    assert "| tabular classifier | c=64, 1/req | 500 | 500 | 20.0 | 40.0 | 0 | 0.10 |" in section
+    assert "| 32x32x3 CNN | c=16, 8/req | 150 | 1,200 | 20.0 | 40.0 | 0 | 0.50 |" in section
+    # A load Fashion-MNIST's result lacks is left out for it, not made up.
+    assert "| fashion_mnist (28x28, the fast paths) | c=16, 8/req" not in section
+    assert "tabular classifier: 5,000/s at batch 128, batch 1 p50 0.90 ms" in section
+    # Before the targets, as the figures page's headings expect.
+    assert text.index("Other models: (4)") < text.index("Targets (")
+
+
+def test_a_run_without_the_other_models_has_no_such_section():
+    measured = with_generic()
+    del measured["generic"]
+    assert "Other models" not in bench.table(measured)
+
+
+def test_the_tabular_instances_are_named_and_typed_by_the_signature(tmp_path):
+    path = tmp_path / "classification.csv"
+    path.write_text("x1,rooms,color,label\n0.5,3,red,mid\n-1.25,1,blue,low\n2,5,green,high\n")
+    types = {"x1": float, "rooms": int, "color": str}
+    assert generic.csv_instances(path, types, 2) == [
+        {"x1": 0.5, "rooms": 3, "color": "red"},
+        {"x1": -1.25, "rooms": 1, "color": "blue"},
+    ]
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_the_image_instances_are_the_models_size_in_0_1(tmp_path, channels):
+    from PIL import Image
+
+    for i, name in enumerate(("circle/a.png", "square/b.jpg", "notes.txt")):
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        if name.endswith(".txt"):
+            path.write_text("not an image")
+        else:
+            Image.new("RGB", (40, 30), (255, 40 * i, 0)).save(path)
+    instances = np.asarray(generic.image_instances(tmp_path, 32, 24, channels, 8))
+    assert instances.shape == (2, 32, 24, channels)
+    assert instances.min() >= 0.0 and instances.max() <= 1.0
+    if channels == 3:
+        assert instances[0, :, :, 0].min() == 1.0  # red, whole
+    assert np.all(np.round(instances, 4) == instances)
+
+
+def test_the_bodies_name_the_tabular_signature_and_not_the_images(tmp_path):
+    tabular, image = generic.MODELS
+    rows = [{"x1": float(i)} for i in range(8)]
+    bodies = generic.write_bodies(tabular, rows, tmp_path, generic.GENERIC_LOADS)
+    assert sorted(bodies) == [1, 8]
+    assert json.loads(bodies[8].read_text()) == {"instances": rows, "signature_name": "predict"}
+    assert json.loads(bodies[1].read_text())["instances"] == rows[:1]
+    pixels = [[[[0.5]]]] * 8
+    bodies = generic.write_bodies(image, pixels, tmp_path, generic.GENERIC_LOADS)
+    assert json.loads(bodies[1].read_text()) == {"instances": pixels[:1]}
+
+
+def test_the_model_config_serves_each_models_folder(tmp_path):
+    from artifact.model_config import parse_config
+
+    versions = {"tabular_classifier": tmp_path / "a" / "tabular_classifier" / "3",
+                "shapes": tmp_path / "b" / "shapes" / "1"}  # fmt: skip
+    config = generic.model_config(versions, tmp_path / "generic.config")
+    entries = parse_config(config.read_text(), config)
+    assert {entry.name: entry.base_path for entry in entries} == {
+        name: version.parent for name, version in versions.items()
+    }
