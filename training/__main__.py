@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     evaluate.add_arguments(
-        sub.add_parser("evaluate", help="evaluate a model dir's checkpoint or an exported version")
+        sub.add_parser(
+            "evaluate",
+            help="evaluate a model dir's checkpoint or an exported version (a CSV or image "
+            "model on --csv or --image-folder); the task's report",
+        )
     )
     export.add_arguments(
         sub.add_parser("export", help="export a model dir's latest checkpoint as a new version")
@@ -64,22 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_arguments(
         sub.add_parser(
             "predict",
-            help="classify an IDX file, a .npy array or a folder of images with an exported "
+            help="predict an IDX file, a .npy array, images or a CSV file with an exported "
             "version; JSON lines out",
             description="Batch prediction with an exported version's SavedModel (what the "
-            "service serves): one JSON line per image with the service's /predict answer "
-            "(class_id, label, probabilities by label) and its index or file name.",
+            "service serves): one JSON line per image or CSV row with what the service's "
+            "friendly answer holds (a classifier's class_id, label and probabilities by label; "
+            "a regressor's value) and its index or file name.",
         )
     )
     compare.add_arguments(
         sub.add_parser(
             "compare",
             help="train every model kind on the same data and budget; a table, best first",
-            description="The recommended workflow: train each kind (cnn, linear, dnn, keras) "
-            "for the same steps, batch size, learning rate and seed, export each to "
-            "WORK_DIR/models/KIND, and print and save (WORK_DIR/comparison.md and .json) "
-            "test accuracy, per-class recall, training time, parameter count and export "
-            "size, best first.",
+            description="The recommended workflow: train each kind (cnn, linear, dnn, keras; "
+            "with --csv linear, dnn, dnn_linear; with --image-folder cnn, keras) for the same "
+            "steps, batch size, learning rate and seed, export each to WORK_DIR/models/KIND, "
+            "and print and save (WORK_DIR/comparison.md and .json) the task's metric "
+            "(accuracy and per-class recall; a regressor's RMSE, MAE and largest slice error), "
+            "training time, parameter count and export size, best first.",
         )
     )
     promote.add_arguments(
