@@ -115,6 +115,16 @@ def _features_of_json(value: Any, where: str) -> dict[str, tuple[str, list]]:
     return {name: _feature_of_json(item, f"{where}.{name}") for name, item in value.items()}
 
 
+def example_of_json(features: Any, where: str) -> bytes:
+    """One JSON object of features as a serialized tf.Example, read as TF Serving reads an
+    example (strings and {"b64": ...} are bytes, integers int64, other numbers float).
+
+    Raises:
+        BadInput: not an object, or a feature no tf.Example can hold (named by `where`).
+    """
+    return encode_example(_features_of_json(features, where))
+
+
 def examples_from_json(request: dict, max_examples: int) -> list[bytes]:
     """A REST :classify or :regress body's `examples` (and `context`, merged into each) as
     serialized tf.Examples.

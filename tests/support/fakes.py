@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from artifact.contract import (
 from service.app import create_app
 from service.backends.base import Backend
 from service.backends.registry import servable_not_found
-from service.errors import BadInput, NotFound, NotReady, UpstreamError
+from service.errors import BadInput, NotFound, NotReady, SignatureNotFound, UpstreamError
 from service.settings import Settings
 from service.types import (
     ModelMetadata,
@@ -187,6 +188,80 @@ class FakeBackend(Backend):
         if version in self.failing:
             raise UpstreamError(f"version {version} failed")
         return Prediction(version, toy_model(version, images))
+
+
+@dataclasses.dataclass
+class FakeModel:
+    """A model of another contract than the default's, for `AnyFakeBackend`: its signatures
+    (typed), what each answers (`run(signature_name, inputs) -> outputs`) and its class
+    labels (labels.txt's, or what the backend falls back to)."""
+
+    signatures: dict[str, SignatureSpec]
+    run: Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]]
+    labels: tuple[str, ...] = ()
+    version: int = 1
+
+
+class AnyFakeBackend(FakeBackend):
+    """The default model's toy (FakeBackend) and, beside it, `FakeModel`s by name: each
+    checks a request's inputs against its signature as the in-process backend would (names,
+    dtypes) and answers what its `run` computes.
+
+    Attributes:
+        inputs: (model, signature name, inputs) of every call to the other models.
+    """
+
+    def __init__(self, models: dict[str, FakeModel], versions=(1,)):
+        super().__init__(versions)
+        self.models = models
+        self.inputs: list[tuple[str, str, dict[str, np.ndarray]]] = []
+
+    def model_names(self) -> list[str]:
+        return [self.model_name, *self.models]
+
+    def serving_version(self, name: str) -> int | None:
+        if name in self.models:
+            return self.models[name].version if self.started else None
+        return super().serving_version(name)
+
+    def version_labels(self, name: str) -> dict[str, int]:
+        return {} if name in self.models else super().version_labels(name)
+
+    def class_labels(self, name: str, version: int) -> tuple[str, ...]:
+        return (
+            self.models[name].labels if name in self.models else super().class_labels(name, version)
+        )
+
+    def model_dir(self, name: str) -> Path:
+        return self.base_path / name if name in self.models else super().model_dir(name)
+
+    async def model_status(self, name, version, label=None) -> list[VersionStatus]:
+        if name in self.models:
+            return [VersionStatus(self.models[name].version, VersionState.AVAILABLE)]
+        return await super().model_status(name, version, label)
+
+    async def metadata(self, name, version, label=None) -> ModelMetadata:
+        model = self.models.get(name)
+        if model is None:
+            return await super().metadata(name, version, label)
+        if version not in (None, model.version) or label is not None:
+            raise NotFound(servable_not_found(name, version))
+        return ModelMetadata(name, model.version, struct_pb2.Struct(), model.signatures)
+
+    async def predict(self, name, images, version=None, signature_name=SIGNATURE_NAME, label=None):
+        model = self.models.get(name)
+        if model is None:
+            return await super().predict(name, images, version, signature_name, label)
+        signature = model.signatures.get(signature_name)
+        if signature is None:
+            raise SignatureNotFound(signature_name, model.signatures)
+        inputs = images if isinstance(images, dict) else {signature.inputs[0].name: images}
+        for spec in signature.inputs:
+            value = inputs[spec.name]
+            assert value.dtype == spec.dtype, (spec, value.dtype)
+            assert len(value.shape) == len(spec.shape), (spec, value.shape)
+        self.inputs.append((name, signature_name, inputs))
+        return Prediction(model.version, model.run(signature_name, inputs))
 
 
 class GatedFakeBackend(FakeBackend):

@@ -1,0 +1,596 @@
+"""What a model is to a person: what the friendly `/predict` takes for it and how its answer
+is shown, read from its signature alone.
+
+Which signature: `serving_default`, else the model's only predict-method one (pre-made
+Estimators exported through the raw receiver have only `predict`).
+
+What it takes (`ModelForm.kind`):
+- `image`: one float input [-1, H, W] or [-1, H, W, C] with C 1 or 3. Image files are
+  prepared as the model's training data was (artifact.images); JSON pixel arrays of the
+  instance's shape are integers 0-255 or floats in [0, 1].
+- `features`: named inputs of numbers, integers, strings or booleans, each with a batch
+  dimension first: one JSON object per instance, each feature typed from the signature.
+- `examples`: serialized tf.Examples (a parsing receiver's one string input, `inputs` or
+  `examples`): one JSON object of features per instance, written as a tf.Example the way TF
+  Serving writes its `:classify` examples (strings are bytes, integers int64, other numbers
+  float), since the signature does not say the features' types.
+- `tensors`: anything else, in TF Serving's own JSON format (service/tensor_json.py).
+
+How it answers (`ModelForm.task`):
+- `classification`: a float [-1, K] `probabilities` output (or `scores`, a classify
+  signature's), or a signature's single float [-1, K] output (a Keras softmax through
+  model_to_estimator, shown so only while its rows are probabilities). Per instance the class
+  id, its label and every class's probability keyed by label. Labels come from a string
+  classes output (`all_classes`, or a classify signature's `classes`: a `label_vocabulary`),
+  else the version's labels.txt, else the class ids.
+- `regression`: a `predictions` output, a regress signature's `outputs`, or a single float
+  output of one value per instance: the value.
+- `outputs`: anything else: the signature's outputs as TF Serving renders them.
+
+Pure numpy: nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from artifact.contract import (
+    CLASSES_KEY,
+    PROBABILITIES_KEY,
+    SIGNATURE_NAME,
+    PixelError,
+    output_problems,
+    pixels_to_input,
+    prediction_rows,
+)
+from artifact.images import ImageInput
+from service import examples
+from service.dataplane import DataPlane
+from service.errors import BadInput, SignatureNotFound, check_image_count
+from service.tensor_json import render_outputs
+from service.tensors import is_image_signature
+from service.types import SignatureSpec, TensorSpec
+
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+
+IMAGE, FEATURES, EXAMPLES, TENSORS = "image", "features", "examples", "tensors"
+CLASSIFICATION, REGRESSION, OUTPUTS = "classification", "regression", "outputs"
+
+# Outputs pre-made heads write (tensorflow_estimator's head/base_head.py, prediction_keys.py).
+ALL_CLASSES_KEY = "all_classes"
+CLASS_IDS_KEY = "class_ids"
+PREDICTIONS_KEY = "predictions"
+# The one string input a parsing receiver's signatures take (signature_constants.py).
+EXAMPLE_INPUTS = ("inputs", "examples")
+
+_TYPE_NAMES = {"f": "number", "i": "integer", "u": "integer", "O": "string", "b": "boolean"}
+_INT_RANGES = {
+    kind: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
+    for kind in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """A named input of a `features` model: its dtype and one instance's shape."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def type_name(self) -> str:
+        """What a person sends: number, integer, string or boolean."""
+        return _TYPE_NAMES[self.dtype.kind]
+
+    def describe(self) -> str:
+        words = self.type_name if self.dtype.kind == "O" else f"{self.type_name}, {self.dtype}"
+        if self.shape:
+            words += f", {'x'.join(map(str, self.shape))} values"
+        return f"{self.name} ({words})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelForm:
+    """What the friendly /predict takes for a signature and how it shows the answer.
+
+    Attributes:
+        signature: the signature /predict feeds.
+        kind: IMAGE, FEATURES, EXAMPLES or TENSORS (the module's docstring).
+        task: CLASSIFICATION, REGRESSION or OUTPUTS.
+        image: an image model's input; None for the other kinds.
+        features: a features model's inputs, by name.
+        probabilities: the output holding a classifier's probabilities.
+        class_names: the output naming the classes (strings [-1, K]), if any.
+        class_ids: the output holding each instance's class id, if any.
+        value: the output holding a regressor's value.
+        softmax_guess: the classifier is a single unnamed float output: shown as one only
+            while its rows are probabilities.
+    """
+
+    signature: SignatureSpec
+    kind: str
+    task: str
+    image: ImageInput | None = None
+    features: tuple[Feature, ...] = ()
+    probabilities: str | None = None
+    class_names: str | None = None
+    class_ids: str | None = None
+    value: str | None = None
+    softmax_guess: bool = False
+
+    @property
+    def image_contract(self) -> bool:
+        """The Fashion-MNIST contract (`image` float32 [-1, 28, 28] in, int `classes` and
+        float `probabilities` out): served by the paths built for it."""
+        outputs = {spec.name: spec for spec in self.signature.outputs}
+        classes, probabilities = outputs.get(CLASSES_KEY), outputs.get(PROBABILITIES_KEY)
+        return (
+            is_image_signature(self.signature)
+            and classes is not None
+            and classes.dtype is not None
+            and classes.dtype.kind in "iu"
+            and probabilities is not None
+            and probabilities.dtype is not None
+            and probabilities.dtype.kind == "f"
+        )
+
+    def to_json(self) -> dict:
+        """What the page needs to build its input and read the answer."""
+        image = None
+        if self.image is not None:
+            image = {
+                "height": self.image.height,
+                "width": self.image.width,
+                "channels": self.image.channels,
+                "shape": list(self.image.shape),
+                "preparation": self.image.preparation,
+            }
+        return {
+            "signature_name": self.signature.name,
+            "method_name": self.signature.method_name,
+            "kind": self.kind,
+            "task": self.task,
+            "image": image,
+            "inputs": [
+                {"name": spec.name, "dtype": str(spec.dtype), "shape": spec.shape}
+                for spec in self.signature.inputs
+            ],
+            "features": [
+                {"name": f.name, "type": f.type_name, "dtype": str(f.dtype), "shape": list(f.shape)}
+                for f in self.features
+            ],
+        }
+
+
+# --- which signature, and what it is ----------------------------------------------------
+
+
+def choose_signature(signatures: dict[str, SignatureSpec], model: str) -> SignatureSpec:
+    """`serving_default`, else the model's only predict-method signature.
+
+    Raises:
+        BadInput: neither (the message names the signatures and where to ask for one).
+    """
+    if SIGNATURE_NAME in signatures:
+        return signatures[SIGNATURE_NAME]
+    predict = [spec for spec in signatures.values() if spec.method_name == PREDICT_METHOD]
+    if len(predict) == 1:
+        return predict[0]
+    raise BadInput(
+        f'model {model} has no "{SIGNATURE_NAME}" signature and {len(predict)} predict '
+        f"signatures among {sorted(signatures)}: /predict cannot choose; name one with "
+        f"signature_name at /v1/models/{model}:predict"
+    )
+
+
+async def model_form(dataplane: DataPlane, name: str) -> ModelForm:
+    """What /predict takes for a model and how it answers, from its serving version's
+    signature.
+
+    Raises:
+        NotFound: no such model; NotReady: no version serves it; BadInput: no signature
+            /predict can choose.
+    """
+    try:
+        signature = await dataplane.signature(name, signature_name=SIGNATURE_NAME)
+    except SignatureNotFound:
+        metadata = await dataplane.metadata(name, None)
+        signature = choose_signature(metadata.signatures, name)
+    return describe(signature)
+
+
+@functools.lru_cache(maxsize=256)
+def describe(signature: SignatureSpec) -> ModelForm:
+    """What /predict takes for a signature and how it answers (the module's docstring)."""
+    kind, image, features = _input_kind(signature)
+    task, fields = _task(signature)
+    return ModelForm(signature, kind, task, image, features, **fields)
+
+
+def _input_kind(signature: SignatureSpec) -> tuple[str, ImageInput | None, tuple[Feature, ...]]:
+    inputs = signature.inputs
+    if len(inputs) == 1:
+        (spec,) = inputs
+        if spec.dtype is not None and spec.dtype.kind == "f":
+            image = ImageInput.of_shape(spec.shape)
+            if image is not None:
+                return IMAGE, image, ()
+        if (
+            spec.name in EXAMPLE_INPUTS
+            and spec.dtype == np.dtype(object)
+            and spec.shape == (-1,)
+            and signature.method_name in (CLASSIFY_METHOD, REGRESS_METHOD, PREDICT_METHOD)
+        ):
+            return EXAMPLES, None, ()
+    features = []
+    for spec in inputs:
+        shape = spec.shape
+        if (
+            spec.dtype is None
+            or spec.dtype.kind not in _TYPE_NAMES
+            or not shape
+            or shape[0] != -1
+            or any(size < 1 for size in shape[1:])
+        ):
+            return TENSORS, None, ()
+        features.append(Feature(spec.name, spec.dtype, tuple(shape[1:])))
+    if not features:
+        return TENSORS, None, ()
+    return FEATURES, None, tuple(features)
+
+
+def _is_float(spec: TensorSpec | None) -> bool:
+    return spec is not None and spec.dtype is not None and spec.dtype.kind == "f"
+
+
+def _is_strings(spec: TensorSpec | None) -> bool:
+    return spec is not None and spec.dtype == np.dtype(object)
+
+
+def _rows_of(spec: TensorSpec | None) -> int | None:
+    """K of a [-1, K] output (K known and at least 1); None for any other shape."""
+    if spec is None or spec.shape is None or len(spec.shape) != 2 or spec.shape[0] != -1:
+        return None
+    return spec.shape[1] if spec.shape[1] >= 1 else None
+
+
+def _one_value(spec: TensorSpec | None) -> bool:
+    """An output of one value per instance: [-1] or [-1, 1]."""
+    return spec is not None and spec.shape in ((-1,), (-1, 1))
+
+
+def _task(signature: SignatureSpec) -> tuple[str, dict]:
+    outputs = {spec.name: spec for spec in signature.outputs}
+    probabilities = None
+    softmax_guess = False
+    for key in (PROBABILITIES_KEY, examples.CLASSIFY_SCORES):
+        if _is_float(outputs.get(key)) and _rows_of(outputs[key]):
+            probabilities = key
+            break
+    if probabilities is None and len(outputs) == 1:
+        (only,) = outputs.values()
+        if _is_float(only) and (_rows_of(only) or 0) >= 2:
+            probabilities, softmax_guess = only.name, True
+    if probabilities is not None:
+        width = _rows_of(outputs[probabilities])
+        class_names = next(
+            (
+                key
+                for key in (ALL_CLASSES_KEY, CLASSES_KEY)
+                if _is_strings(outputs.get(key)) and _rows_of(outputs[key]) == width
+            ),
+            None,
+        )
+        class_ids = next(
+            (
+                key
+                for key in (CLASS_IDS_KEY, CLASSES_KEY)
+                if key in outputs
+                and outputs[key].dtype is not None
+                and outputs[key].dtype.kind in "iu"
+                and _one_value(outputs[key])
+            ),
+            None,
+        )
+        return CLASSIFICATION, {
+            "probabilities": probabilities,
+            "class_names": class_names,
+            "class_ids": class_ids,
+            "softmax_guess": softmax_guess,
+        }
+    value = None
+    if _is_float(outputs.get(PREDICTIONS_KEY)):
+        value = PREDICTIONS_KEY
+    elif signature.method_name == REGRESS_METHOD and _is_float(
+        outputs.get(examples.REGRESS_OUTPUTS)
+    ):
+        value = examples.REGRESS_OUTPUTS
+    elif len(outputs) == 1:
+        (only,) = outputs.values()
+        if _is_float(only) and _one_value(only):
+            value = only.name
+    if value is not None:
+        return REGRESSION, {"value": value}
+    return OUTPUTS, {}
+
+
+# --- reading what a person sends ----------------------------------------------------------
+
+
+def _kind_of(value: Any) -> str:
+    """What a JSON value is, for messages."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:40] + "..."
+        return f"the string {text!r}"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def instances_of(request: Any, max_instances: int) -> list:
+    """A /predict body's `instances` list (one or more), counted against MAX_IMAGES.
+
+    Raises:
+        BadInput: not an object with a non-empty `instances` list.
+        PayloadTooLarge: more than max_instances.
+    """
+    if not isinstance(request, dict) or "instances" not in request:
+        raise BadInput(
+            'the body must be a JSON object with "instances": [...], one item per instance'
+        )
+    instances = request["instances"]
+    if not isinstance(instances, list):
+        raise BadInput(
+            f"instances: expected a list, one item per instance, got {_kind_of(instances)}"
+        )
+    if not instances:
+        raise BadInput("instances: is empty; send at least one instance")
+    check_image_count(len(instances), max_instances)
+    return instances
+
+
+def _leaf(value: Any, dtype: np.dtype, where: str) -> Any:
+    """One JSON value as an element of a feature's dtype, or BadInput saying what came."""
+    kind = dtype.kind
+    if kind == "O":
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+            try:
+                return base64.b64decode(value["b64"], validate=True)
+            except (binascii.Error, ValueError) as err:
+                raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
+        raise BadInput(f"{where}: expected a string, got {_kind_of(value)}")
+    if kind == "b":
+        if isinstance(value, bool):
+            return value
+        raise BadInput(f"{where}: expected a boolean (true or false), got {_kind_of(value)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        expected = "an integer" if kind in "iu" else "a number"
+        raise BadInput(f"{where}: expected {expected} ({dtype}), got {_kind_of(value)}")
+    if kind in "iu":
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise BadInput(f"{where}: expected an integer ({dtype}), got {_kind_of(value)}")
+            value = int(value)
+        low, high = _INT_RANGES[dtype.type]
+        if not low <= value <= high:
+            raise BadInput(f"{where}: {value} does not fit {dtype} ({low} to {high})")
+        return value
+    with np.errstate(over="ignore"):
+        if not np.isfinite(dtype.type(value)):
+            raise BadInput(f"{where}: {value!r} is too large for {dtype}")
+    return value
+
+
+def _feature_values(value: Any, feature: Feature, where: str) -> list:
+    """One instance's value of a feature as a flat list of elements of its shape (a single
+    value also fills a shape of one)."""
+    shape = feature.shape
+    if not shape or (shape == (1,) and not isinstance(value, list)):
+        if isinstance(value, list):
+            raise BadInput(f"{where}: expected one {feature.type_name}, got {_kind_of(value)}")
+        return [_leaf(value, feature.dtype, where)]
+    flat: list = []
+    stack: list[tuple[Any, int, str]] = [(value, 0, where)]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth == len(shape):
+            flat.append(_leaf(item, feature.dtype, path))
+            continue
+        if not isinstance(item, list) or len(item) != shape[depth]:
+            raise BadInput(
+                f"{path}: expected a list of {shape[depth]} (the feature takes "
+                f"{'x'.join(map(str, shape))} values), got {_kind_of(item)}"
+            )
+        stack.extend((item[k], depth + 1, f"{path}[{k}]") for k in range(len(item) - 1, -1, -1))
+    return flat
+
+
+def read_features(instances: list, form: ModelForm) -> dict[str, np.ndarray]:
+    """One JSON object per instance naming every feature, typed from the signature.
+
+    Raises:
+        BadInput: an instance that is not an object, a missing or unknown feature, a value of
+            another type than the feature's (naming the instance and the feature, what was
+            expected and what came).
+    """
+    features = {feature.name: feature for feature in form.features}
+    takes = ", ".join(feature.describe() for feature in form.features)
+    columns: dict[str, list] = {name: [] for name in features}
+    for i, instance in enumerate(instances):
+        where = f"instances[{i}]"
+        if not isinstance(instance, dict):
+            raise BadInput(
+                f"{where}: expected an object naming the features, got {_kind_of(instance)}; "
+                f"the model takes {takes}"
+            )
+        unknown = sorted(set(instance) - set(features))
+        if unknown:
+            raise BadInput(f"{where}: unknown feature {unknown[0]!r}; the model takes {takes}")
+        for name, feature in features.items():
+            if name not in instance:
+                raise BadInput(
+                    f"{where}: missing feature {feature.describe()}; the model takes {takes}"
+                )
+            columns[name].extend(_feature_values(instance[name], feature, f"{where}.{name}"))
+    inputs = {}
+    for name, feature in features.items():
+        array = np.empty(len(columns[name]), dtype=feature.dtype)
+        array[:] = columns[name]
+        inputs[name] = array.reshape(len(instances), *feature.shape)
+    return inputs
+
+
+def read_examples(instances: list, form: ModelForm) -> dict[str, np.ndarray]:
+    """One JSON object of features per instance, as the serialized tf.Examples the signature
+    parses (TF Serving's reading of `:classify` examples).
+
+    Raises:
+        BadInput: an instance that is not an object of features, a value no tf.Example holds.
+    """
+    serialized = [
+        examples.example_of_json(instance, f"instances[{i}]")
+        for i, instance in enumerate(instances)
+    ]
+    (spec,) = form.signature.inputs
+    array = np.empty(len(serialized), dtype=object)
+    array[:] = serialized
+    return {spec.name: array}
+
+
+def _first_boolean(value: Any, where: str) -> str | None:
+    """Where the first true/false is among nested lists (numpy would read it as 1 or 0)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, bool):
+            return path
+        if isinstance(item, list):
+            stack.extend((item[k], f"{path}[{k}]") for k in range(len(item) - 1, -1, -1))
+    return None
+
+
+def image_file(value: dict, where: str) -> bytes:
+    """{"b64": "<base64 image file>"} (TF Serving's binary convention) to the file's bytes.
+
+    Raises:
+        BadInput: another object, or not base64.
+    """
+    if set(value) != {"b64"} or not isinstance(value["b64"], str):
+        raise BadInput(
+            f'{where}: expected an array of pixels or {{"b64": "<base64 image file>"}}, got an '
+            f"object with {sorted(value)[:5]}"
+        )
+    try:
+        return base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
+
+
+def pixel_array(value: Any, image: ImageInput, where: str) -> np.ndarray:
+    """One JSON instance of pixels of the model's shape as model input: integers 0-255 are
+    scaled, floats must be in [0, 1] (artifact.contract.pixels_to_input, the rule of the
+    image contract's /predict).
+
+    Raises:
+        BadInput: not an array of numbers of the instance's shape, or pixels out of range.
+    """
+    shape_text = "x".join(map(str, image.shape))
+    expected = (
+        f"expected a {shape_text} array of pixels (integers 0-255 or floats in [0, 1]) or "
+        '{"b64": "<base64 image file>"}'
+    )
+    try:
+        array = np.array(value) if isinstance(value, list) else None
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        array = None
+    if array is None or array.dtype.kind not in "iuf" or array.shape != image.shape:
+        if not isinstance(value, list):
+            got = _kind_of(value)
+        elif array is None or array.dtype.kind not in "iufb":
+            got = "a ragged list, or one holding more than numbers"
+        else:
+            got = f"shape {'x'.join(map(str, array.shape))}"
+        raise BadInput(f"{where}: {expected}, got {got}")
+    boolean = _first_boolean(value, where)
+    if boolean is not None:
+        raise BadInput(f"{boolean}: expected a number, got a boolean")
+    try:
+        return pixels_to_input(array[np.newaxis])[0]
+    except PixelError as err:
+        raise BadInput(f"{where}: {err.problem}") from err
+
+
+# --- showing the answer ------------------------------------------------------------------
+
+
+def _text(item: Any) -> str:
+    return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
+
+
+def answer_rows(
+    form: ModelForm, outputs: dict[str, np.ndarray], labels: tuple[str, ...]
+) -> list | Any:
+    """The answer's `predictions`: per instance, a classifier's class id, label and
+    probabilities by label, or a regressor's value; otherwise the outputs as TF Serving
+    renders them (row format).
+
+    Args:
+        labels: the version's class labels (its labels.txt, or what the backend falls back
+            to); used when they name every class.
+    Raises:
+        BadInput: outputs TF Serving could not render in the row format (its words).
+    """
+    if form.task == CLASSIFICATION:
+        probabilities = outputs[form.probabilities]
+        guessed_wrong = form.softmax_guess and output_problems({PROBABILITIES_KEY: probabilities})
+        if not guessed_wrong and probabilities.ndim == 2:
+            return _classification_rows(form, outputs, probabilities, labels)
+    if form.task == REGRESSION:
+        value = outputs[form.value]
+        if value.ndim == 2 and value.shape[1] == 1:
+            value = value[:, 0]
+        if value.ndim >= 1:
+            return [{"value": item} for item in value]
+    return render_outputs(outputs, columnar=False)[1]
+
+
+def _classification_rows(form, outputs, probabilities, labels) -> list:
+    width = probabilities.shape[1]
+    ids = tuple(str(k) for k in range(width))
+    class_ids = probabilities.argmax(axis=1)
+    if form.class_ids is not None:
+        given = outputs[form.class_ids].reshape(-1)
+        # The model's own choice (a binary head's threshold), when it names one of the rows.
+        if len(given) == len(probabilities) and (
+            given.size == 0 or 0 <= given.min() <= given.max() < width
+        ):
+            class_ids = given
+    fallback = tuple(labels) if len(labels) == width else ids
+    if form.class_names is None:
+        return list(prediction_rows(class_ids, probabilities, fallback))
+    names = outputs[form.class_names]
+    rows = []
+    for i, row in enumerate(probabilities):
+        row_names = tuple(_text(item) for item in names[i])
+        # A head without label_vocabulary names its classes by their ids: labels.txt says more.
+        if row_names == ids:
+            row_names = fallback
+        rows.extend(prediction_rows(class_ids[i : i + 1], row[np.newaxis], row_names))
+    return rows
