@@ -4,14 +4,16 @@ It serves the static page (service/static/: HTML, JavaScript and CSS, no build s
 fetched from the network) under a strict Content-Security-Policy, and the read-only views of
 the model repository the page needs that the other protocols do not give:
 
-    GET /page/models                                          the model the page shows
+    GET /page/models                                          the models, the default first
+    GET /page/models/{name}                                   what /predict takes and answers
     GET /page/models/{name}/versions                          versions on disk, newest first
     GET /page/models/{name}/versions/{version}/report         evaluation and blessing reports
     GET /page/models/{name}/versions/{version}/plots/{plot}   a PNG the export drew
 
-Everything else the page asks the service's own endpoints: `POST /predict?include_pixels=true`
-(the answer and the 28x28 image the model received), `GET /v1/models/{name}` (each version's
-state) and `/readyz` (the serving version and its device).
+Everything else the page asks the service's own endpoints: `POST /predict/{name}` (with
+`include_pixels=true` for image models: the answer and the image the model received),
+`GET /v1/models/{name}` (each version's state) and `/readyz` (the serving version and its
+device).
 
 Nothing the client sends becomes a path: versions are int64s looked up among the versions
 listed on disk, plots and static files are names looked up in fixed tables, and a plot that
@@ -29,7 +31,8 @@ from starlette.responses import FileResponse
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
 from artifact.repository import list_versions, read_blessing, read_report
 from service.dataplane import DataPlane
-from service.errors import NotFound, ServiceError, redact_paths
+from service.errors import BadInput, NotFound, NotReady, ServiceError, redact_paths
+from service.protocols.friendly import model_form
 from service.protocols.http import json_response, version_in_url
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -95,10 +98,14 @@ def redacted(value):
 
 
 def version_summary(version: int, path: Path) -> dict:
-    """One row of the versions list: the report's headline numbers and which files exist."""
+    """One row of the versions list: the report's headline numbers (accuracy for a
+    classifier, RMSE and MAE for a regressor) and which files exist."""
     summary = {
         "version": str(version),
+        "task": None,
         "accuracy": None,
+        "rmse": None,
+        "mae": None,
         "examples": None,
         "date": None,
         "global_step": None,
@@ -116,7 +123,12 @@ def version_summary(version: int, path: Path) -> dict:
         params = report.get("params")
         summary.update(
             evaluation=True,
+            # training/evaluation.py: a regressor's report has rmse and mae, a classifier's
+            # accuracy.
+            task="regression" if "rmse" in report else "classification",
             accuracy=report.get("accuracy"),
+            rmse=report.get("rmse"),
+            mae=report.get("mae"),
             examples=report.get("examples"),
             date=report.get("date"),
             global_step=report.get("global_step"),
@@ -142,7 +154,15 @@ class PageAPI:
         r = self.router
         r.add_api_route("/", self.index, summary="The page: try the model, inspect its versions")
         r.add_api_route("/static/{file}", self.static, summary="The page's scripts and styles")
-        r.add_api_route("/page/models", self.models, summary="The model the page shows")
+        r.add_api_route(
+            "/page/models", self.models, summary="The models served, the default one first"
+        )
+        r.add_api_route(
+            "/page/models/{name}",
+            self.model,
+            summary="What /predict/{name} takes (image, features, ...) and answers "
+            "(classification, regression, ...), or why the model is not ready",
+        )
         r.add_api_route(
             "/page/models/{name}/versions",
             self.versions,
@@ -180,6 +200,27 @@ class PageAPI:
         default = self.dataplane.model_name
         # The model /predict serves first: the page tries that one.
         return json_response({"models": sorted(names, key=lambda n: n != default)})
+
+    async def model(self, name: str):
+        """The page's form for a model: from its serving version's signature; while none
+        serves, `ready` false and why (the page shows the upload, and /predict says why)."""
+        readiness = self.dataplane.model_readiness(name)  # NotFound: no such model
+        answer = {
+            "model_name": name,
+            "ready": readiness.ready,
+            "reason": readiness.reason,
+            "model_version": None if readiness.version is None else str(readiness.version),
+            "form": None,
+            "problem": None,
+        }
+        if readiness.ready:
+            try:
+                answer["form"] = (await model_form(self.dataplane, name)).to_json()
+            except NotReady as err:  # unloaded since readiness answered
+                answer.update(ready=False, reason=err.message)
+            except BadInput as err:  # no signature /predict can choose
+                answer["problem"] = err.message
+        return json_response(answer)
 
     def _version_path(self, name: str, version: str) -> tuple[int, Path]:
         model_dir = self.dataplane.model_dir(name)  # NotFound: no such model

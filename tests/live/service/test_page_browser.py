@@ -1,5 +1,7 @@
 """The page in a real browser: Debian's headless Chromium, driven by Selenium through
-chromedriver, against a real `python -m service` serving the session's trained model.
+chromedriver, against a real `python -m service` serving the session's trained model, and
+one serving models of other contracts side by side (a tabular classifier and regressor, a
+32x32 colour image model: conftest's `any_server`), where the page adapts to each.
 
 Every test saves a screenshot of the whole page under build/screenshots/ (git-ignored).
 `make setup` installs Chromium where it can (as root, with apt-get): there a missing Chromium
@@ -26,7 +28,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 from support.helpers import ok_json, png_bytes
 from support.servers import REPO_ROOT, Server, add_version, copy_repository, start_server
 
@@ -220,6 +222,22 @@ def bars(card) -> list[tuple[str, str]]:
     ]
 
 
+def shown_controls(driver: WebDriver) -> list:
+    """The controls a person can reach (a hidden one is out of the accessibility tree)."""
+    controls = driver.find_elements(
+        By.CSS_SELECTOR, "button, input, select, textarea, canvas, a, [tabindex='0']"
+    )
+    return [control for control in controls if control.is_displayed()]
+
+
+def unnamed_controls(driver: WebDriver) -> list[str]:
+    return [
+        control.get_attribute("outerHTML")[:80]
+        for control in shown_controls(driver)
+        if not control.accessible_name.strip()
+    ]
+
+
 def visible_error(driver: WebDriver, element_id: str) -> str:
     element = driver.find_element(By.ID, element_id)
     return element.text if element.is_displayed() else ""
@@ -397,12 +415,8 @@ def test_every_control_has_a_name_for_screen_readers(browser, server):
     open_page(browser, server)
     browser.find_element(By.CSS_SELECTOR, "button.show-report").click()
     wait(browser, lambda d: d.find_element(By.ID, "report").is_displayed(), "the report")
-    controls = browser.find_elements(
-        By.CSS_SELECTOR, "button, input, select, canvas, a, [tabindex='0']"
-    )
-    assert len(controls) > 10
-    unnamed = [c.get_attribute("outerHTML")[:80] for c in controls if not c.accessible_name.strip()]
-    assert unnamed == []
+    assert len(shown_controls(browser)) > 10
+    assert unnamed_controls(browser) == []
 
 
 def test_the_page_fits_a_phone(browser, server, test_images):
@@ -502,4 +516,144 @@ def test_the_versions_table_shows_labels_when_the_config_has_them(browser, label
     # `stable` answers requests that name no version.
     assert rows["1"][column["State"]].text == "AVAILABLE (serving)"
     assert rows["2"][column["State"]].text == "AVAILABLE"
+    assert page_errors(browser) == []
+
+
+# --- models of other contracts: the page adapts to each ------------------------------------
+
+CLASSIFIER_FEATURES = {"color": "red", "rooms": "3", "x1": "1.5", "x2": "-0.25"}
+REGRESSOR_FEATURES = {"city": "b", "rooms": "2", "x1": "0.75", "x2": "1.5"}
+
+
+def open_model(driver: WebDriver, server: Server, model: str) -> None:
+    driver.get(f"{server.url}/?model={model}")
+    wait(
+        driver,
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"),
+        "the page to start",
+    )
+    assert driver.find_element(By.ID, "model-name").text == model
+
+
+def fill_features(driver: WebDriver, values: dict[str, str]) -> dict[str, str]:
+    """Type each value into its generated field; the fields' types, by feature."""
+    fields = driver.find_elements(By.CSS_SELECTOR, "#feature-fields input[data-feature]")
+    assert sorted(f.get_attribute("data-feature") for f in fields) == sorted(values)
+    types = {}
+    for field in fields:
+        name = field.get_attribute("data-feature")
+        types[name] = (field.get_attribute("type"), field.get_attribute("step"))
+        field.clear()
+        field.send_keys(values[name])
+    return types
+
+
+def as_instance(values: dict[str, str], types: dict[str, tuple]) -> dict:
+    """The JSON instance the form's values make, typed as the fields are."""
+    return {
+        name: (float(text) if types[name][0] == "number" else text) for name, text in values.items()
+    }
+
+
+def test_the_model_selector_lists_every_model(browser, any_server):
+    open_model(browser, any_server, "classifier")
+    select = browser.find_element(By.ID, "model-select")
+    assert select.is_displayed()
+    options = [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")]
+    assert sorted(options) == sorted(ok_json(httpx.get(f"{any_server.url}/page/models"))["models"])
+    Select(select).select_by_value("regressor")
+    wait(browser, lambda d: d.find_element(By.ID, "model-name").text == "regressor", "the switch")
+    wait(
+        browser,
+        lambda d: "city" in [f.get_attribute("data-feature") for f in
+                             d.find_elements(By.CSS_SELECTOR, "#feature-fields input")],
+        "the regressor's fields",
+    )  # fmt: skip
+    assert page_errors(browser) == []
+
+
+def test_a_tabular_classifiers_form_is_generated_from_its_signature(browser, any_server):
+    open_model(browser, any_server, "classifier")
+    assert not browser.find_element(By.ID, "image-inputs").is_displayed()
+    assert browser.find_element(By.ID, "features-form").is_displayed()
+    types = fill_features(browser, CLASSIFIER_FEATURES)
+    # Numbers in number fields (integers step by one), strings in text fields.
+    assert types == {
+        "color": ("text", ""),
+        "rooms": ("number", "1"),
+        "x1": ("number", "any"),
+        "x2": ("number", "any"),
+    }
+    browser.find_element(By.ID, "predict-features").click()
+    wait(browser, lambda d: len(cards(d)) == 1, "the answer's card")
+    screenshot(browser, "tabular-classifier")
+    instance = as_instance(CLASSIFIER_FEATURES, types)
+    instance["rooms"] = int(instance["rooms"])
+    (expected,) = ok_json(
+        httpx.post(f"{any_server.url}/predict/classifier", json={"instances": [instance]})
+    )["predictions"]
+    (card,) = cards(browser)
+    assert card.find_element(By.CLASS_NAME, "predicted-label").text == expected["label"]
+    assert expected["label"] in ("high", "low", "mid")
+    assert bars(card) == [
+        (label, f"{100 * p:.1f}%") for label, p in expected["probabilities"].items()
+    ]
+    assert page_errors(browser) == []
+
+
+def test_a_regressors_form_answers_its_value_and_its_report_its_errors(browser, any_server):
+    open_model(browser, any_server, "regressor")
+    types = fill_features(browser, REGRESSOR_FEATURES)
+    browser.find_element(By.ID, "predict-features").click()
+    wait(browser, lambda d: len(cards(d)) == 1, "the answer's card")
+    instance = as_instance(REGRESSOR_FEATURES, types)
+    instance["rooms"] = int(instance["rooms"])
+    (expected,) = ok_json(
+        httpx.post(f"{any_server.url}/predict/regressor", json={"instances": [instance]})
+    )["predictions"]
+    (card,) = cards(browser)
+    assert float(card.find_element(By.CLASS_NAME, "predicted-value").text) == expected["value"]
+    # The versions list's headline is the RMSE, and the report a regressor's.
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#versions thead th")]
+    assert "Test RMSE" in headers and "Test accuracy" not in headers
+    browser.find_element(By.CSS_SELECTOR, "button.show-report").click()
+    wait(browser, lambda d: d.find_element(By.ID, "regression-report").is_displayed(), "the report")
+    assert not browser.find_element(By.ID, "classification-report").is_displayed()
+    summary = browser.find_element(By.ID, "report-summary").text
+    assert "Test RMSE" in summary and "Test MAE" in summary
+    assert browser.find_elements(By.CSS_SELECTOR, "#slices tbody tr")
+    screenshot(browser, "tabular-regressor")
+    assert unnamed_controls(browser) == []
+    assert page_errors(browser) == []
+
+
+def test_a_32x32_colour_image_is_resized_and_shown_as_the_model_received_it(
+    browser, any_server, tmp_path
+):
+    open_model(browser, any_server, "shapes")
+    assert browser.find_element(By.ID, "image-inputs").is_displayed()
+    assert not browser.find_element(By.ID, "invert-choice").is_displayed()
+    photo = np.zeros((48, 40, 3), np.uint8)
+    photo[8:40, 10:30] = (220, 40, 30)  # a red box on black
+    path = tmp_path / "box.png"
+    path.write_bytes(png_bytes(photo))
+    browser.find_element(By.ID, "file-input").send_keys(str(path))
+    wait(browser, lambda d: len(cards(d)) == 1, "the image's card")
+    screenshot(browser, "image-32x32x3")
+    (expected,) = ok_json(
+        httpx.post(
+            f"{any_server.url}/predict/shapes?include_pixels=true",
+            files=[("files", ("box.png", path.read_bytes()))],
+        )
+    )["predictions"]
+    (card,) = cards(browser)
+    assert card.find_element(By.CLASS_NAME, "predicted-label").text == expected["label"]
+    canvas = card.find_element(By.CSS_SELECTOR, "canvas.model-input")
+    rgb = browser.execute_script(
+        "const c = arguments[0]; const data = c.getContext('2d').getImageData(0, 0, c.width, "
+        "c.height).data; return [c.width, c.height, Array.from(data.filter((_, i) => i % 4 !== 3))];",
+        canvas,
+    )
+    assert rgb[:2] == [32, 32]
+    np.testing.assert_array_equal(np.array(rgb[2]).reshape(32, 32, 3), expected["pixels"])
     assert page_errors(browser) == []

@@ -21,7 +21,9 @@ from artifact.contract import (
     EXPORT_PLOTS,
     FASHION_MNIST_LABELS,
     LEARNING_CURVES_PLOT,
+    PREDICTED_VS_TRUE_PLOT,
     REPORT_FILE,
+    RESIDUALS_PLOT,
 )
 from artifact.images import image_to_pixels
 from service.protocols.page import CONTENT_SECURITY_POLICY, STATIC_DIR
@@ -183,7 +185,10 @@ def test_versions_on_disk_newest_first_with_accuracy_reports_and_plots(client):
     assert [row["version"] for row in listing["versions"]] == ["3", "2", "1"]
     assert rows["3"] == {
         "version": "3",
+        "task": "classification",
         "accuracy": 0.8,
+        "rmse": None,
+        "mae": None,
         "examples": 300,
         "date": "2026-01-02T03:04:05+00:00",
         "global_step": 300,
@@ -318,3 +323,20 @@ def test_uploads_answer_the_prepared_image_not_the_file(client):
     assert received.shape == (28, 28)
     np.testing.assert_array_equal(received, image_to_pixels(png_bytes(photo)))
     assert received[0, 0] == 0 and received[14, 14] > 200, "inverted: light object on dark"
+
+
+def test_a_regressors_versions_headline_is_its_rmse(client, repository):
+    """training/evaluation.py's regression report: rmse and mae, no accuracy; its plots."""
+    extra = write_version(repository, 4) / ASSETS_EXTRA
+    extra.mkdir()
+    regression = {"rmse": 3.25, "mae": 2.5, "max_error": 7.0, "examples": 40, "slices": {}}
+    (extra / REPORT_FILE).write_text(json.dumps(regression))
+    for plot in (PREDICTED_VS_TRUE_PLOT, RESIDUALS_PLOT):
+        (extra / plot).write_bytes(FAKE_PNG)
+    rows = {row["version"]: row for row in ok_json(client.get(f"{PAGE}/versions"))["versions"]}
+    assert rows["4"]["task"] == "regression" and rows["3"]["task"] == "classification"
+    assert (rows["4"]["rmse"], rows["4"]["mae"], rows["4"]["accuracy"]) == (3.25, 2.5, None)
+    assert rows["4"]["plots"] == [PREDICTED_VS_TRUE_PLOT, RESIDUALS_PLOT]
+    assert ok_json(client.get(f"{PAGE}/versions/4/report"))["plots"] == rows["4"]["plots"]
+    response = client.get(f"{PAGE}/versions/4/plots/{RESIDUALS_PLOT}")
+    assert response.status_code == 200 and response.content == FAKE_PNG
