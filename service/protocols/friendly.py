@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import functools
 from typing import Any
 
 import numpy as np
@@ -114,6 +113,8 @@ class ModelForm:
         value: the output holding a regressor's value.
         softmax_guess: the classifier is a single unnamed float output: shown as one only
             while its rows are probabilities.
+        image_contract: the Fashion-MNIST contract (`image` float32 [-1, 28, 28] in, int
+            `classes` and float `probabilities` out): served by the paths built for it.
     """
 
     signature: SignatureSpec
@@ -126,22 +127,7 @@ class ModelForm:
     class_ids: str | None = None
     value: str | None = None
     softmax_guess: bool = False
-
-    @property
-    def image_contract(self) -> bool:
-        """The Fashion-MNIST contract (`image` float32 [-1, 28, 28] in, int `classes` and
-        float `probabilities` out): served by the paths built for it."""
-        outputs = {spec.name: spec for spec in self.signature.outputs}
-        classes, probabilities = outputs.get(CLASSES_KEY), outputs.get(PROBABILITIES_KEY)
-        return (
-            is_image_signature(self.signature)
-            and classes is not None
-            and classes.dtype is not None
-            and classes.dtype.kind in "iu"
-            and probabilities is not None
-            and probabilities.dtype is not None
-            and probabilities.dtype.kind == "f"
-        )
+    image_contract: bool = False
 
     def to_json(self) -> dict:
         """What the page needs to build its input and read the answer."""
@@ -208,12 +194,40 @@ async def model_form(dataplane: DataPlane, name: str) -> ModelForm:
     return describe(signature)
 
 
-@functools.lru_cache(maxsize=256)
+# Forms by the signature object they describe: a version's signatures are the same objects
+# for as long as it serves, so a request finds its form without hashing the signature.
+_FORMS: dict[int, tuple[SignatureSpec, ModelForm]] = {}
+_FORMS_KEPT = 256
+
+
 def describe(signature: SignatureSpec) -> ModelForm:
     """What /predict takes for a signature and how it answers (the module's docstring)."""
+    known = _FORMS.get(id(signature))
+    if known is not None and known[0] is signature:
+        return known[1]
     kind, image, features = _input_kind(signature)
     task, fields = _task(signature)
-    return ModelForm(signature, kind, task, image, features, **fields)
+    form = ModelForm(
+        signature, kind, task, image, features, image_contract=_image_contract(signature), **fields
+    )
+    if len(_FORMS) >= _FORMS_KEPT:
+        _FORMS.clear()
+    _FORMS[id(signature)] = (signature, form)
+    return form
+
+
+def _image_contract(signature: SignatureSpec) -> bool:
+    outputs = {spec.name: spec for spec in signature.outputs}
+    classes, probabilities = outputs.get(CLASSES_KEY), outputs.get(PROBABILITIES_KEY)
+    return (
+        is_image_signature(signature)
+        and classes is not None
+        and classes.dtype is not None
+        and classes.dtype.kind in "iu"
+        and probabilities is not None
+        and probabilities.dtype is not None
+        and probabilities.dtype.kind == "f"
+    )
 
 
 def _input_kind(signature: SignatureSpec) -> tuple[str, ImageInput | None, tuple[Feature, ...]]:
