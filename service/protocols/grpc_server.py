@@ -2,18 +2,18 @@
 
 A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on
 port 8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus,
-and Classify and Regress for signatures that parse serialized tf.Examples (a parsing
-receiver's export), checked as TF Serving 2.15 checks them (service/examples.py). The server
+and Classify, Regress and MultiInference for signatures that parse serialized tf.Examples (a
+parsing receiver's export), checked as TF Serving 2.15 checks them (service/examples.py). The server
 runs on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC
 requests share HTTP's limits, metrics and batches.
 
 Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
 get_model_status_impl.cc; servables/tensorflow/predict_util.cc, classifier.cc, regressor.cc,
-get_model_metadata_impl.cc; TF's cc/saved_model/util.cc). The service's own errors become
-codes through `GRPC_ERRORS` (service/errors.py, TF Serving's gRPC-to-HTTP table)
-read backwards. A client's deadline cancels its request wherever it waits, batch queue
-included.
+multi_inference.cc, get_model_metadata_impl.cc; TF's cc/saved_model/util.cc). The
+service's own errors become codes through `GRPC_ERRORS` (service/errors.py, TF Serving's
+gRPC-to-HTTP table) read backwards. A client's deadline cancels its request wherever it
+waits, batch queue included.
 
 Imported only when GRPC_PORT is not 0: TF Serving's protos import TensorFlow.
 """
@@ -32,6 +32,8 @@ from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
+    model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -65,6 +67,12 @@ from service.types import ModelMetadata, SignatureSpec
 log = logging.getLogger("service.grpc")
 
 METADATA_FIELD = "signature_def"
+# A MultiInference task's method_name: the examples' kind it runs (TF Serving's
+# signature_constants.h, kClassifyMethodName and kRegressMethodName).
+MULTI_INFERENCE_KINDS = {
+    "tensorflow/serving/classify": "classification",
+    "tensorflow/serving/regress": "regression",
+}
 # TF Serving cuts longer messages (model_servers/grpc_status_util.cc).
 MESSAGE_LIMIT = 1024
 # Calls served at once (GRPC_MAX_CONCURRENT_RPCS); past it gRPC answers RESOURCE_EXHAUSTED.
@@ -179,6 +187,21 @@ def _debug_string(metadata: ModelMetadata, signature_name: str) -> str:
     """A signature as TF Serving prints it in messages (the proto's text format)."""
     # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
     return str(metadata.signature_defs.signature_def.get(signature_name, ""))
+
+
+def _fill_classifications(result, outputs, count: int) -> None:
+    """A ClassificationResult: each example's (label, score) pairs, as TF Serving pairs the
+    classes and scores outputs (servables/tensorflow/classifier.cc)."""
+    for row in examples.classifications(outputs, count):
+        classification = result.classifications.add()
+        for class_label, score in row:
+            classification.classes.add(label=class_label, score=score)
+
+
+def _fill_regressions(result, outputs, count: int) -> None:
+    """A RegressionResult: each example's value (servables/tensorflow/regressor.cc)."""
+    for value in examples.regressions(outputs, count):
+        result.regressions.add(value=value)
 
 
 class _Servicer(
@@ -324,10 +347,7 @@ class _Servicer(
         )
         response = classification_pb2.ClassificationResponse()
         self._fill_spec(response.model_spec, name, result.version, signature_name)
-        for row in examples.classifications(result.outputs, count):
-            classification = response.result.classifications.add()
-            for class_label, score in row:
-                classification.classes.add(label=class_label, score=score)
+        _fill_classifications(response.result, result.outputs, count)
         return response
 
     @_rpc
@@ -337,8 +357,7 @@ class _Servicer(
         )
         response = regression_pb2.RegressionResponse()
         self._fill_spec(response.model_spec, name, result.version, signature_name)
-        for value in examples.regressions(result.outputs, count):
-            response.result.regressions.add(value=value)
+        _fill_regressions(response.result, result.outputs, count)
         return response
 
     @staticmethod
@@ -362,11 +381,26 @@ class _Servicer(
             kind,
             lambda: _debug_string(metadata, signature_name),
         )
-        choice = request.input.WhichOneof("kind")
+        serialized = self._serialized_examples(request.input)
+        result = await self.dataplane.predict(
+            name, examples.example_inputs(serialized), version, signature_name, label
+        )
+        return name, version, label, signature_name, result, len(serialized)
+
+    def _serialized_examples(self, input_) -> list[bytes]:
+        """A request's Input as serialized tf.Examples, each merged over the context when it
+        has one (TF Serving's util.cc, InputToSerializedExampleTensor), counted against
+        MAX_IMAGES.
+
+        Raises:
+            BadInput: no example.
+            PayloadTooLarge: more than MAX_IMAGES.
+        """
+        choice = input_.WhichOneof("kind")
         if choice == "example_list":
-            serialized = [e.SerializeToString() for e in request.input.example_list.examples]
+            serialized = [e.SerializeToString() for e in input_.example_list.examples]
         elif choice == "example_list_with_context":
-            with_context = request.input.example_list_with_context
+            with_context = input_.example_list_with_context
             serialized = []
             for example in with_context.examples:
                 merged = type(example)()
@@ -378,16 +412,60 @@ class _Servicer(
         if not serialized:
             raise BadInput("Input is empty")
         self.dataplane.check_image_count(len(serialized))
-        result = await self.dataplane.predict(
-            name, examples.example_inputs(serialized), version, signature_name, label
-        )
-        return name, version, label, signature_name, result, len(serialized)
+        return serialized
 
     @_rpc
     async def MultiInference(self, request, context):  # noqa: N802
-        raise RPCError(
-            grpc.StatusCode.UNIMPLEMENTED, "MultiInference is not served here: use Predict"
-        )
+        """Several Classify and Regress tasks over one Input of tf.Examples, as TF Serving
+        2.15 runs them (servables/tensorflow/multi_inference.cc, multi_inference_helper.cc):
+        the first task's ModelSpec picks the version; every task must name the same model
+        and a signature of its own; each signature is checked as Classify or Regress checks
+        it; the results come in the tasks' order, each with its ModelSpec. TF Serving runs
+        the tasks' signatures in one session call; here each runs on that same version."""
+        self.dataplane.admit()
+        first = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
+        name, version, label = self.servable(first)
+        metadata = await self.dataplane.metadata(name, version, label)
+        signature_names: list[str] = []
+        for task in request.tasks:
+            if not task.model_spec.name:
+                raise BadInput("Found ModelSpec with an empty model name.")
+            if task.model_spec.name != name:
+                raise BadInput(
+                    "All ModelSpecs in a MultiInferenceRequest must access the same model name."
+                )
+            signature_name = task.model_spec.signature_name or SIGNATURE_NAME
+            if signature_name in signature_names:
+                raise BadInput(f"Duplicate evaluation of signature: {signature_name}")
+            signature_names.append(signature_name)
+            if signature_name not in metadata.signatures:
+                raise BadInput(f"Requested signature not found in model graph: {signature_name}")
+            kind = MULTI_INFERENCE_KINDS.get(task.method_name)
+            if kind is None:
+                raise RPCError(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"Unsupported signature method_name: {task.method_name}",
+                )
+            examples.check_example_signature(
+                metadata.signatures[signature_name],
+                signature_name,
+                kind,
+                functools.partial(_debug_string, metadata, signature_name),
+            )
+        serialized = self._serialized_examples(request.input)
+        response = inference_pb2.MultiInferenceResponse()
+        for task, signature_name in zip(request.tasks, signature_names, strict=True):
+            # The version the first task found, for every task: one model, one version.
+            result = await self.dataplane.predict(
+                name, examples.example_inputs(serialized), metadata.version, signature_name
+            )
+            answer = response.results.add()
+            if MULTI_INFERENCE_KINDS[task.method_name] == "classification":
+                _fill_classifications(answer.classification_result, result.outputs, len(serialized))
+            else:
+                _fill_regressions(answer.regression_result, result.outputs, len(serialized))
+            self._fill_spec(answer.model_spec, task.model_spec.name, result.version, signature_name)
+        return response
 
     @_rpc
     async def GetModelMetadata(self, request, context):  # noqa: N802

@@ -424,7 +424,8 @@ OTHER_ERRORS = [
     pytest.param("Classify", classification_pb2.ClassificationRequest(model_spec={"name": MODEL_NAME, "signature_name": "nope"}), INVALID, "No signature was found with the name: nope", id="classify-unknown-signature"),
     pytest.param("Classify", classification_pb2.ClassificationRequest(model_spec={"name": MODEL_NAME}), INVALID, 'No classification inputs found in SignatureDef: inputs {\n  key: "image"', id="classify-predict-signature"),
     pytest.param("Regress", regression_pb2.RegressionRequest(model_spec={"name": MODEL_NAME}), INVALID, "Expected one output Tensor.", id="regress-predict-signature"),
-    pytest.param("MultiInference", inference_pb2.MultiInferenceRequest(), grpc.StatusCode.UNIMPLEMENTED, "MultiInference is not served here", id="multi-inference"),
+    pytest.param("MultiInference", inference_pb2.MultiInferenceRequest(), INVALID, "ModelSpec has no name specified.", id="multi-inference-no-task"),
+    pytest.param("MultiInference", inference_pb2.MultiInferenceRequest(tasks=[{"model_spec": {"name": MODEL_NAME}, "method_name": "tensorflow/serving/classify"}]), INVALID, 'No classification inputs found in SignatureDef: inputs {\n  key: "image"', id="multi-inference-predict-signature"),
 ]  # fmt: skip
 
 

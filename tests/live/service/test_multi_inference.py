@@ -1,0 +1,226 @@
+"""TF Serving's gRPC MultiInference: Classify and Regress tasks over one Input of tf.Examples,
+against a real `python -m service` serving a parsing receiver's pre-made classifier
+(conftest's `any_models`) and a tf.Module whose signatures classify and regress the same
+examples. Every result is held against the service's own Classify and Regress answers and
+against `tf.saved_model.load`, value for value; what TF Serving refuses is refused in its
+words and codes (servables/tensorflow/multi_inference.cc, 2.15.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from support.any_models import model_config
+from support.servers import start_server
+from tensorflow_serving.apis import (
+    classification_pb2,
+    inference_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+TIMEOUT = 60.0
+CLASSIFY, REGRESS = "tensorflow/serving/classify", "tensorflow/serving/regress"
+ROWS = [
+    {"x1": 0.5, "x2": 4.0, "rooms": 3, "color": "red"},
+    {"x1": -1.25, "x2": 6.5, "rooms": 1, "color": "blue"},
+    {"x1": 2.0, "x2": 3.0, "rooms": 5, "color": "purple"},
+]
+XS = [0.5, -2.0, 3.0]
+
+
+def save_mixed(version_dir: Path) -> None:
+    """A model whose signatures parse the same tf.Examples (a float `x`) and classify them
+    (`classes` neg/pos and `scores`: the sigmoid) and regress them (`outputs`: 3x + 1)."""
+
+    spec = {"x": tf.io.FixedLenFeature([], tf.float32)}
+
+    class Mixed(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def classify(self, inputs):
+            x = tf.io.parse_example(inputs, spec)["x"]
+            positive = tf.sigmoid(x)
+            names = tf.tile(tf.constant([[b"neg", b"pos"]]), [tf.shape(x)[0], 1])
+            return {"classes": names, "scores": tf.stack([1 - positive, positive], axis=1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def regress(self, inputs):
+            return {"outputs": tf.io.parse_example(inputs, spec)["x"] * 3.0 + 1.0}
+
+    module = Mixed()
+    tf.saved_model.save(
+        module,
+        str(version_dir),
+        signatures={
+            "serving_default": module.classify.get_concrete_function(),
+            "classification": module.classify.get_concrete_function(),
+            "regression": module.regress.get_concrete_function(),
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def models(any_models, tmp_path_factory) -> dict[str, Path]:
+    mixed = tmp_path_factory.mktemp("multi") / "mixed"
+    save_mixed(mixed / "1")
+    return {"classifier_examples": any_models["classifier_examples"], "mixed": mixed}
+
+
+@pytest.fixture(scope="module")
+def stub(models, tmp_path_factory) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
+    root = tmp_path_factory.mktemp("multi-service")
+    config = root / "models.config"
+    config.write_text(model_config(models))
+    server = start_server(root / "server.log", grpc=True, MODEL_CONFIG_FILE=str(config))
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def loaded(models):
+    return {name: tf.saved_model.load(str(path / "1")) for name, path in models.items()}
+
+
+def tf_example(features: dict) -> tf.train.Example:
+    example = tf.train.Example()
+    for key, value in features.items():
+        feature = example.features.feature[key]
+        if isinstance(value, str):
+            feature.bytes_list.value.append(value.encode())
+        elif isinstance(value, int):
+            feature.int64_list.value.append(value)
+        else:
+            feature.float_list.value.append(value)
+    return example
+
+
+def reference(loaded, model: str, signature: str, rows: list[dict]) -> dict[str, np.ndarray]:
+    serialized = tf.constant([tf_example(row).SerializeToString() for row in rows])
+    outputs = loaded[model].signatures[signature](inputs=serialized)
+    return {key: value.numpy() for key, value in outputs.items()}
+
+
+def request(
+    *tasks: tuple[str, str, str], rows: list[dict] = ()
+) -> inference_pb2.MultiInferenceRequest:
+    """A MultiInferenceRequest of (model, signature, method) tasks over the rows."""
+    message = inference_pb2.MultiInferenceRequest()
+    for model, signature, method in tasks:
+        task = message.tasks.add(method_name=method)
+        task.model_spec.name = model
+        task.model_spec.signature_name = signature
+    for row in rows:
+        message.input.example_list.examples.add().CopyFrom(tf_example(row))
+    return message
+
+
+def classified(result) -> tuple[list[list[str]], np.ndarray]:
+    rows = result.classifications
+    return (
+        [[c.label for c in row.classes] for row in rows],
+        np.array([[c.score for c in row.classes] for row in rows], np.float32),
+    )
+
+
+def test_classify_and_regress_over_the_same_examples(stub, loaded):
+    rows = [{"x": x} for x in XS]
+    response = stub.MultiInference(
+        request(("mixed", "classification", CLASSIFY), ("mixed", "regression", REGRESS), rows=rows),
+        timeout=TIMEOUT,
+    )
+    classes, regression = response.results
+    assert classes.WhichOneof("result") == "classification_result"
+    assert regression.WhichOneof("result") == "regression_result"
+    assert (classes.model_spec.name, classes.model_spec.signature_name) == (
+        "mixed",
+        "classification",
+    )
+    assert regression.model_spec.signature_name == "regression"
+    assert classes.model_spec.version.value == regression.model_spec.version.value == 1
+
+    want = reference(loaded, "mixed", "classification", rows)
+    labels, scores = classified(classes.classification_result)
+    assert labels == [[n.decode() for n in row] for row in want["classes"]]
+    np.testing.assert_array_equal(scores, want["scores"])
+    want = reference(loaded, "mixed", "regression", rows)["outputs"]
+    values = np.array([r.value for r in regression.regression_result.regressions], np.float32)
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_allclose(values, np.float32(XS) * 3 + 1)
+
+    # The same as Classify and Regress answer on their own.
+    alone = classification_pb2.ClassificationRequest()
+    alone.model_spec.name, alone.model_spec.signature_name = "mixed", "classification"
+    alone.input.CopyFrom(request(rows=rows).input)
+    assert stub.Classify(alone, timeout=TIMEOUT).result == classes.classification_result
+    alone = regression_pb2.RegressionRequest()
+    alone.model_spec.name, alone.model_spec.signature_name = "mixed", "regression"
+    alone.input.CopyFrom(request(rows=rows).input)
+    assert stub.Regress(alone, timeout=TIMEOUT).result == regression.regression_result
+
+
+def test_a_pre_made_classifiers_signatures_with_a_context(stub, loaded):
+    message = request(
+        ("classifier_examples", "classification", CLASSIFY),
+        ("classifier_examples", "", CLASSIFY),
+    )
+    with_context = message.input.example_list_with_context
+    with_context.context.CopyFrom(tf_example({"x2": 5.0}))
+    for row in ROWS:
+        with_context.examples.add().CopyFrom(
+            tf_example({k: v for k, v in row.items() if k != "x2"})
+        )
+    first, second = stub.MultiInference(message, timeout=TIMEOUT).results
+    # An empty signature name is the default one, and the result says so.
+    assert second.model_spec.signature_name == "serving_default"
+    rows = [{**row, "x2": 5.0} for row in ROWS]
+    want = reference(loaded, "classifier_examples", "classification", rows)
+    for result in (first, second):
+        labels, scores = classified(result.classification_result)
+        assert labels == [[n.decode() for n in row] for row in want["classes"]]
+        np.testing.assert_array_equal(scores, want["scores"])
+
+
+BAD = [
+    pytest.param(request(), grpc.StatusCode.INVALID_ARGUMENT,
+                 "ModelSpec has no name specified.", id="no-task"),
+    pytest.param(request(("mixed", "classification", CLASSIFY),
+                         ("classifier_examples", "classification", CLASSIFY), rows=[{"x": 1.0}]),
+                 grpc.StatusCode.INVALID_ARGUMENT,
+                 "All ModelSpecs in a MultiInferenceRequest must access the same model name.",
+                 id="two-models"),
+    pytest.param(request(("mixed", "classification", CLASSIFY), ("", "regression", REGRESS)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "Found ModelSpec with an empty model name.",
+                 id="empty-name"),
+    pytest.param(request(("mixed", "", CLASSIFY), ("mixed", "serving_default", CLASSIFY)),
+                 grpc.StatusCode.INVALID_ARGUMENT,
+                 "Duplicate evaluation of signature: serving_default", id="same-signature"),
+    pytest.param(request(("mixed", "nope", CLASSIFY)), grpc.StatusCode.INVALID_ARGUMENT,
+                 "Requested signature not found in model graph: nope", id="unknown-signature"),
+    pytest.param(request(("mixed", "classification", "tensorflow/serving/predict")),
+                 grpc.StatusCode.UNIMPLEMENTED,
+                 "Unsupported signature method_name: tensorflow/serving/predict",
+                 id="predict-method"),
+    pytest.param(request(("mixed", "classification", REGRESS)), grpc.StatusCode.INVALID_ARGUMENT,
+                 "Expected one output Tensor.", id="regress-a-classifier"),
+    pytest.param(request(("classifier_examples", "predict", CLASSIFY)),
+                 grpc.StatusCode.INVALID_ARGUMENT,
+                 "Expected one or two output Tensors, found 6", id="a-predict-signature"),
+    pytest.param(request(("mixed", "classification", CLASSIFY)), grpc.StatusCode.INVALID_ARGUMENT,
+                 "Input is empty", id="no-example"),
+    pytest.param(request(("nope", "", CLASSIFY), rows=[{"x": 1.0}]), grpc.StatusCode.NOT_FOUND,
+                 "Servable not found for request: Latest(nope)", id="unknown-model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("message, code, words", BAD)
+def test_what_tf_serving_refuses(stub, message, code, words):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.MultiInference(message, timeout=TIMEOUT)
+    assert caught.value.code() == code
+    assert caught.value.details().startswith(words), caught.value.details()
