@@ -25,6 +25,16 @@ from training.sample_data import write_sample_data
 
 STEPS = 30
 IMAGE_SIZE, CHANNELS = 32, 3
+# Instances of the tabular models' features (sample-data's classification.csv columns, and
+# regression.csv's with `city` for `color`).
+ROWS = [
+    {"x1": 0.5, "x2": 4.0, "rooms": 3, "color": "red"},
+    {"x1": -1.25, "x2": 6.5, "rooms": 1, "color": "blue"},
+    # Outside the vocabulary: served, as TensorFlow serves it (the column's OOV bucket).
+    {"x1": 2.0, "x2": 3.0, "rooms": 5, "color": "purple"},
+]
+CITY_ROWS = [{k: v for k, v in r.items() if k != "color"} | {"city": c} for r, c in
+             zip(ROWS, ("a", "d", "zz"), strict=True)]  # fmt: skip
 
 
 def _train(*argv) -> None:

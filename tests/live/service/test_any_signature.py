@@ -21,8 +21,10 @@ import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.any_models import CITY_ROWS, ROWS
 from support.helpers import error_message
 from support.servers import start_server, wait_for
+from support.tf_reference import columns, reference, serialized, tf_example
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -34,14 +36,6 @@ from tensorflow_serving.apis import (
 from service import v2_proto
 
 TIMEOUT = 60.0
-ROWS = [
-    {"x1": 0.5, "x2": 4.0, "rooms": 3, "color": "red"},
-    {"x1": -1.25, "x2": 6.5, "rooms": 1, "color": "blue"},
-    # Outside the vocabulary: served, as TensorFlow serves it (the column's OOV bucket).
-    {"x1": 2.0, "x2": 3.0, "rooms": 5, "color": "purple"},
-]
-CITY_ROWS = [{k: v for k, v in r.items() if k != "color"} | {"city": c} for r, c in
-             zip(ROWS, ("a", "d", "zz"), strict=True)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +54,6 @@ def stub(any_server) -> Iterator[prediction_service_pb2_grpc.PredictionServiceSt
 def loaded(any_models):
     """Each model's SavedModel loaded in this process: the reference answers."""
     return {name: tf.saved_model.load(str(path / "1")) for name, path in any_models.items()}
-
-
-def reference(loaded, model: str, signature: str, **inputs) -> dict[str, np.ndarray]:
-    """What TensorFlow itself answers."""
-    outputs = loaded[model].signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
-    return {k: v.numpy() for k, v in outputs.items()}
-
-
-def columns(rows: list[dict]) -> dict[str, np.ndarray]:
-    """Rows of features as the raw receiver's arrays (float32, int64, bytes)."""
-    out = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        if isinstance(values[0], str):
-            out[key] = np.array([v.encode() for v in values], dtype=object)
-        elif isinstance(values[0], int):
-            out[key] = np.array(values, np.int64)
-        else:
-            out[key] = np.array(values, np.float32)
-    return out
 
 
 def as_served(value, like: np.ndarray) -> np.ndarray:
@@ -370,22 +344,6 @@ def test_v2_grpc_with_bytes_answers_as_tensorflow(any_server, loaded):
 
 
 # --- Classify and Regress: tf.Examples through a parsing receiver's export ----------------
-
-
-def tf_example(features: dict) -> tf.train.Example:
-    feature = {}
-    for key, value in features.items():
-        if isinstance(value, str):
-            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
-        elif isinstance(value, int):
-            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-        else:
-            feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
-    return tf.train.Example(features=tf.train.Features(feature=feature))
-
-
-def serialized(rows: list[dict]) -> np.ndarray:
-    return np.array([tf_example(r).SerializeToString() for r in rows], dtype=object)
 
 
 def test_rest_classify_and_regress_answer_as_tensorflow(client, loaded):

@@ -15,8 +15,9 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.any_models import model_config
+from support.any_models import ROWS, model_config
 from support.servers import start_server
+from support.tf_reference import reference, serialized, tf_example
 from tensorflow_serving.apis import (
     classification_pb2,
     inference_pb2,
@@ -26,11 +27,6 @@ from tensorflow_serving.apis import (
 
 TIMEOUT = 60.0
 CLASSIFY, REGRESS = "tensorflow/serving/classify", "tensorflow/serving/regress"
-ROWS = [
-    {"x1": 0.5, "x2": 4.0, "rooms": 3, "color": "red"},
-    {"x1": -1.25, "x2": 6.5, "rooms": 1, "color": "blue"},
-    {"x1": 2.0, "x2": 3.0, "rooms": 5, "color": "purple"},
-]
 XS = [0.5, -2.0, 3.0]
 
 
@@ -87,25 +83,6 @@ def loaded(models):
     return {name: tf.saved_model.load(str(path / "1")) for name, path in models.items()}
 
 
-def tf_example(features: dict) -> tf.train.Example:
-    example = tf.train.Example()
-    for key, value in features.items():
-        feature = example.features.feature[key]
-        if isinstance(value, str):
-            feature.bytes_list.value.append(value.encode())
-        elif isinstance(value, int):
-            feature.int64_list.value.append(value)
-        else:
-            feature.float_list.value.append(value)
-    return example
-
-
-def reference(loaded, model: str, signature: str, rows: list[dict]) -> dict[str, np.ndarray]:
-    serialized = tf.constant([tf_example(row).SerializeToString() for row in rows])
-    outputs = loaded[model].signatures[signature](inputs=serialized)
-    return {key: value.numpy() for key, value in outputs.items()}
-
-
 def request(
     *tasks: tuple[str, str, str], rows: list[dict] = ()
 ) -> inference_pb2.MultiInferenceRequest:
@@ -144,11 +121,11 @@ def test_classify_and_regress_over_the_same_examples(stub, loaded):
     assert regression.model_spec.signature_name == "regression"
     assert classes.model_spec.version.value == regression.model_spec.version.value == 1
 
-    want = reference(loaded, "mixed", "classification", rows)
+    want = reference(loaded, "mixed", "classification", inputs=serialized(rows))
     labels, scores = classified(classes.classification_result)
     assert labels == [[n.decode() for n in row] for row in want["classes"]]
     np.testing.assert_array_equal(scores, want["scores"])
-    want = reference(loaded, "mixed", "regression", rows)["outputs"]
+    want = reference(loaded, "mixed", "regression", inputs=serialized(rows))["outputs"]
     values = np.array([r.value for r in regression.regression_result.regressions], np.float32)
     np.testing.assert_array_equal(values, want)
     np.testing.assert_allclose(values, np.float32(XS) * 3 + 1)
@@ -179,7 +156,7 @@ def test_a_pre_made_classifiers_signatures_with_a_context(stub, loaded):
     # An empty signature name is the default one, and the result says so.
     assert second.model_spec.signature_name == "serving_default"
     rows = [{**row, "x2": 5.0} for row in ROWS]
-    want = reference(loaded, "classifier_examples", "classification", rows)
+    want = reference(loaded, "classifier_examples", "classification", inputs=serialized(rows))
     for result in (first, second):
         labels, scores = classified(result.classification_result)
         assert labels == [[n.decode() for n in row] for row in want["classes"]]

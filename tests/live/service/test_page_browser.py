@@ -548,11 +548,22 @@ def fill_features(driver: WebDriver, values: dict[str, str]) -> dict[str, str]:
     return types
 
 
-def as_instance(values: dict[str, str], types: dict[str, tuple]) -> dict:
-    """The JSON instance the form's values make, typed as the fields are."""
-    return {
-        name: (float(text) if types[name][0] == "number" else text) for name, text in values.items()
-    }
+def submit_features(driver: WebDriver, server: Server, model: str, values: dict[str, str]):
+    """Fill the generated form, send it, and wait for its card; (card, the fields' types,
+    what /predict itself answers for the same instance, typed as the fields are)."""
+    types = fill_features(driver, values)
+    driver.find_element(By.ID, "predict-features").click()
+    wait(driver, lambda d: len(cards(d)) == 1, "the answer's card")
+    instance = {
+        name: (text if types[name][0] != "number" else int(text) if types[name][1] == "1"
+               else float(text))
+        for name, text in values.items()
+    }  # fmt: skip
+    (expected,) = ok_json(
+        httpx.post(f"{server.url}/predict/{model}", json={"instances": [instance]})
+    )["predictions"]
+    (card,) = cards(driver)
+    return card, types, expected
 
 
 def test_the_model_selector_lists_every_model(browser, any_server):
@@ -576,7 +587,8 @@ def test_a_tabular_classifiers_form_is_generated_from_its_signature(browser, any
     open_model(browser, any_server, "classifier")
     assert not browser.find_element(By.ID, "image-inputs").is_displayed()
     assert browser.find_element(By.ID, "features-form").is_displayed()
-    types = fill_features(browser, CLASSIFIER_FEATURES)
+    card, types, expected = submit_features(browser, any_server, "classifier", CLASSIFIER_FEATURES)
+    screenshot(browser, "tabular-classifier")
     # Numbers in number fields (integers step by one), strings in text fields.
     assert types == {
         "color": ("text", ""),
@@ -584,15 +596,6 @@ def test_a_tabular_classifiers_form_is_generated_from_its_signature(browser, any
         "x1": ("number", "any"),
         "x2": ("number", "any"),
     }
-    browser.find_element(By.ID, "predict-features").click()
-    wait(browser, lambda d: len(cards(d)) == 1, "the answer's card")
-    screenshot(browser, "tabular-classifier")
-    instance = as_instance(CLASSIFIER_FEATURES, types)
-    instance["rooms"] = int(instance["rooms"])
-    (expected,) = ok_json(
-        httpx.post(f"{any_server.url}/predict/classifier", json={"instances": [instance]})
-    )["predictions"]
-    (card,) = cards(browser)
     assert card.find_element(By.CLASS_NAME, "predicted-label").text == expected["label"]
     assert expected["label"] in ("high", "low", "mid")
     assert bars(card) == [
@@ -603,15 +606,7 @@ def test_a_tabular_classifiers_form_is_generated_from_its_signature(browser, any
 
 def test_a_regressors_form_answers_its_value_and_its_report_its_errors(browser, any_server):
     open_model(browser, any_server, "regressor")
-    types = fill_features(browser, REGRESSOR_FEATURES)
-    browser.find_element(By.ID, "predict-features").click()
-    wait(browser, lambda d: len(cards(d)) == 1, "the answer's card")
-    instance = as_instance(REGRESSOR_FEATURES, types)
-    instance["rooms"] = int(instance["rooms"])
-    (expected,) = ok_json(
-        httpx.post(f"{any_server.url}/predict/regressor", json={"instances": [instance]})
-    )["predictions"]
-    (card,) = cards(browser)
+    card, _, expected = submit_features(browser, any_server, "regressor", REGRESSOR_FEATURES)
     assert float(card.find_element(By.CLASS_NAME, "predicted-value").text) == expected["value"]
     # The versions list's headline is the RMSE, and the report a regressor's.
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#versions thead th")]

@@ -17,20 +17,14 @@ import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.any_models import CITY_ROWS, ROWS
 from support.helpers import error_message, ok_json, png_bytes
+from support.tf_reference import columns, reference, serialized
 
 from artifact.images import ImageInput, image_to_input
 from artifact.repository import read_labels
 
 TIMEOUT = 60.0
-ROWS = [
-    {"x1": 0.5, "x2": 4.0, "rooms": 3, "color": "red"},
-    {"x1": -1.25, "x2": 6.5, "rooms": 1, "color": "blue"},
-    # Outside the vocabulary: served, as TensorFlow serves it (the column's OOV bucket).
-    {"x1": 2.0, "x2": 3.0, "rooms": 5, "color": "purple"},
-]
-CITY_ROWS = [{k: v for k, v in r.items() if k != "color"} | {"city": c} for r, c in
-             zip(ROWS, ("a", "d", "zz"), strict=True)]  # fmt: skip
 SHAPES_INPUT = ImageInput(32, 32, 3, channel_axis=True)
 RNG = np.random.default_rng(0)
 
@@ -45,43 +39,6 @@ def client(any_server) -> Iterator[httpx.Client]:
 def loaded(any_models):
     """Each model's SavedModel loaded in this process: the reference answers."""
     return {name: tf.saved_model.load(str(path / "1")) for name, path in any_models.items()}
-
-
-def reference(loaded, model: str, signature: str, **inputs) -> dict[str, np.ndarray]:
-    """What TensorFlow itself answers."""
-    outputs = loaded[model].signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
-    return {k: v.numpy() for k, v in outputs.items()}
-
-
-def columns(rows: list[dict]) -> dict[str, np.ndarray]:
-    """Rows of features as the raw receiver's arrays (float32, int64, bytes)."""
-    out = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        if isinstance(values[0], str):
-            out[key] = np.array([v.encode() for v in values], dtype=object)
-        elif isinstance(values[0], int):
-            out[key] = np.array(values, np.int64)
-        else:
-            out[key] = np.array(values, np.float32)
-    return out
-
-
-def serialized(rows: list[dict]) -> np.ndarray:
-    """Rows of features as serialized tf.Examples, written by TensorFlow's own protos."""
-    out = []
-    for row in rows:
-        example = tf.train.Example()
-        for key, value in row.items():
-            feature = example.features.feature[key]
-            if isinstance(value, str):
-                feature.bytes_list.value.append(value.encode())
-            elif isinstance(value, int):
-                feature.int64_list.value.append(value)
-            else:
-                feature.float_list.value.append(value)
-        out.append(example.SerializeToString())
-    return np.array(out, dtype=object)
 
 
 def predict(client, model: str, body: dict | None = None, **kwargs) -> dict:
