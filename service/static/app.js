@@ -739,7 +739,7 @@ function renderReport(report) {
   if (report.plots.includes('learning_curves.png')) {
     const image = el('img', {
       src: plotUrl('learning_curves.png'),
-      alt: `Learning curves of version ${report.version}: loss${regression ? '' : ' and accuracy'} against the training step, for the training batches and for the evaluations on the test split`,
+      alt: `Learning curves of version ${report.version}: loss and ${regression ? 'RMSE' : 'accuracy'} against the training step, for the training batches and for the evaluations on the test split`,
     });
     image.addEventListener('error', () =>
       curves.replaceChildren(el('p', { class: 'error', text: 'The learning curves could not be loaded.' })),
