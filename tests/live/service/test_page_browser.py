@@ -617,6 +617,20 @@ def test_a_regressors_form_answers_its_value_and_its_report_its_errors(browser, 
     summary = browser.find_element(By.ID, "report-summary").text
     assert "Test RMSE" in summary and "Test MAE" in summary
     assert browser.find_elements(By.CSS_SELECTOR, "#slices tbody tr")
+    # The export's plots of a regressor, loaded from its version's assets.extra/.
+    plots = browser.find_elements(By.CSS_SELECTOR, "#regression-plots img")
+    assert [p.get_attribute("src").rsplit("/", 1)[1] for p in plots] == [
+        "predicted_vs_true.png",
+        "residuals.png",
+    ]
+    for plot in plots:
+        wait(
+            browser,
+            lambda d, plot=plot: (
+                plot.get_property("complete") and plot.get_property("naturalWidth") > 0
+            ),
+            "a regressor's plot",
+        )
     screenshot(browser, "tabular-regressor")
     assert unnamed_controls(browser) == []
     assert page_errors(browser) == []
