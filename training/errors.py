@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-
-class DataError(Exception):
-    """A data file is missing or not valid; the message names the file and the problem."""
+# A data file's problem: defined with the MNIST-format checks (artifact/idx.py, no TensorFlow).
+from artifact.idx import DataError  # noqa: F401
 
 
 class UsageError(Exception):
