@@ -3,10 +3,10 @@
 #   api      the prediction service (the default target)      docker build --target api .
 #   trainer  the training job, with Debian's Fashion-MNIST     docker build --target trainer .
 # Each image carries the shared `artifact` package and its own side only: the API image has
-# no training code, the trainer no web framework (requirements-service.lock and
-# requirements-training.lock).
-# A GPU build adds CUDA's pip wheels (requirements-gpu.lock): --build-arg
-# TENSORFLOW_EXTRAS=and-cuda (docker-compose.gpu.yml does that).
+# no training code and current TensorFlow (requirements-service.lock), the trainer no web
+# framework and TensorFlow 2.15 with tf.estimator (requirements-training.lock).
+# A GPU build adds CUDA's pip wheels (requirements-gpu.lock, requirements-training-gpu.lock):
+# --build-arg TENSORFLOW_EXTRAS=and-cuda (docker-compose.gpu.yml does that).
 # Every pip install is hash-checked (--require-hashes): only the files the locks name, each
 # with its sha256 (docs/security.md, "Reproducible installs").
 
@@ -15,27 +15,32 @@
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # --- api-deps / trainer-deps: a virtualenv with each image's pinned packages --------------
-# Rebuilt only when a lock file (or the extras) change, not on every code change. TensorFlow
-# (with CUDA's wheels when asked) goes in first, in the stage both share.
+# Two TensorFlows (docs/architecture.md, "Two TensorFlows"): the api on current TensorFlow
+# (requirements-service.lock), the trainer on 2.15, the last with tf.estimator
+# (requirements-training.lock). Rebuilt only when a lock file (or the extras) change, not on
+# every code change; with TENSORFLOW_EXTRAS=and-cuda, each side's GPU lock, which includes it.
 FROM ${PYTHON_IMAGE} AS venv
-ARG TENSORFLOW_EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY requirements.lock requirements-gpu.lock ./
+
+FROM venv AS api-deps
+ARG TENSORFLOW_EXTRAS=""
+COPY requirements-service.lock requirements-gpu.lock ./
 RUN case "$TENSORFLOW_EXTRAS" in \
-      "") pip install --require-hashes --requirement requirements.lock ;; \
+      "") pip install --require-hashes --requirement requirements-service.lock ;; \
       and-cuda) pip install --require-hashes --requirement requirements-gpu.lock ;; \
       *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
     esac
 
-FROM venv AS api-deps
-COPY requirements-service.lock ./
-RUN pip install --require-hashes --requirement requirements-service.lock
-
 FROM venv AS trainer-deps
-COPY requirements-training.lock ./
-RUN pip install --require-hashes --requirement requirements-training.lock
+ARG TENSORFLOW_EXTRAS=""
+COPY requirements-training.lock requirements-training-gpu.lock ./
+RUN case "$TENSORFLOW_EXTRAS" in \
+      "") pip install --require-hashes --requirement requirements-training.lock ;; \
+      and-cuda) pip install --require-hashes --requirement requirements-training-gpu.lock ;; \
+      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
+    esac
 
 # --- runtime: a clean base with a non-root user; the code runs from /app -------------------
 FROM ${PYTHON_IMAGE} AS runtime

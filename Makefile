@@ -1,9 +1,16 @@
 # Thin wrappers. `make serve` and `make test` set everything up from nothing.
 SHELL := /bin/bash
 PYTHON ?= python3
+# Two sides, two venvs (docs/architecture.md, "Two TensorFlows"): the service on current
+# TensorFlow, with the tests' and docs' tools; the trainer on TensorFlow 2.15, the last with
+# tf.estimator.
 VENV := .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
+TRAINING_VENV := .venv-training
+TPY := $(TRAINING_VENV)/bin/python
+TRAINING_STAMP := $(TRAINING_VENV)/.installed
 # Wheels the Kubernetes manifest tests read the TFJob and InferenceService schemas from.
 CRD_SDKS := $(VENV)/crd-sdks
 CRD_SDKS_STAMP := $(CRD_SDKS)/.downloaded
@@ -14,30 +21,42 @@ MODEL_NAME ?= fashion_mnist
 MODEL_BASE_PATH ?= models
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# oneDNN made inference 1.2-1.4x faster on this CPU (measured with TF 2.15); TF leaves it off
-# on AVX2 machines.
+# oneDNN made inference 1.2-1.4x faster on this CPU (measured with TF 2.15); TF 2.15 leaves it
+# off on AVX2 machines.
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-LOCKS := requirements.lock requirements-service.lock requirements-training.lock requirements-dev.lock
-# Hash-checked: pip installs only the locked files, each with a sha256 the lock names (pip
-# itself too: the dev lock has it). The locks come from the requirements-*.in files (`make lock`).
-PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
+# Hash-checked: each venv holds exactly what its locks name, each file with the sha256 the lock
+# gives (uv itself is installed first, hash-checked, by the interpreter's own pip). The locks
+# come from the requirements-*.in files (`make lock`). Bytecode is compiled at install: some
+# machines set PYTHONDONTWRITEBYTECODE, and TensorFlow's import compiles for seconds without it.
+UV_SYNC := $(UV) pip sync --quiet --require-hashes --compile-bytecode
+# The project itself, editable, into each venv: a step of its own (a hash-checked run takes no
+# `-e`), built with the locked setuptools (no isolated build environment fetched unlocked).
+UV_PROJECT := $(UV) pip install --quiet --no-deps --no-build-isolation --compile-bytecode -e .
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
         figures docs tokens tls containers test-containers serve-examples
 
 setup: venv data compose browser tools containers
 
-venv: $(STAMP) $(CRD_SDKS_STAMP)
+venv: $(STAMP) $(TRAINING_STAMP) $(CRD_SDKS_STAMP)
 
-# Reinstalled only when the pinned requirements or the project metadata change. pip takes no
-# editable project in a hash-checked run: the project is a step of its own, nothing else, built
-# with the locked setuptools (no isolated build environment fetched unlocked).
-$(STAMP): $(LOCKS) pyproject.toml
+$(UV): requirements-uv.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) -r requirements-service.lock -r requirements-training.lock -r requirements-dev.lock
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-uv.lock
+	@touch $@
+
+# Each venv is installed again only when its locks or the project metadata change.
+$(STAMP): requirements-service.lock requirements-dev.lock requirements-uv.lock pyproject.toml | $(UV)
+	$(UV_SYNC) --python $(PY) requirements-service.lock requirements-dev.lock requirements-uv.lock
+	$(UV_PROJECT) --python $(PY)
+	@touch $@
+
+$(TRAINING_STAMP): requirements-training.lock requirements-training-dev.lock pyproject.toml | $(UV)
+	@test -x $(TPY) || $(UV) venv --quiet --python $(PYTHON) $(TRAINING_VENV)
+	$(UV_SYNC) --python $(TPY) requirements-training.lock requirements-training-dev.lock
+	$(UV_PROJECT) --python $(TPY)
 	@touch $@
 
 # Compile every requirements-*.in into its hashed lock with uv (tools/lock.py says how they
@@ -104,14 +123,14 @@ containers:
 	  fi; }
 
 train: setup
-	$(PY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
+	$(TPY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
 
 # The gated retrain (docs/retraining.md): a new version only when it is not worse than the one
 # serving; exit code 3 when it is not blessed. FEEDBACK_DIR adds the service's feedback;
 # RETRAIN_ARGS adds options, e.g. RETRAIN_ARGS="--extra-data new-images/ --epochs 1".
 .PHONY: retrain
 retrain: venv data
-	$(PY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
+	$(TPY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 
 # Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file, mode 0600,
@@ -142,7 +161,7 @@ tls:
 # when no version is exported there yet.
 train_once = if ! ls -d $(1)/[0-9]* >/dev/null 2>&1; then \
 	  echo "No version under $(1): training one first."; \
-	  $(PY) -m training train $(2) --export-dir $(1); \
+	  $(TPY) -m training train $(2) --export-dir $(1); \
 	fi
 
 # Train with the defaults only when no version is exported yet, then serve. On 127.0.0.1 with
@@ -166,19 +185,19 @@ EXAMPLE_REGRESSOR := --csv $(EXAMPLES_RUNS)/data/regression.csv --label price --
   --model-dir $(EXAMPLES_RUNS)/tabular_regressor
 serve-examples: setup
 	@$(call train_once,models/fashion_mnist,--data-dir $(DATA_DIR))
-	@test -f $(EXAMPLES_RUNS)/data/regression.csv || $(PY) -m training sample-data --out $(EXAMPLES_RUNS)/data
+	@test -f $(EXAMPLES_RUNS)/data/regression.csv || $(TPY) -m training sample-data --out $(EXAMPLES_RUNS)/data
 	@$(call train_once,models/tabular_classifier,$(EXAMPLE_CLASSIFIER))
 	@$(call train_once,models/tabular_regressor,$(EXAMPLE_REGRESSOR))
 	@echo "Serving fashion_mnist, tabular_classifier and tabular_regressor on http://$(HOST):$(PORT) (the README and docs/training.md show requests)"
 	MODEL_CONFIG_FILE=examples/models.config MODEL_NAME=fashion_mnist HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
 # Everything: tests/unit and tests/live (tests/README.md), the container tier included; where
-# podman cannot run, that tier is skipped and this says why before and after.
-# With PYTHONDONTWRITEBYTECODE set (some machines set it), pytest keeps no rewritten test
-# modules and every `python -m service` a test starts compiles the project again: unset here.
+# podman cannot run, that tier is skipped and this says why before and after. The two sides
+# run at once, each in its own venv (tools/test_sides.py: tests/live/training in
+# .venv-training, everything else in .venv).
 test: setup
 	@$(PY) tools/podman.py check >/dev/null || echo "*** the container tier (tests/live/containers) will be SKIPPED: $$($(PY) tools/podman.py check) ***"
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+	$(PY) tools/test_sides.py
 
 # The container tier alone: the base image and both images (cached between runs), training,
 # serving, the retrain, stop and compose in containers (docs/containers.md).

@@ -2,14 +2,18 @@
 
 Each lock is `uv pip compile` of its .in file with every distribution's sha256
 (`--generate-hashes`), for the images' interpreter and platform (CPython 3.11 on x86-64 glibc
-Linux), so that `pip install --require-hashes` (`make setup`, the Dockerfile) installs nothing
-that is not in a lock. The locks stay layered as the images install them:
+Linux), so that `uv pip install --require-hashes` (`make setup`) and `pip install
+--require-hashes` (the Dockerfile) install nothing that is not in a lock. The two sides run
+different TensorFlows (the service current, the trainer 2.15 with tf.estimator), so each has
+a lock of its own and the others are layered on one of them:
 
-    requirements.lock            the shared runtime (TensorFlow, numpy, protobuf...)
-    requirements-service.lock    -r requirements.lock, plus the API image's own packages
-    requirements-training.lock   -r requirements.lock, plus the trainer's own
-    requirements-gpu.lock        -r requirements.lock, plus CUDA's wheels for a GPU build
-    requirements-dev.lock        tests, lint, docs, on top of the service and training locks
+    requirements-uv.lock              uv, which `make setup` installs first and the rest with
+    requirements-service.lock         the service's runtime (the API image, `.venv`)
+    requirements-training.lock        the trainer's runtime (the trainer image, `.venv-training`)
+    requirements-gpu.lock             -r requirements-service.lock, plus CUDA's wheels
+    requirements-training-gpu.lock    -r requirements-training.lock, plus CUDA's wheels
+    requirements-dev.lock             tests, lint, docs, on top of the service's lock (`.venv`)
+    requirements-training-dev.lock    the training side's tests, on top of the trainer's lock
 
 A layered lock is compiled constrained by the locks under it (so a package they share is
 pinned once, the same) and leaves their packages out (`--no-emit-package`). uv keeps the pins
@@ -47,29 +51,30 @@ class Lock:
 
 
 LOCKS = (
-    Lock("requirements.in", "requirements.lock"),
-    Lock(
-        "requirements-service.in",
-        "requirements-service.lock",
-        base=("requirements.lock",),
-        includes=("requirements.lock",),
-    ),
-    Lock(
-        "requirements-training.in",
-        "requirements-training.lock",
-        base=("requirements.lock",),
-        includes=("requirements.lock",),
-    ),
+    Lock("requirements-uv.in", "requirements-uv.lock"),
+    Lock("requirements-service.in", "requirements-service.lock"),
+    Lock("requirements-training.in", "requirements-training.lock"),
     Lock(
         "requirements-gpu.in",
         "requirements-gpu.lock",
-        base=("requirements.lock",),
-        includes=("requirements.lock",),
+        base=("requirements-service.lock",),
+        includes=("requirements-service.lock",),
+    ),
+    Lock(
+        "requirements-training-gpu.in",
+        "requirements-training-gpu.lock",
+        base=("requirements-training.lock",),
+        includes=("requirements-training.lock",),
     ),
     Lock(
         "requirements-dev.in",
         "requirements-dev.lock",
-        base=("requirements.lock", "requirements-service.lock", "requirements-training.lock"),
+        base=("requirements-service.lock", "requirements-uv.lock"),
+    ),
+    Lock(
+        "requirements-training-dev.in",
+        "requirements-training-dev.lock",
+        base=("requirements-training.lock",),
     ),
 )
 

@@ -21,7 +21,7 @@ INPUT_KEY = "image"
 OUTPUT_KEYS = ("classes", "probabilities")
 IMAGE_SHAPE = (28, 28)
 # The versions the peers' locks pin (benchmarks/peers/requirements-*.lock).
-MLSERVER_VERSION = "1.6.1"
+MLSERVER_VERSION = "1.7.1"
 BENTOML_VERSION = "1.4.40"
 
 HERE = Path(__file__).resolve().parent

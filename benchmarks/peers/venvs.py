@@ -2,12 +2,15 @@
 
 `ensure(peer)` creates benchmarks/.peers/<peer>/ with the interpreter running this code and
 installs benchmarks/peers/requirements-<peer>.lock into it hash-checked (`--require-hashes`:
-only the files the lock names, each with its sha256), constrained by this project's
-requirements.lock (so a pin that drifted from the project's fails the install instead of
-giving the peer another TensorFlow). A stamp records what was installed: the next run
-reuses the venv until the lock changes. `relock(peer)` compiles the .in file with uv, with
-hashes, constrained by requirements.lock, keeping the lock's other pins (as `make lock`
-does for the project's locks, tools/lock.py).
+only the files the lock names, each with its sha256), constrained by the service's TensorFlow
+runtime (`tensorflow-runtime.txt`: TensorFlow and every package it pins, as
+requirements-service.lock has them), so a pin that drifted from the service's fails the
+install instead of giving the peer another TensorFlow. Only the runtime: a peer's own web
+stack (MLServer 1.7 wants an older FastAPI) is its own business. A stamp records what was
+installed: the next run reuses the venv until a lock changes. `relock(peer)` writes the
+runtime file from the service's lock, then compiles the peer's .in file with uv, with hashes,
+constrained by it, keeping the lock's other pins (as `make lock` does for the project's
+locks, tools/lock.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PEERS_DIR = ROOT / "benchmarks" / ".peers"
-PROJECT_LOCK = ROOT / "requirements.lock"
+PROJECT_LOCK = ROOT / "requirements-service.lock"
+# TensorFlow and what it pins, from PROJECT_LOCK: what every peer shares with the service.
+RUNTIME_CONSTRAINTS = HERE / "tensorflow-runtime.txt"
 PEERS = ("mlserver", "bentoml")
 # The command each venv must have for the benchmark to start the peer.
 COMMANDS = {"mlserver": "mlserver", "bentoml": "bentoml"}
@@ -51,7 +56,7 @@ def command(peer: str, base: Path = PEERS_DIR) -> Path:
 def fingerprint(peer: str) -> str:
     """What an installed venv must match: the peer's lock and the project's lock."""
     digest = hashlib.sha256()
-    for path in (lock_file(peer), PROJECT_LOCK):
+    for path in (lock_file(peer), RUNTIME_CONSTRAINTS):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -83,7 +88,7 @@ def install_command(peer: str, venv_python: Path, requirements: Path) -> list[st
         "-r",
         str(requirements),
         "-c",
-        str(PROJECT_LOCK),
+        str(RUNTIME_CONSTRAINTS),
     ]
 
 
@@ -169,7 +174,7 @@ def relock_command(peer: str) -> list[str]:
         "--output-file",
         str(lock_file(peer).relative_to(ROOT)),
         "--constraint",
-        str(PROJECT_LOCK.relative_to(ROOT)),
+        str(RUNTIME_CONSTRAINTS.relative_to(ROOT)),
         "--generate-hashes",
         "--python-version",
         LOCK_PYTHON_VERSION,
@@ -181,8 +186,58 @@ def relock_command(peer: str) -> list[str]:
     ]
 
 
+def runtime_command() -> list[str]:
+    """uv compiling the service's TensorFlow pin, held to PROJECT_LOCK: its closure's pins."""
+    from uv import find_uv_bin
+
+    return [
+        find_uv_bin(),
+        "pip",
+        "compile",
+        "-",
+        "--constraint",
+        str(PROJECT_LOCK.relative_to(ROOT)),
+        "--python-version",
+        LOCK_PYTHON_VERSION,
+        "--python-platform",
+        LOCK_PYTHON_PLATFORM,
+        "--custom-compile-command",
+        RELOCK_COMMAND,
+        "--no-annotate",
+        "--quiet",
+    ]
+
+
+def write_runtime_constraints() -> Path:
+    """RUNTIME_CONSTRAINTS: TensorFlow at the service's pin and everything it needs, pinned as
+    the service's lock pins them."""
+    tensorflow = next(
+        line.split()[0]
+        for line in PROJECT_LOCK.read_text().splitlines()
+        if line.startswith("tensorflow==")
+    )
+    pinned = subprocess.run(
+        runtime_command(),
+        input=tensorflow + "\n",
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    header = (
+        "# TensorFlow and what it pins, as requirements-service.lock has them: the runtime every\n"
+        "# peer shares with the service (benchmarks/peers/venvs.py). Written by\n"
+        f"#    {RELOCK_COMMAND}\n"
+    )
+    body = [line for line in pinned.splitlines() if line and not line.startswith("#")]
+    RUNTIME_CONSTRAINTS.write_text(header + "\n".join(body) + "\n")
+    return RUNTIME_CONSTRAINTS
+
+
 def relock(peer: str, log=print) -> Path:
-    """Compile requirements-<peer>.in into requirements-<peer>.lock (hashed) with uv."""
+    """Compile requirements-<peer>.in into requirements-<peer>.lock (hashed) with uv, after
+    writing the runtime constraints from the service's lock."""
+    write_runtime_constraints()
     subprocess.run(relock_command(peer), cwd=ROOT, check=True)
     log(f"Wrote {lock_file(peer)}", flush=True)
     return lock_file(peer)

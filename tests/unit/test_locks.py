@@ -104,30 +104,44 @@ def test_a_layered_lock_leaves_the_locks_under_it_their_packages(name):
         assert f"\n-r {include}\n" in (ROOT / name).read_text()
 
 
-def test_each_image_lock_holds_only_its_side():
-    service, training = (
-        installed_pins("requirements-service.lock"),
-        installed_pins("requirements-training.lock"),
-    )
-    runtime = installed_pins("requirements.lock")
+def test_each_side_has_its_own_tensorflow_and_only_its_own_packages():
+    service = installed_pins("requirements-service.lock")
+    training = installed_pins("requirements-training.lock")
     assert {"fastapi", "starlette", "uvicorn"} <= service.keys()
     assert not {"fastapi", "starlette", "uvicorn", "pydantic"} & training.keys()
     assert "matplotlib" in training and "matplotlib" not in service
-    assert runtime["tensorflow"] == service["tensorflow"] == training["tensorflow"] == "2.15.1"
-    assert int(runtime["numpy"].split(".")[0]) < 2 and int(runtime["protobuf"].split(".")[0]) < 5
+    # The service on current TensorFlow, with no tf.estimator; the trainer on the last with it.
+    assert service["tensorflow"] == service["tensorflow-serving-api"] == "2.21.0"
+    assert "tensorflow-estimator" not in service
+    assert training["tensorflow"] == training["tensorflow-serving-api"] == "2.15.1"
+    assert training["tensorflow-estimator"] == "2.15.0"
+    assert int(service["numpy"].split(".")[0]) >= 2 and int(service["protobuf"].split(".")[0]) >= 5
+    assert int(training["numpy"].split(".")[0]) < 2 and int(training["protobuf"].split(".")[0]) < 5
 
 
-def test_the_gpu_lock_holds_tensorflows_cuda_wheels_on_the_runtime_lock():
-    gpu = lock_tool.pins((ROOT / "requirements-gpu.lock").read_text())
+@pytest.mark.parametrize(
+    ("gpu_lock", "runtime_lock"),
+    [
+        pytest.param("requirements-gpu.lock", "requirements-service.lock", id="service"),
+        pytest.param("requirements-training-gpu.lock", "requirements-training.lock", id="training"),
+    ],
+)
+def test_each_gpu_lock_holds_tensorflows_cuda_wheels_on_its_sides_lock(gpu_lock, runtime_lock):
+    gpu = lock_tool.pins((ROOT / gpu_lock).read_text())
     assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"} <= gpu.keys()
     assert all(name.startswith("nvidia-") for name in gpu), gpu
-    assert installed_pins("requirements-gpu.lock")["tensorflow"] == "2.15.1"
+    tensorflow = installed_pins(runtime_lock)["tensorflow"]
+    assert installed_pins(gpu_lock)["tensorflow"] == tensorflow
+    assert (
+        f"tensorflow[and-cuda]=={tensorflow}" in (ROOT / PROJECT_LOCKS[gpu_lock].source).read_text()
+    )
 
 
-def test_the_dev_lock_keeps_tritonclient_on_protobuf_4():
+def test_the_dev_tools_share_the_services_protobuf():
+    """tritonclient's generated code runs on the service venv's protobuf and grpcio."""
     dev = lock_tool.pins((ROOT / "requirements-dev.lock").read_text())
-    assert dev["tritonclient"] == "2.51.0" and dev["geventhttpclient"] == "2.6.1"
-    assert dev["grpcio-tools"] == "1.62.3"
+    assert "protobuf" not in dev and "grpcio" not in dev
+    assert dev["tritonclient"] == "2.73.0"
 
 
 def test_make_lock_regenerates_the_same_locks(tmp_path):
@@ -163,17 +177,35 @@ def test_add_includes_puts_them_after_the_header_once():
 
 def test_make_setup_and_the_dockerfile_install_hash_checked():
     makefile = (ROOT / "Makefile").read_text()
-    stamp_rule = makefile.split("$(STAMP): ", 1)[1].split("\n\n", 1)[0]
-    assert "$(PIP_INSTALL) -r requirements-service.lock" in stamp_rule
-    assert re.search(r"^PIP_INSTALL := .* --require-hashes$", makefile, re.M)
-    # The editable project is its own step: pip refuses `-e` in a hash-checked run.
-    assert "pip install --quiet --no-deps --no-build-isolation -e ." in stamp_rule
-    assert "--upgrade pip" not in stamp_rule
+    rules = {
+        target: makefile.split(f"\n{target}: ", 1)[1].split("\n\n", 1)[0]
+        for target in ("$(UV)", "$(STAMP)", "$(TRAINING_STAMP)")
+    }
+    # uv first, hash-checked by the interpreter's pip; then each venv synced from its locks.
+    assert "pip install --quiet --disable-pip-version-check --require-hashes" in rules["$(UV)"]
+    assert re.search(r"^UV_SYNC := \$\(UV\) pip sync .*--require-hashes", makefile, re.M)
+    assert "--compile-bytecode" in makefile.split("UV_SYNC := ", 1)[1].split("\n", 1)[0]
+    assert (
+        "$(UV_SYNC) --python $(PY) requirements-service.lock requirements-dev.lock"
+        in rules["$(STAMP)"]
+    )
+    assert (
+        "$(UV_SYNC) --python $(TPY) requirements-training.lock requirements-training-dev.lock"
+        in rules["$(TRAINING_STAMP)"]
+    )
+    # The editable project is its own step: a hash-checked run takes no `-e`.
+    for rule in ("$(STAMP)", "$(TRAINING_STAMP)"):
+        assert "$(UV_PROJECT)" in rules[rule]
+    assert "--no-deps --no-build-isolation" in makefile.split("UV_PROJECT := ", 1)[1]
     dockerfile = (ROOT / "Dockerfile").read_text()
     installs = re.findall(r"^\s*(?:RUN |\S+\) )?pip install [^;\n]*", dockerfile, re.M)
     assert len(installs) == 4, installs
     assert all("--require-hashes --requirement requirements" in i for i in installs), installs
     assert (
         "and-cuda) pip install --require-hashes --requirement requirements-gpu.lock" in dockerfile
+    )
+    assert (
+        "and-cuda) pip install --require-hashes --requirement requirements-training-gpu.lock"
+        in dockerfile
     )
     assert "tensorflow[" not in dockerfile

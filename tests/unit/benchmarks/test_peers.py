@@ -69,7 +69,7 @@ def test_the_rows_use_settings_from_the_sweep():
     [
         (
             spec.mlserver("m", 1, 64, 0.005),
-            "MLServer 1.6.1, adaptive batching 64 / 5 ms, 1 parallel worker",
+            "MLServer 1.7.1, adaptive batching 64 / 5 ms, 1 parallel worker",
         ),
         (spec.mlserver("m", 0, 16, 0.002), "adaptive batching 16 / 2 ms, 0 parallel workers"),
         (
@@ -311,7 +311,7 @@ def pins(path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("peer", venvs.PEERS)
 def test_a_peers_lock_agrees_with_the_projects_where_they_overlap(peer):
-    theirs, ours = pins(venvs.lock_file(peer)), pins(venvs.PROJECT_LOCK)
+    theirs, ours = pins(venvs.lock_file(peer)), pins(venvs.RUNTIME_CONSTRAINTS)
     shared = set(theirs) & set(ours)
     assert {"tensorflow", "numpy", "protobuf"} <= shared
     assert {name: theirs[name] for name in shared} == {name: ours[name] for name in shared}
@@ -320,21 +320,31 @@ def test_a_peers_lock_agrees_with_the_projects_where_they_overlap(peer):
         assert theirs[name] == version
 
 
-def test_the_locks_pin_the_versions_that_run_with_tensorflow_2_15():
+def test_the_locks_pin_the_versions_that_run_with_the_services_tensorflow():
     mlserver, bentoml = pins(venvs.lock_file("mlserver")), pins(venvs.lock_file("bentoml"))
-    assert mlserver["mlserver"] == spec.MLSERVER_VERSION == "1.6.1"
-    assert mlserver["uvloop"] == "0.21.0"  # 0.22+: its parallel workers crash-loop
+    assert mlserver["mlserver"] == spec.MLSERVER_VERSION == "1.7.1"
+    assert mlserver["uvloop"] == "0.21.0"  # 0.22+: its parallel workers crash-looped
     assert bentoml["bentoml"] == spec.BENTOML_VERSION
+    service = pins(venvs.PROJECT_LOCK)
     for lock in (mlserver, bentoml):
-        assert lock["tensorflow"] == "2.15.1"
-        assert int(lock["protobuf"].split(".")[0]) < 5 and int(lock["numpy"].split(".")[0]) < 2
+        assert lock["tensorflow"] == service["tensorflow"] == "2.21.0"
+        assert int(lock["protobuf"].split(".")[0]) >= 5 and int(lock["numpy"].split(".")[0]) >= 2
+
+
+def test_the_runtime_constraints_are_the_services_tensorflow_pins():
+    """What every peer is held to: TensorFlow and the packages it pins, at the service's pins,
+    and none of the service's web stack (a peer's own FastAPI may differ)."""
+    runtime, service = pins(venvs.RUNTIME_CONSTRAINTS), pins(venvs.PROJECT_LOCK)
+    assert {"tensorflow", "numpy", "protobuf", "grpcio", "keras"} <= set(runtime)
+    assert runtime == {name: service[name] for name in runtime}
+    assert not {"fastapi", "starlette", "uvicorn", "pydantic"} & set(runtime)
 
 
 def test_install_command_holds_the_peer_to_the_projects_pins(tmp_path):
     cmd = venvs.install_command("mlserver", tmp_path / "python", venvs.lock_file("mlserver"))
     assert cmd[:4] == [str(tmp_path / "python"), "-m", "pip", "install"]
     assert cmd[cmd.index("-r") + 1] == str(venvs.lock_file("mlserver"))
-    assert cmd[cmd.index("-c") + 1] == str(ROOT / "requirements.lock")
+    assert cmd[cmd.index("-c") + 1] == str(venvs.RUNTIME_CONSTRAINTS)
     assert "--require-hashes" in cmd
 
 
@@ -342,7 +352,7 @@ def test_relock_compiles_the_in_file_with_hashes_on_the_projects_pins():
     cmd = venvs.relock_command("bentoml")
     assert cmd[1:4] == ["pip", "compile", "benchmarks/peers/requirements-bentoml.in"]
     assert cmd[cmd.index("--output-file") + 1] == "benchmarks/peers/requirements-bentoml.lock"
-    assert cmd[cmd.index("--constraint") + 1] == "requirements.lock"
+    assert cmd[cmd.index("--constraint") + 1] == "benchmarks/peers/tensorflow-runtime.txt"
     assert "--generate-hashes" in cmd
     header = venvs.lock_file("bentoml").read_text().splitlines()[1]
     assert header == f"#    {venvs.RELOCK_COMMAND}"
