@@ -13,14 +13,17 @@ Each entry point (`python -m training`, `python -m service`, the benchmark) call
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 
-# C++ lines printed while TF is imported on a machine without CUDA or TensorRT.
+# C++ lines printed while TF is imported, or first asked for its GPUs, on a machine without
+# CUDA or TensorRT (TensorFlow 2.15's words, and 2.21's: absl's notice and cuda_platform.cc).
 _IMPORT_NOISE = re.compile(
     r"Unable to register cu(DNN|FFT|BLAS) factory"
     r"|TF-TRT Warning: Could not find TensorRT"
@@ -28,7 +31,8 @@ _IMPORT_NOISE = re.compile(
     r"|To enable the following instructions: .* rebuild TensorFlow"
     r"|oneDNN custom operations are on"
     r"|Could not find cuda drivers on your machine"
-    r"|cuda_driver\.cc.*failed call to cuInit"
+    r"|cuda_(driver|platform)\.cc.*failed call to cuInit"
+    r"|All log messages before absl::InitializeLog\(\) is called are written to STDERR"
 )
 
 # INFO lines a person wants to see: LoggingTensorHook's train accuracy and evaluation results.
@@ -63,17 +67,16 @@ class InfoFilter(logging.Filter):
         return bool(_INFO_KEEP.search(message))
 
 
-def import_tensorflow():
-    """Import TensorFlow with its import-time C++ noise filtered out; return the module."""
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+@contextlib.contextmanager
+def startup_noise_filtered() -> Iterator[None]:
+    """Within: what TensorFlow's C++ side prints to stderr (file descriptor 2) is held, and
+    afterwards printed again without the lines of a machine that has no CUDA or TensorRT."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow as tf
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -81,6 +84,15 @@ def import_tensorflow():
             for line in captured.read().decode(errors="replace").splitlines():
                 if line.strip() and not _IMPORT_NOISE.search(line):
                     print(line, file=sys.stderr)
+
+
+def import_tensorflow():
+    """Import TensorFlow with its import-time C++ noise filtered out; return the module."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    with startup_noise_filtered():
+        import tensorflow as tf
     return tf
 
 

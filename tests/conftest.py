@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from support.servers import settings_vars
 
 # Before anything imports TensorFlow: keep its C++ INFO/WARNING lines out of the test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,7 +48,7 @@ def clean_environment(tmp_path_factory):
     whose refusal regresses cannot write into the repository's models/ or runs/.
     """
     with pytest.MonkeyPatch.context() as patch:
-        for name in {field.upper() for field in Settings.model_fields} | {"TF_CONFIG"}:
+        for name in settings_vars() | {"TF_CONFIG"}:
             patch.delenv(name, raising=False)
         patch.chdir(tmp_path_factory.mktemp("cwd"))
         yield

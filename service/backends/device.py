@@ -6,6 +6,8 @@ import logging
 
 import tensorflow as tf
 
+from artifact.quiet import startup_noise_filtered
+
 log = logging.getLogger("service.backends.device")
 
 
@@ -27,7 +29,9 @@ def configure_tensorflow(device: str, intra_op_threads: int, inter_op_threads: i
     Raises:
         DeviceError: device is 'gpu' and no GPU is visible.
     """
-    gpus = tf.config.list_physical_devices("GPU")
+    # TensorFlow 2.21 logs a failed cuInit at ERROR level on a machine without a GPU.
+    with startup_noise_filtered():
+        gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
         raise DeviceError("DEVICE=gpu but TensorFlow sees no GPU (is the CUDA build installed?)")
     use_gpu = device != "cpu" and bool(gpus)

@@ -7,6 +7,7 @@ row (`instances`) and columnar (`inputs`) formats, and TF Serving's `{"error": "
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -57,6 +58,15 @@ PREDICT_DOC = {
     }
 }
 
+# TF Serving prints a signature's empty fields too (a dim's size 0, an empty name). protobuf
+# 5.26 renamed the option; the service runs on protobuf 6, and on TF 2.15's protobuf 4 for the
+# benchmark's comparison of TensorFlow versions.
+PRINT_DEFAULT_VALUES = (
+    {"always_print_fields_with_no_presence": True}
+    if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
+    else {"including_default_value_fields": True}
+)
+
 
 EXAMPLES_DOC = {
     "requestBody": {
@@ -99,9 +109,7 @@ def render_metadata(metadata: ModelMetadata, device: str | None) -> dict:
     """GetModelMetadata as TF Serving's REST API renders it, plus where the model runs
     (unless `device` is None)."""
     signature_def = MessageToDict(
-        metadata.signature_defs,
-        preserving_proto_field_name=True,
-        including_default_value_fields=True,
+        metadata.signature_defs, preserving_proto_field_name=True, **PRINT_DEFAULT_VALUES
     )
     answer = {
         "model_spec": {

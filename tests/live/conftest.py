@@ -13,6 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from support.sides import run_training
+
+from artifact import idx as data
 
 SMALL_TRAIN_COUNT = 600
 SMALL_TEST_COUNT = 300
@@ -34,8 +37,6 @@ class TrainedModel(NamedTuple):
 @pytest.fixture(scope="session")
 def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
     """An MNIST-format dir with the first 600 train and 300 test images of Fashion-MNIST."""
-    from training import data
-
     directory = tmp_path_factory.mktemp("fashion-mnist-small")
     for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
         _, images, labels = data.load_split(real_data_dir, split)
@@ -46,8 +47,6 @@ def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
 @pytest.fixture(scope="session")
 def small_test_data(small_data_dir) -> tuple[np.ndarray, np.ndarray]:
     """The small test split as uint8 images [300, 28, 28] and uint8 labels [300]."""
-    from training import data
-
     _, images, labels = data.load_split(small_data_dir, "test")
     return images, labels
 
@@ -56,27 +55,24 @@ def small_test_data(small_data_dir) -> tuple[np.ndarray, np.ndarray]:
 def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
     """A tiny CNN trained once per session with `python -m training train` and exported.
 
-    Treat it as read-only: copy the model dir, or export to another folder, before changing it.
+    Run in the training side's interpreter (support/sides.py), whichever side this session
+    tests. Treat it as read-only: copy the model dir, or export to another folder, before
+    changing it.
     """
-    from training.__main__ import main
-
     root = tmp_path_factory.mktemp("trained")
     model_dir = root / "run"
     export_base = root / "models" / "fashion_mnist"
-    code = main(
-        [
-            "train",
-            "--data-dir", str(small_data_dir),
-            "--model-dir", str(model_dir),
-            "--export-dir", str(export_base),
-            "--max-steps", str(TRAIN_STEPS),
-            "--batch-size", str(TRAIN_BATCH_SIZE),
-            "--labels", "fashion",
-            "--seed", "0",
-            "--eval-every-secs", "1",
-        ]
+    run_training(
+        "train",
+        "--data-dir", small_data_dir,
+        "--model-dir", model_dir,
+        "--export-dir", export_base,
+        "--max-steps", TRAIN_STEPS,
+        "--batch-size", TRAIN_BATCH_SIZE,
+        "--labels", "fashion",
+        "--seed", 0,
+        "--eval-every-secs", 1,
     )  # fmt: skip
-    assert code == 0, f"training the session model failed with exit code {code}"
     versions = sorted(p for p in export_base.iterdir() if p.name.isdigit())
     assert [p.name for p in versions] == ["1"], f"expected exactly version 1, got {versions}"
     return TrainedModel(model_dir, export_base, versions[0], small_data_dir, TRAIN_STEPS)

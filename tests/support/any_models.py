@@ -17,11 +17,9 @@ Each is trained a few steps through `python -m training` (seconds) or saved dire
 
 from __future__ import annotations
 
-import io
-from contextlib import redirect_stdout
 from pathlib import Path
 
-from training.sample_data import write_sample_data
+from support.sides import run_trainings
 
 STEPS = 30
 IMAGE_SIZE, CHANNELS = 32, 3
@@ -37,41 +35,32 @@ CITY_ROWS = [{k: v for k, v in r.items() if k != "color"} | {"city": c} for r, c
              zip(ROWS, ("a", "d", "zz"), strict=True)]  # fmt: skip
 
 
-def _train(*argv) -> None:
-    from training.__main__ import main
-
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main([str(a) for a in argv])
-    assert code == 0, out.getvalue()
-
-
-def train_classifier(sample: dict[str, Path], work: Path, export_dir: Path, *extra) -> None:
-    """Trained once; a second call with the same work folder only exports (the run is at its
-    last step), e.g. through `--receiver parsing`."""
-    _train(
-        "train", "--csv", sample["classification"], "--label", "label",
+def classifier_commands(sample: Path, work: Path, export_dir: Path, *extra) -> list[list]:
+    """Trained once; a second command with the same work folder only exports (the run is at
+    its last step), e.g. through `--receiver parsing`."""
+    return [[
+        "train", "--csv", sample / "classification.csv", "--label", "label",
         "--model-dir", work / "classifier", "--export-dir", export_dir,
         "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
         "--eval-every-secs", 1, *extra,
-    )  # fmt: skip
+    ]]  # fmt: skip
 
 
-def train_regressor(sample: dict[str, Path], work: Path, export_dir: Path, *extra) -> None:
-    _train(
-        "train", "--csv", sample["regression"], "--label", "price", "--model", "dnn",
+def regressor_commands(sample: Path, work: Path, export_dir: Path, *extra) -> list[list]:
+    return [[
+        "train", "--csv", sample / "regression.csv", "--label", "price", "--model", "dnn",
         "--hidden-units", "8", "--model-dir", work / "regressor", "--export-dir", export_dir,
         "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
         "--eval-every-secs", 1, *extra,
-    )  # fmt: skip
+    ]]  # fmt: skip
 
 
-def train_shapes(sample: dict[str, Path], work: Path, export_dir: Path) -> None:
-    _train(
-        "train", "--image-folder", sample["images"], "--image-size", IMAGE_SIZE,
+def shapes_commands(sample: Path, work: Path, export_dir: Path) -> list[list]:
+    return [[
+        "train", "--image-folder", sample / "shapes", "--image-size", IMAGE_SIZE,
         "--channels", CHANNELS, "--model-dir", work / "shapes", "--export-dir", export_dir,
         "--max-steps", 10, "--batch-size", 16, "--seed", 0, "--eval-every-secs", 1,
-    )  # fmt: skip
+    ]]  # fmt: skip
 
 
 def save_tokens(version_dir: Path) -> None:
@@ -106,17 +95,22 @@ def save_tokens(version_dir: Path) -> None:
 
 
 def make_repository(root: Path) -> dict[str, Path]:
-    """Every model above as version 1 under root/models/<name>; their folders by name."""
-    sample = write_sample_data(root / "sample")
-    base, work = root / "models", root / "work"
+    """Every model above as version 1 under root/models/<name>; their folders by name.
+
+    The trained ones in one run of the training side (support/sides.py), the tokens module
+    here."""
+    sample, base, work = root / "sample", root / "models", root / "work"
     names = ("classifier", "regressor", "classifier_examples", "regressor_examples", "shapes",
              "tokens")  # fmt: skip
     dirs = {name: base / name for name in names}
-    train_classifier(sample, work, dirs["classifier"])
-    train_classifier(sample, work, dirs["classifier_examples"], "--receiver", "parsing")
-    train_regressor(sample, work, dirs["regressor"])
-    train_regressor(sample, work, dirs["regressor_examples"], "--receiver", "parsing")
-    train_shapes(sample, work, dirs["shapes"])
+    run_trainings(
+        [["sample-data", "--out", sample]]
+        + classifier_commands(sample, work, dirs["classifier"])
+        + classifier_commands(sample, work, dirs["classifier_examples"], "--receiver", "parsing")
+        + regressor_commands(sample, work, dirs["regressor"])
+        + regressor_commands(sample, work, dirs["regressor_examples"], "--receiver", "parsing")
+        + shapes_commands(sample, work, dirs["shapes"])
+    )
     save_tokens(dirs["tokens"] / "1")
     return dirs
 

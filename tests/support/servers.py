@@ -7,14 +7,15 @@ fixtures: tests/live/service/conftest.py holds the shared server fixtures.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import io
 import os
 import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import httpx
 import pytest
 
 from support.helpers import REPO_ROOT
+from support.sides import service_python
 
 MODEL_NAME = "fashion_mnist"
 MAX_IMAGES = 16
@@ -30,11 +32,21 @@ START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 30.0
 
 
-def settings_vars() -> set[str]:
-    """The environment variables the service reads (its Settings fields, upper-cased)."""
-    from service.settings import Settings
+@functools.cache
+def settings_vars() -> frozenset[str]:
+    """The environment variables the service reads (its Settings fields, upper-cased).
 
-    return {name.upper() for name in Settings.model_fields}
+    Read from service/settings.py's source, not by importing it: the training side's tests
+    start the service too, from an interpreter without its packages (support/sides.py).
+    tests/unit/service/test_settings.py holds this to `Settings.model_fields`.
+    """
+    tree = ast.parse((REPO_ROOT / "service" / "settings.py").read_text(encoding="utf-8"))
+    (settings,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings"]
+    return frozenset(
+        statement.target.id.upper()
+        for statement in settings.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+    )
 
 
 def free_ports(count: int) -> list[int]:
@@ -77,7 +89,7 @@ def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.Complete
     default port (8000) may be anyone's.
     """
     return subprocess.run(
-        [sys.executable, "-m", "service"],
+        [service_python(), "-m", "service"],
         cwd=REPO_ROOT,
         env=service_env(**{"PORT": str(free_port()), **overrides}),
         capture_output=True,
@@ -148,7 +160,7 @@ class Server:
         env = service_env(**{**defaults, **settings, **ports})
         self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "service"],
+            [service_python(), "-m", "service"],
             cwd=REPO_ROOT,
             env=env,
             stdout=self._log_file,

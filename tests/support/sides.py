@@ -14,6 +14,7 @@ sides, as on a machine set up before the split).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,31 +43,56 @@ def service_python() -> str:
     return _interpreter("SERVICE_PYTHON", ".venv")
 
 
-def run_training(
-    *argv: object, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True
+# One interpreter runs a batch of commands: TensorFlow's import (seconds) is paid once.
+_RUN_COMMANDS = """
+import json, sys
+from training.__main__ import main
+for argv in json.load(sys.stdin):
+    code = main(argv)
+    if code != 0:
+        print(f"exit {code}: python -m training {' '.join(argv)}", file=sys.stderr)
+        sys.exit(code)
+"""
+
+
+def run_trainings(
+    commands: list[list[object]],
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """`python -m training ARGV...` in the training side's interpreter, output captured.
+    """Each command line of `python -m training` in turn, in one process of the training side's
+    interpreter, stopping at the first that exits non-zero (its exit code is the process's).
 
     Args:
-        argv: the command line after `python -m training` (str() of each).
-        cwd: the working directory (default: the checkout, so `-m training` is this one).
+        commands: command lines after `python -m training` (str() of each part).
+        cwd: the working directory (default: the checkout, so `training` is this one).
         env: the whole environment (default: this process's).
-        check: fail the test, with the command's output, unless it exits 0.
+        check: fail the test, with the output, unless every command exits 0.
     """
-    command = [training_python(), "-m", "training", *map(str, argv)]
+    argvs = [[str(part) for part in argv] for argv in commands]
     done = subprocess.run(
-        command,
+        [training_python(), "-c", _RUN_COMMANDS],
+        input=json.dumps(argvs),
         cwd=cwd or REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=TRAINING_TIMEOUT_SECONDS,
+        timeout=TRAINING_TIMEOUT_SECONDS * len(argvs),
     )
     if check and done.returncode != 0:
         import pytest
 
         pytest.fail(
-            f"{' '.join(map(str, argv[:1]))} exited {done.returncode}:\n"
+            f"python -m training exited {done.returncode}:\n"
             f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         )
     return done
+
+
+def run_training(
+    *argv: object, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    """`python -m training ARGV...` in the training side's interpreter, output captured
+    (`run_trainings` with one command)."""
+    return run_trainings([list(argv)], cwd=cwd, env=env, check=check)

@@ -1,8 +1,8 @@
 """Plain helpers shared by the training tests (fixtures live in conftest.py).
 
-`serve(model_folder)` runs the real service app (service.app.create_app with the in-process
-TensorFlow backend, what `python -m service` runs) over a model repository through Starlette's
-TestClient, so a test sees exactly what a client would get for a version.
+`serve(model_folder)` runs the real service (`python -m service`, in the service side's own
+interpreter) over a model repository, so a test sees exactly what a client would get for a
+version the trainer exported.
 """
 
 from __future__ import annotations
@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 import io
 import struct
-import warnings
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
 from artifact.contract import FASHION_MNIST_LABELS
+from support.servers import start_server
 from training.__main__ import main
 
 
@@ -32,23 +34,22 @@ def call_main(*argv) -> int:
 
 
 @contextlib.contextmanager
-def serve(model_folder: Path) -> Iterator:
-    """A TestClient on the service app serving a model folder (MODEL_BASE_PATH/MODEL_NAME)."""
-    with warnings.catch_warnings():
-        # Starlette deprecates its httpx-based TestClient in favour of a package not installed.
-        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
-        from fastapi.testclient import TestClient
-
-    from service.app import create_app
-    from service.backends.factory import make_backend
-    from service.settings import Settings, initial_entries
-
-    settings = Settings(
-        model_base_path=str(model_folder.parent), model_name=model_folder.name, model_poll_seconds=0
-    )
-    backend = make_backend(settings, initial_entries(settings))
-    with TestClient(create_app(settings, backend)) as client:
-        yield client
+def serve(model_folder: Path) -> Iterator[httpx.Client]:
+    """The real service serving a model folder (MODEL_BASE_PATH/MODEL_NAME), and an HTTP client
+    on it: `python -m service` in the service side's interpreter (support/sides.py), which runs
+    current TensorFlow, not this process's 2.15."""
+    with tempfile.TemporaryDirectory(prefix="serve-") as logs:
+        server = start_server(
+            Path(logs) / "service.log",
+            MODEL_BASE_PATH=str(model_folder.parent),
+            MODEL_NAME=model_folder.name,
+            MAX_BODY_BYTES=str(8 * 1024 * 1024),
+        )
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                yield client
+        finally:
+            server.stop()
 
 
 def service_predict_pixels(client, images: np.ndarray) -> list[dict]:

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import error_message, ok_json, png_bytes
 from support.servers import MAX_BODY_BYTES, MAX_IMAGES, MODEL_NAME
 
+from artifact import idx as data
 from artifact.contract import FASHION_MNIST_LABELS
-from training import data
 
 MODEL = f"/v1/models/{MODEL_NAME}"
 PREDICT = f"{MODEL}:predict"

@@ -7,10 +7,8 @@ that TensorFlow's own reader reads."""
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import json
 import threading
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import httpx
@@ -18,14 +16,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.servers import MODEL_NAME, copy_repository, start_server, wait_for
+from support.sides import run_training
 from tensorflow_serving.apis import prediction_log_pb2
 
+from artifact import idx as data
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, CLASSES_KEY, INPUT_KEY, PROBABILITIES_KEY
 from artifact.feedback import read_closed_shards, store_dir
 from artifact.model_config import write_config
 from service.prediction_log import closed_logs
-from training import data
-from training.__main__ import main as training_main
 
 MODEL = f"/v1/models/{MODEL_NAME}"
 POLL = "0.2"
@@ -95,26 +93,21 @@ def test_feedback_through_the_service_is_in_the_next_retrain_and_serves_as_canar
             assert response.status_code == 200, response.text
         assert metric(client, "feedback_images_total") == 25
 
-        out = io.StringIO()
-        with redirect_stdout(out):
-            code = training_main(
-                [
-                    "retrain",
-                    "--data-dir", str(small_data_dir),
-                    "--model-dir", str(tmp_path / "runs"),
-                    "--export-dir", str(base / MODEL_NAME),
-                    "--extra-data", str(extra),
-                    "--feedback-dir", str(feedback_dir),
-                    "--config", str(config),
-                    "--publish", "canary",
-                    "--max-steps", "60",
-                    "--batch-size", "50",
-                    "--eval-every-secs", "1000",
-                    "--hooks", "none",
-                ]
-            )  # fmt: skip
-        assert code == 0, out.getvalue()
-        (row,) = [line for line in out.getvalue().splitlines() if line.startswith("feedback ")]
+        done = run_training(
+            "retrain",
+            "--data-dir", small_data_dir,
+            "--model-dir", tmp_path / "runs",
+            "--export-dir", base / MODEL_NAME,
+            "--extra-data", extra,
+            "--feedback-dir", feedback_dir,
+            "--config", config,
+            "--publish", "canary",
+            "--max-steps", 60,
+            "--batch-size", 50,
+            "--eval-every-secs", 1000,
+            "--hooks", "none",
+        )  # fmt: skip
+        (row,) = [line for line in done.stdout.splitlines() if line.startswith("feedback ")]
         assert row.split()[1] == "20"  # the two closed shards
         blessing = json.loads((base / MODEL_NAME / "2" / ASSETS_EXTRA / BLESSING_FILE).read_text())
         (feedback,) = [s for s in blessing["data"]["sources"] if s["source"] == "feedback"]

@@ -22,7 +22,7 @@ import pytest
 from support import client_venvs
 from support.servers import MODEL_NAME, Server, copy_repository, start_server
 
-from training import data
+from artifact import idx as data
 
 TOKEN = "kserve-predict-and-status-token"
 CALLS_SCRIPT = client_venvs.CLIENTS_DIR / "kserve_calls.py"

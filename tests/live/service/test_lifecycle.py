@@ -23,8 +23,8 @@ from support.servers import (
     wait_for,
 )
 
+from artifact import idx as data
 from artifact.contract import FASHION_MNIST_LABELS
-from training import data
 
 MODEL = f"/v1/models/{MODEL_NAME}"
 

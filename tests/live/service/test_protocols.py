@@ -37,7 +37,7 @@ from tensorflow_serving.apis import (
 )
 from tritonclient.utils import InferenceServerException
 
-from training import data
+from artifact import idx as data
 
 TIMEOUT = 60.0
 # Room for MAX_IMAGES images (16 x 3,136 bytes) and not for 40.

@@ -21,10 +21,10 @@ from support.helpers import error_message, png_bytes
 from support.servers import MODEL_NAME, Server, add_version, copy_repository, free_port, wait_for
 from support.tfserving_standin import TFServingStandIn
 
+from artifact import idx as data
 from artifact.model_config import shortcut
 from service.backends.tfserving import MAX_MESSAGE_BYTES, TFServingBackend
 from service.errors import BadInput, NotFound, UpstreamTimeout
-from training import data
 
 MODEL = f"/v1/models/{MODEL_NAME}"
 PREDICT = f"{MODEL}:predict"

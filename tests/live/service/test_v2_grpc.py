@@ -23,8 +23,8 @@ from support.helpers import error_message
 from support.servers import MAX_IMAGES, MODEL_NAME, Server, copy_repository, start_server
 from tritonclient.utils import InferenceServerException
 
+from artifact import idx as data
 from service import v2_proto
-from training import data
 
 TIMEOUT = 30.0
 TOKEN = "predict-and-status-token-0123"

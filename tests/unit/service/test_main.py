@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from support.servers import free_port, run_main_in_process, run_service
+from support.servers import free_port, run_main_in_process, run_service, settings_vars
 
 from service.settings import Settings
 
@@ -101,3 +101,10 @@ def test_settings_defaults_match_tf_servings_names():
     assert (settings.model_name, settings.model_base_path) == ("fashion_mnist", "models")
     assert settings.backend == "tensorflow"
     assert settings.grpc_port == 8500
+
+
+def test_the_tests_read_every_setting_the_service_reads():
+    """support.servers.settings_vars reads service/settings.py's source (the training side's
+    tests have no pydantic): it must name exactly the fields Settings reads from the
+    environment, or a developer's shell could leak a setting into a test's server."""
+    assert settings_vars() == {name.upper() for name in Settings.model_fields}
