@@ -73,7 +73,7 @@ def protocol_bodies(workdir: Path) -> dict[str, Path | int]:
     """One real test image as a V2 binary request (and its JSON's length) and as a gRPC
     PredictRequest message (the 5-byte length prefix and the proto, as gRPC frames it)."""
     from artifact.contract import normalize_pixels
-    from training.data import DEFAULT_DATA_DIR, load_split
+    from artifact.idx import DEFAULT_DATA_DIR, load_split
 
     _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
     image = normalize_pixels(images[:1])

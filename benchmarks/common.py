@@ -122,7 +122,7 @@ def request_bodies(workdir: Path) -> dict[int | str, Path]:
     """Real test images as TF Serving row-format JSON, one file per batch size, and one
     image as the friendly /predict's integer pixels ("friendly")."""
     from artifact.contract import normalize_pixels
-    from training.data import DEFAULT_DATA_DIR, load_split
+    from artifact.idx import DEFAULT_DATA_DIR, load_split
 
     _, images, _ = load_split(DEFAULT_DATA_DIR, "test")
     bodies = {}

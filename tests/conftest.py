@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.servers import settings_vars
 
 # Before anything imports TensorFlow: keep its C++ INFO/WARNING lines out of the test output.

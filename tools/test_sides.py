@@ -43,6 +43,7 @@ def side_command(side: str, extra: list[str]) -> list[str]:
     # A base temp folder of its own: two sessions sharing /tmp/pytest-of-<user> delete each
     # other's folders (pytest keeps the newest three there).
     basetemp = ROOT / "build" / "pytest" / side
+    basetemp.parent.mkdir(parents=True, exist_ok=True)
     return [str(interpreter(venv)), "-m", "pytest", *selection, "--basetemp", str(basetemp), *extra]
 
 

@@ -1,12 +1,12 @@
 """Virtualenvs of their own for the clients the tests run that cannot share the project's.
 
-KServe's SDK (`kserve`, its `InferenceGRPCClient` and `InferenceRESTClient`) needs protobuf 6
-and its own FastAPI, Starlette and uvicorn; the project's venv has TensorFlow 2.15's protobuf 4
-and the service's exact web stack. Its clients speak to the service over the wire only, so
-they run in a venv of their own, `build/client-venvs/<client>/` (git-ignored), installed from
+KServe's SDK (`kserve`, its `InferenceGRPCClient` and `InferenceRESTClient`) brings its own
+FastAPI, Starlette and uvicorn (and a model server) where the service's venv pins its exact
+web stack. Its clients speak to the service over the wire only, so they run in a venv of their
+own, `build/client-venvs/<client>/` (git-ignored), installed from
 `tests/support/clients/requirements-<client>.lock`: hashed, resolved on its own (not against
-requirements.lock, as benchmarks/peers/venvs.py's peers are: a client shares no package with
-the service process).
+requirements-service.lock, as benchmarks/peers/venvs.py's peers are held to the service's
+TensorFlow: a client shares no package with the service process).
 
 `ensure(client)` creates the venv with the interpreter running this code and installs the
 lock into it with uv, hash-checked (`--require-hashes`); a stamp records which lock was

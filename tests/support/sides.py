@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from support.helpers import REPO_ROOT
 
 TRAINING_TIMEOUT_SECONDS = 600.0
@@ -96,3 +98,51 @@ def run_training(
     """`python -m training ARGV...` in the training side's interpreter, output captured
     (`run_trainings` with one command)."""
     return run_trainings([list(argv)], cwd=cwd, env=env, check=check)
+
+
+# Each job: a SavedModel's signature called by the training side's TensorFlow on inputs from an
+# .npz file, its outputs written to another (strings as bytes arrays: no pickles either way).
+_SIGNATURE_ANSWERS = """
+import json, sys
+import numpy as np
+from artifact.quiet import import_tensorflow
+tf = import_tensorflow()
+for version, signature, inputs, outputs in json.load(sys.stdin):
+    function = tf.saved_model.load(version).signatures[signature]
+    with np.load(inputs, allow_pickle=False) as data:
+        feeds = {name: tf.constant(data[name]) for name in data.files}
+    answer = function(**feeds)
+    np.savez(outputs, **{
+        name: value.numpy().astype(bytes) if value.dtype == tf.string else value.numpy()
+        for name, value in answer.items()
+    })
+"""
+
+
+def signature_answers_on_the_training_side(
+    calls: list[tuple[Path, str, dict[str, np.ndarray]]], work: Path
+) -> list[dict[str, np.ndarray]]:
+    """What the trainer's own TensorFlow (2.15) answers: each (version folder, signature name,
+    inputs) loaded with `tf.saved_model.load` and called in one process of the training side's
+    interpreter; each call's outputs by name (strings as bytes arrays)."""
+    work.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for i, (version, signature, inputs) in enumerate(calls):
+        np.savez(work / f"in-{i}.npz", **inputs)
+        jobs.append(
+            [str(version), signature, str(work / f"in-{i}.npz"), str(work / f"out-{i}.npz")]
+        )
+    done = subprocess.run(
+        [training_python(), "-c", _SIGNATURE_ANSWERS],
+        input=json.dumps(jobs),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TRAINING_TIMEOUT_SECONDS,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    answers = []
+    for *_, outputs in jobs:
+        with np.load(outputs, allow_pickle=False) as data:
+            answers.append({name: data[name] for name in data.files})
+    return answers

@@ -36,7 +36,6 @@ def test_the_kserve_lock_pins_what_its_in_file_asks_for():
             requirement = Requirement(line)
             assert requirement.specifier.contains(lock[requirement.name]), requirement
     assert lock["kserve"] == "0.21.0"
-    # Why it has a venv of its own: the project's TensorFlow 2.15 needs protobuf<5.
     assert int(lock["protobuf"].split(".")[0]) >= 6
     assert {"fastapi", "starlette", "uvicorn"} <= lock.keys()
 
@@ -47,8 +46,8 @@ def test_the_lock_says_how_to_rewrite_it():
     command = client_venvs.relock_command("kserve")
     assert "--generate-hashes" in command
     assert command[command.index("--custom-compile-command") + 1] == client_venvs.RELOCK_COMMAND
-    # Resolved on its own: the project's lock would refuse kserve's protobuf.
-    assert "--constraint" not in command and "requirements.lock" not in command
+    # Resolved on its own: the service's lock would refuse kserve's own web stack.
+    assert "--constraint" not in command and "requirements-service.lock" not in command
 
 
 @pytest.fixture
