@@ -162,50 +162,35 @@ LOCK_PYTHON_PLATFORM = "x86_64-manylinux_2_28"
 RELOCK_COMMAND = "python -m benchmarks.peers lock"
 
 
-def relock_command(peer: str) -> list[str]:
-    """uv compiling requirements-<peer>.in into its hashed lock, held to the project's pins."""
+def uv_compile(source: str, constraint: Path, *options: str) -> list[str]:
+    """uv compiling `source` (a file, or "-" for stdin) for the peers' interpreter and
+    platform, held to `constraint`."""
     from uv import find_uv_bin
 
     return [
-        find_uv_bin(),
-        "pip",
-        "compile",
+        find_uv_bin(), "pip", "compile", source,
+        "--constraint", str(constraint.relative_to(ROOT)),
+        "--python-version", LOCK_PYTHON_VERSION,
+        "--python-platform", LOCK_PYTHON_PLATFORM,
+        "--custom-compile-command", RELOCK_COMMAND,
+        "--quiet", *options,
+    ]  # fmt: skip
+
+
+def relock_command(peer: str) -> list[str]:
+    """uv compiling requirements-<peer>.in into its hashed lock, held to the service's
+    TensorFlow runtime."""
+    return uv_compile(
         str(in_file(peer).relative_to(ROOT)),
-        "--output-file",
-        str(lock_file(peer).relative_to(ROOT)),
-        "--constraint",
-        str(RUNTIME_CONSTRAINTS.relative_to(ROOT)),
+        RUNTIME_CONSTRAINTS,
+        "--output-file", str(lock_file(peer).relative_to(ROOT)),
         "--generate-hashes",
-        "--python-version",
-        LOCK_PYTHON_VERSION,
-        "--python-platform",
-        LOCK_PYTHON_PLATFORM,
-        "--custom-compile-command",
-        RELOCK_COMMAND,
-        "--quiet",
-    ]
+    )  # fmt: skip
 
 
 def runtime_command() -> list[str]:
     """uv compiling the service's TensorFlow pin, held to PROJECT_LOCK: its closure's pins."""
-    from uv import find_uv_bin
-
-    return [
-        find_uv_bin(),
-        "pip",
-        "compile",
-        "-",
-        "--constraint",
-        str(PROJECT_LOCK.relative_to(ROOT)),
-        "--python-version",
-        LOCK_PYTHON_VERSION,
-        "--python-platform",
-        LOCK_PYTHON_PLATFORM,
-        "--custom-compile-command",
-        RELOCK_COMMAND,
-        "--no-annotate",
-        "--quiet",
-    ]
+    return uv_compile("-", PROJECT_LOCK, "--no-annotate")
 
 
 def write_runtime_constraints() -> Path:

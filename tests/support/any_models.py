@@ -113,12 +113,3 @@ def make_repository(root: Path) -> dict[str, Path]:
     )
     save_tokens(dirs["tokens"] / "1")
     return dirs
-
-
-def model_config(dirs: dict[str, Path]) -> str:
-    """TF Serving's model config text serving every model of `dirs`."""
-    entries = "".join(
-        f'  config {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
-        for name, path in dirs.items()
-    )
-    return f"model_config_list {{\n{entries}}}\n"

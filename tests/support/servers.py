@@ -226,6 +226,23 @@ def start_server(
     raise AssertionError("unreachable")
 
 
+def model_config(models: dict[str, Path]) -> str:
+    """TF Serving's model config text serving every model of `models` (name -> its folder)."""
+    entries = "".join(
+        f'  config {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
+        for name, path in models.items()
+    )
+    return f"model_config_list {{\n{entries}}}\n"
+
+
+def serve_models(models: dict[str, Path], root: Path, **settings: str) -> Server:
+    """`python -m service` serving every model of `models` (name -> its folder) from one model
+    config written under root, gRPC on; its log in root."""
+    config = root / "models.config"
+    config.write_text(model_config(models))
+    return start_server(root / "server.log", grpc=True, MODEL_CONFIG_FILE=str(config), **settings)
+
+
 def copy_repository(trained_model, destination: Path) -> Path:
     """A private copy of the trained model's repository; returns the new MODEL_BASE_PATH."""
     base = destination / "models"

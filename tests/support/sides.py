@@ -45,6 +45,31 @@ def service_python() -> str:
     return _interpreter("SERVICE_PYTHON", ".venv")
 
 
+def on_the_training_side(
+    program: str,
+    payload: object,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = TRAINING_TIMEOUT_SECONDS,
+) -> subprocess.CompletedProcess:
+    """`program` (Python source) run by the training side's interpreter, `payload` as JSON on
+    its stdin, its output captured as text.
+
+    Args:
+        cwd: the working directory (default: the checkout, so `training` is this one).
+        env: the whole environment (default: this process's).
+    """
+    return subprocess.run(
+        [training_python(), "-c", program],
+        input=json.dumps(payload),
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 # One interpreter runs a batch of commands: TensorFlow's import (seconds) is paid once.
 _RUN_COMMANDS = """
 import json, sys
@@ -73,14 +98,8 @@ def run_trainings(
         check: fail the test, with the output, unless every command exits 0.
     """
     argvs = [[str(part) for part in argv] for argv in commands]
-    done = subprocess.run(
-        [training_python(), "-c", _RUN_COMMANDS],
-        input=json.dumps(argvs),
-        cwd=cwd or REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TRAINING_TIMEOUT_SECONDS * len(argvs),
+    done = on_the_training_side(
+        _RUN_COMMANDS, argvs, cwd, env, timeout=TRAINING_TIMEOUT_SECONDS * len(argvs)
     )
     if check and done.returncode != 0:
         import pytest
@@ -132,14 +151,7 @@ def signature_answers_on_the_training_side(
         jobs.append(
             [str(version), signature, str(work / f"in-{i}.npz"), str(work / f"out-{i}.npz")]
         )
-    done = subprocess.run(
-        [training_python(), "-c", _SIGNATURE_ANSWERS],
-        input=json.dumps(jobs),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TRAINING_TIMEOUT_SECONDS,
-    )
+    done = on_the_training_side(_SIGNATURE_ANSWERS, jobs)
     assert done.returncode == 0, done.stderr[-4000:]
     answers = []
     for *_, outputs in jobs:

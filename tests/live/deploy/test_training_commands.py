@@ -8,12 +8,10 @@ tests/unit/deploy/test_manifests.py.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
-from support.helpers import REPO_ROOT
 from support.manifest_harness import Pod, all_objects, pods, training_commands
-from support.sides import training_python
+from support.sides import on_the_training_side
 
 # Each command line parsed by the CLI's parser; the ones it refuses printed as a JSON list.
 PARSE_EACH = """
@@ -36,14 +34,7 @@ def all_pods() -> list[tuple[str, Pod]]:
 
 
 def refused_by_the_parser(commands: list[list[str]]) -> list[list[str]]:
-    done = subprocess.run(
-        [training_python(), "-c", PARSE_EACH],
-        input=json.dumps(commands),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = on_the_training_side(PARSE_EACH, commands)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 

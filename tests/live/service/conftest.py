@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.any_models import make_repository, model_config
-from support.servers import Server, copy_repository, start_server
+from support.any_models import make_repository
+from support.servers import Server, copy_repository, serve_models, start_server
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,6 @@ def any_models(tmp_path_factory) -> dict[str, Path]:
 def any_server(any_models, tmp_path_factory) -> Iterator[Server]:
     """One `python -m service` serving every model of `any_models` from one model config,
     gRPC on."""
-    root = tmp_path_factory.mktemp("any-service")
-    config = root / "models.config"
-    config.write_text(model_config(any_models))
-    srv = start_server(root / "server.log", grpc=True, MODEL_CONFIG_FILE=str(config))
+    srv = serve_models(any_models, tmp_path_factory.mktemp("any-service"))
     yield srv
     srv.stop()

@@ -23,8 +23,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.any_models import model_config
-from support.servers import Server, start_server
+from support.servers import Server, serve_models
 from support.sides import run_trainings, signature_answers_on_the_training_side
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
@@ -84,10 +83,7 @@ def exports(trained_model, any_models, small_data_dir, tmp_path_factory) -> dict
 
 @pytest.fixture(scope="module")
 def server(exports, tmp_path_factory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("compatibility-service")
-    config = root / "models.config"
-    config.write_text(model_config(exports))
-    srv = start_server(root / "server.log", grpc=True, MODEL_CONFIG_FILE=str(config))
+    srv = serve_models(exports, tmp_path_factory.mktemp("compatibility-service"))
     yield srv
     srv.stop()
 
