@@ -13,6 +13,7 @@ differs from what the .proto compiles to.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -126,16 +127,25 @@ def compile_proto(proto: Path = PROTO) -> bytes:
     """The .proto compiled by grpcio-tools' protoc, as a serialized FileDescriptorProto
     (no source info: the same bytes for the same declarations).
 
-    Raises:
-        RuntimeError: protoc refused the file (its messages are on stderr).
-    """
-    from grpc_tools import protoc  # a development tool (requirements-dev.lock), not the image's
+    protoc runs in a process of its own (`python -m grpc_tools.protoc`): grpcio-tools carries
+    its own protobuf runtime, which crashes a process that has loaded TensorFlow's.
 
+    Raises:
+        RuntimeError: protoc refused the file (with its messages).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "descriptor_set.pb"
-        args = ["protoc", f"--proto_path={proto.parent}", f"--descriptor_set_out={out}"]
-        if protoc.main([*args, proto.name]) != 0:
-            raise RuntimeError(f"protoc could not compile {proto}")
+        # grpcio-tools is a development tool (requirements-dev.lock), not the image's.
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={proto.parent}",
+                f"--descriptor_set_out={out}", proto.name,
+            ],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"protoc could not compile {proto}: {done.stderr.strip()}")
         (file,) = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
     return file.SerializeToString(deterministic=True)
 
