@@ -8,7 +8,8 @@
 and (4) and (5) again at c=64 over their other protocols: the Open Inference Protocol with
 binary tensors (wrk) and TF Serving's gRPC Predict (h2load, nghttp2's HTTP/2 load generator,
 posting a framed PredictRequest on one connection), and overloaded (c=512, with probe clients
-timing answers by status).
+timing answers by status); then (1) and (4) again with the service on TensorFlow 2.15, the
+trainer's (its own venv under benchmarks/.peers/), beside its current TensorFlow.
 With `--peers` (`make bench-peers`), (6) and on: MLServer and BentoML serving the same model
 with their own batching, as their docs show and with this service's two tricks
 (benchmarks/peers/, each in its own venv under benchmarks/.peers/).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -335,6 +337,8 @@ def table(result: dict) -> str:
     if peers:
         rows += ["", peer_report.versus_table(result["servers"]["batched"], peers)]
         rows += ["", peer_report.settings_table(peers)]
+    if result.get("tensorflow_2_15"):
+        rows += ["", tensorflow_table(result)]
     if result.get("generic"):
         rows += ["", generic.generic_table(result)]
     if result.get("targets"):
@@ -647,6 +651,87 @@ def measure_servers(setup: Setup) -> tuple[dict, dict, dict]:
     return servers, protocols, overload
 
 
+# The in-process ceiling measured by another interpreter (the service on TensorFlow 2.15).
+CEILING_PROGRAM = """
+import json, sys
+from pathlib import Path
+from artifact.quiet import quiet_tensorflow
+quiet_tensorflow()
+import tensorflow as tf
+from benchmarks.common import measure_ceiling
+print(json.dumps({"tensorflow": tf.__version__, **measure_ceiling(Path(sys.argv[1]))}))
+"""
+
+
+def measure_on_tensorflow_215(setup: Setup) -> dict:
+    """(1) and (4) again with the service on TensorFlow 2.15, the trainer's (its own packages
+    in a venv of their own: benchmarks/peers/venvs.py): the same model, bodies and loads, so
+    the service's speed on its current TensorFlow is reported beside 2.15's."""
+    from benchmarks.peers import venvs
+
+    python = str(venvs.ensure_service_on_tf215())
+    print("== the ceiling (1) on TensorFlow 2.15", flush=True)
+    measured = subprocess.run(
+        [python, "-c", CEILING_PROGRAM, str(setup.version_path)],
+        cwd=ROOT,
+        env=setup.base_env,
+        capture_output=True,
+        text=True,
+    )
+    if measured.returncode != 0:
+        raise RuntimeError(f"the ceiling on TensorFlow 2.15 failed:\n{measured.stderr[-3000:]}")
+    ceiling = json.loads(measured.stdout.splitlines()[-1])
+    port = free_port()
+    batched = bench_server(
+        "(4) this service, batching on, on TensorFlow 2.15", [python, "-m", "service"],
+        {**setup.base_env, "PORT": str(port)}, port, setup.bodies, setup.seconds,
+        setup.workdir / "tf215.log",
+    )  # fmt: skip
+    return {"tensorflow": ceiling.pop("tensorflow"), "ceiling": ceiling, "batched": batched}
+
+
+def tensorflow_comparison(result: dict) -> dict:
+    """Per load, (4)'s images/s and its share of its own ceiling on each TensorFlow."""
+    old = result["tensorflow_2_15"]
+    return {
+        load: {
+            "current": row["images_per_s"],
+            "current_vs_ceiling": row["images_per_s"] / result["ceiling"]["images_per_s"],
+            "tf215": old["batched"][load]["images_per_s"],
+            "tf215_vs_ceiling": old["batched"][load]["images_per_s"]
+            / old["ceiling"]["images_per_s"],
+            "current_vs_tf215": row["images_per_s"] / old["batched"][load]["images_per_s"],
+        }
+        for load, row in result["servers"]["batched"].items()
+    }
+
+
+def tensorflow_table(result: dict) -> str:
+    """The service on both TensorFlows: (1), (4) and (4)/(1) side by side."""
+    old = result["tensorflow_2_15"]
+    current = result["tensorflow"]
+    rows = [
+        f"The service on TensorFlow {current} (its own) and {old['tensorflow']} (the trainer's), "
+        "the same model, bodies and loads:",
+        "",
+        f"| load | (4) on {current}, images/s | (4)/(1) | (4) on {old['tensorflow']}, "
+        "images/s | (4)/(1) | current / 2.15 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for load, row in tensorflow_comparison(result).items():
+        rows.append(
+            f"| {load} | {row['current']:,.0f} | {row['current_vs_ceiling']:.2f} | "
+            f"{row['tf215']:,.0f} | {row['tf215_vs_ceiling']:.2f} | "
+            f"{row['current_vs_tf215']:.2f}x |"
+        )
+    rows.append(
+        f"| (1) ceiling | {result['ceiling']['images_per_s']:,.0f} | | "
+        f"{old['ceiling']['images_per_s']:,.0f} | | "
+        f"{result['ceiling']['images_per_s'] / old['ceiling']['images_per_s']:.2f}x |"
+    )
+    return "\n".join(rows)
+
+
 def measure_everything(setup: Setup, with_peers: bool) -> dict:
     """The ceiling, (2) to (5), memory and, `with_peers`, the peers: result's measured parts."""
     if with_peers:
@@ -658,6 +743,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
     ceiling = measure_ceiling(setup.version_path)
     servers, protocols, overload = measure_servers(setup)
     memory = measure_memory(setup.version_path, setup.workdir, setup.base_env, setup.bodies[1])
+    tensorflow_2_15 = measure_on_tensorflow_215(setup)
     generic_rows = generic.bench_generic(setup.base_env, setup.workdir, setup.seconds)
     peers = {}
     if with_peers:
@@ -672,6 +758,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
         "protocols": protocols,
         "overload": overload,
         "memory": memory,
+        "tensorflow_2_15": tensorflow_2_15,
         "generic": generic_rows,
         "peers": peers,
     }
@@ -703,6 +790,7 @@ def build_result(
     overload: dict,
     memory: dict,
     peers: dict,
+    tensorflow_2_15: dict | None = None,
     generic: dict | None = None,
 ) -> dict:
     """The run's result as latest.json holds it, its targets included."""
@@ -724,6 +812,10 @@ def build_result(
         "overload_workers": overload["workers"],
         "memory": memory,
     }
+    result["tensorflow"] = importlib.metadata.version("tensorflow")
+    if tensorflow_2_15:
+        result["tensorflow_2_15"] = tensorflow_2_15
+        result["tensorflow_comparison"] = tensorflow_comparison(result)
     if generic:
         result["generic"] = generic
     if peers:

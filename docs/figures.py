@@ -41,6 +41,7 @@ SECTION_HEADINGS = (
     ("Memory", "Memory"),
     ("(4) against the peers", "Against the peers"),
     ("Peers (", "The peers' settings"),
+    ("The service on TensorFlow", "Both TensorFlows"),
     ("Other models", "Other models"),
     ("Targets", "Targets"),
 )

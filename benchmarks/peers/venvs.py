@@ -226,3 +226,75 @@ def relock(peer: str, log=print) -> Path:
     subprocess.run(relock_command(peer), cwd=ROOT, check=True)
     log(f"Wrote {lock_file(peer)}", flush=True)
     return lock_file(peer)
+
+
+# --- the service itself on the trainer's TensorFlow, for `make bench`'s comparison -----------
+
+# The service on TensorFlow 2.15 (the trainer's), beside its own current TensorFlow: the rows of
+# `make bench` that report it on both (docs/benchmarks.md, "Both TensorFlows").
+SERVICE_ON_TF215 = "service-tf2.15"
+TRAINING_LOCK = ROOT / "requirements-training.lock"
+
+
+def lock_entries(text: str) -> dict[str, str]:
+    """normalized name -> the lock's whole entry for it (its pin and its --hash lines)."""
+    entries: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith(("#", "-r ")) or not line.strip():
+            continue
+        if not line[0].isspace():
+            name = line.split("==", 1)[0].split("[", 1)[0].strip().lower().replace("_", "-")
+            entries[name] = [line]
+        elif name is not None and line.strip().startswith("--hash="):
+            entries[name].append(line)
+    return {name: "\n".join(lines) for name, lines in entries.items()}
+
+
+def service_on_tf215_requirements() -> str:
+    """Hash-checked requirements of the service on TensorFlow 2.15: every entry of the
+    trainer's lock (TensorFlow 2.15.1, its serving API, numpy<2, protobuf<5...), and of the
+    service's lock what TensorFlow's runtime and the trainer's lock do not name (the web
+    stack), as the service's lock pins it."""
+    training = lock_entries(TRAINING_LOCK.read_text())
+    runtime = set(lock_entries(RUNTIME_CONSTRAINTS.read_text()))
+    service = lock_entries(PROJECT_LOCK.read_text())
+    ours = {name: entry for name, entry in service.items() if name not in runtime | set(training)}
+    ours.pop("tensorflow-serving-api", None)  # the trainer's lock has 2.15's
+    return "\n".join([*training.values(), *ours.values()]) + "\n"
+
+
+def service_on_tf215_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for path in (TRAINING_LOCK, PROJECT_LOCK, RUNTIME_CONSTRAINTS):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def ensure_service_on_tf215(base: Path = PEERS_DIR, log=print) -> Path:
+    """A venv with the service's packages on TensorFlow 2.15 (benchmarks/.peers/
+    service-tf2.15), installed hash-checked if it is missing or stale; its python."""
+    directory = venv_dir(SERVICE_ON_TF215, base)
+    done = directory / ".installed"
+    fingerprint_now = service_on_tf215_fingerprint()
+    if done.is_file() and done.read_text().strip() == fingerprint_now:
+        return directory / "bin" / "python"
+    log(
+        f"Installing the service's packages on TensorFlow 2.15 into {directory} "
+        "(a minute or two; once per lock change)...",
+        flush=True,
+    )
+    start = time.monotonic()
+    venv_python = _create(directory)
+    requirements = directory / "requirements.txt"
+    requirements.write_text(service_on_tf215_requirements())
+    _pip(
+        [
+            str(venv_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+            "--require-hashes", "-r", str(requirements),
+        ],
+        directory / "install.log",
+    )  # fmt: skip
+    done.write_text(fingerprint_now + "\n")
+    log(f"Installed it in {time.monotonic() - start:.0f} s.", flush=True)
+    return venv_python

@@ -345,3 +345,30 @@ def test_the_model_config_serves_each_models_folder(tmp_path):
     assert {entry.name: entry.base_path for entry in entries} == {
         name: version.parent for name, version in versions.items()
     }
+
+
+def with_tensorflow_2_15() -> dict:
+    out = result()
+    out["tensorflow"] = "2.21.0"
+    out["tensorflow_2_15"] = {
+        "tensorflow": "2.15.1",
+        "ceiling": {"images_per_s": 5000.0, "batch1_p50_ms": 1.5},
+        "batched": {"c1x1": load(400, 4), "c64x1": load(3000, 45)},
+    }
+    return out
+
+
+def test_the_service_on_both_tensorflows_is_compared_load_by_load():
+    compared = bench.tensorflow_comparison(with_tensorflow_2_15())
+    assert compared["c64x1"] == {
+        "current": 3600.0, "current_vs_ceiling": 3600 / 7000, "tf215": 3000.0,
+        "tf215_vs_ceiling": 3000 / 5000, "current_vs_tf215": 3600 / 3000,
+    }  # fmt: skip
+    assert compared["c1x1"]["current_vs_tf215"] == 500 / 400
+
+
+def test_the_table_shows_both_tensorflows_and_their_ceilings():
+    text = bench.tensorflow_table(with_tensorflow_2_15())
+    assert "TensorFlow 2.21.0 (its own) and 2.15.1 (the trainer's)" in text
+    assert "| c64x1 | 3,600 | 0.51 | 3,000 | 0.60 | 1.20x |" in text
+    assert "| (1) ceiling | 7,000 | | 5,000 | | 1.40x |" in text
