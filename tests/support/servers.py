@@ -8,9 +8,7 @@ fixtures: tests/live/service/conftest.py holds the shared server fixtures.
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
-import io
 import os
 import shutil
 import socket
@@ -95,36 +93,6 @@ def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.Complete
         capture_output=True,
         text=True,
         timeout=timeout,
-    )
-
-
-def run_main_in_process(**overrides: str) -> subprocess.CompletedProcess:
-    """`service.__main__.main()` in this process, with the environment `run_service` gives
-    `python -m service`: for the start-up refusals (exit code 2, one line on stderr), which come
-    before anything loads. A subprocess costs a second of CPU in imports each; the real
-    `python -m service` entry point keeps tests of its own (tests/unit/service/test_main.py).
-
-    Going on to serve (or to supervise workers) fails the test instead: a refusal that
-    regressed neither loads TensorFlow nor listens here.
-    """
-    from service import __main__ as entry
-
-    def refused_to_serve(*args, **kwargs):
-        raise AssertionError(f"main() went on to serve with {overrides}; expected a refusal")
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        for name in settings_vars():
-            patch.delenv(name, raising=False)
-        env = {"GRPC_PORT": "0", "PORT": str(free_port()), **overrides}
-        for name, value in env.items():
-            patch.setenv(name, value)
-        patch.setattr(entry, "serve", refused_to_serve)
-        patch.setattr(entry, "supervise", refused_to_serve)
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = entry.main()
-    return subprocess.CompletedProcess(
-        ["service.__main__.main()"], code, stdout.getvalue(), stderr.getvalue()
     )
 
 

@@ -200,3 +200,66 @@ def test_every_test_module_has_a_name_of_its_own():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+SIDE_FORBIDDEN = {
+    # the tests' folder (and the support modules its files import) -> the other side's
+    "training": ("service", "benchmarks", "fastapi", "uvicorn", "starlette"),
+    "service": ("training", "tensorflow_estimator"),
+}
+
+
+def side_of(test_file: Path) -> str:
+    return (
+        "training" if test_file.is_relative_to(ROOT / "tests" / "live" / "training") else "service"
+    )
+
+
+def side_files(side: str) -> set[Path]:
+    """The live tier's test files of one side (tools/test_sides.py), with their conftests and
+    every support module they import, directly or through another."""
+    live = ROOT / "tests" / "live"
+    found = {p for p in live.rglob("*.py") if "__pycache__" not in p.parts and side_of(p) == side}
+    found.add(live / "conftest.py")
+    found.add(ROOT / "tests" / "conftest.py")
+    queue = list(found)
+    while queue:
+        for module in imports_of(queue.pop()):
+            if module.startswith("support."):
+                path = ROOT / "tests" / "support" / (module.split(".")[1] + ".py")
+                if path.is_file() and path not in found:
+                    found.add(path)
+                    queue.append(path)
+    return found
+
+
+def side_violations(side: str) -> list[str]:
+    forbidden = SIDE_FORBIDDEN[side]
+    return sorted(
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in side_files(side)
+        for module in imports_of(path)
+        if module.split(".")[0] in forbidden
+    )
+
+
+@pytest.mark.parametrize("side", sorted(SIDE_FORBIDDEN))
+def test_each_sides_tests_import_nothing_of_the_other_side(side):
+    """Each side's tests run in their own venv (docs/architecture.md, "Two TensorFlows"): the
+    training side's has no web stack and no service packages, the service side's no
+    tf.estimator. A test reaches the other side through its command line (support/sides.py);
+    source run there (a string) is not an import here."""
+    assert side_violations(side) == []
+
+
+def test_the_side_check_sees_an_import_across(tmp_path, monkeypatch):
+    test_file = ROOT / "tests" / "live" / "service" / "test_x_across.py"
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "side_files",
+        lambda side: {test_file} if side == "service" else set(),
+    )
+    monkeypatch.setattr(
+        sys.modules[__name__], "imports_of", lambda path: frozenset({"training.data", "numpy"})
+    )
+    assert side_violations("service") == [f"{test_file.relative_to(ROOT)} imports training.data"]

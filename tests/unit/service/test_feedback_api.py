@@ -9,9 +9,9 @@ import errno
 
 import numpy as np
 import pytest
+from support.entry import run_main_in_process
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import assert_one_error_line, error_message, ok_json, png_bytes
-from support.servers import run_main_in_process
 
 from artifact import feedback
 from artifact.feedback import read_closed_shards, store_dir

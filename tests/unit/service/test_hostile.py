@@ -280,7 +280,7 @@ def test_bearer_tokens_with_scopes(tokens_file):
     ],
 )
 def test_a_bad_tokens_file_stops_the_start(tmp_path, text, fragment):
-    from support.servers import run_main_in_process
+    from support.entry import run_main_in_process
 
     path = tmp_path / "tokens"
     path.write_text(text)

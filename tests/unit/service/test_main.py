@@ -9,7 +9,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from support.servers import free_port, run_main_in_process, run_service, settings_vars
+from support.entry import run_main_in_process
+from support.servers import free_port, run_service, settings_vars
 
 from service.settings import Settings
 
