@@ -118,8 +118,17 @@ def load_image(path, size: int | tuple[int, int], channels: int):
     """Graph ops: one image file to float32 [height, width, channels] in [0, 1].
 
     size: N for N x N, or (height, width).
+
+    JPEGs are decoded with libjpeg's accurate DCT (decode_image's is the fast one), as Pillow
+    decodes them: the service prepares an uploaded file with Pillow and numpy
+    (artifact/images.py), and the two must read the same pixels from the same file.
     """
-    image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+    data = tf.io.read_file(path)
+    image = tf.cond(
+        tf.io.is_jpeg(data),
+        lambda: tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(data, channels=channels, expand_animations=False),
+    )
     image.set_shape([None, None, channels])
     resized = tf.image.resize(image, [size, size] if isinstance(size, int) else list(size))
     return tf.clip_by_value(resized / PIXEL_MAX, 0.0, 1.0)

@@ -3,12 +3,11 @@ uploaded file (artifact.images.image_to_input, numpy and Pillow) into the same n
 training's input pipeline reads from that file (training.image_folder.load_image, TensorFlow's
 decode_image and resize), at the sizes and channel counts `train --image-folder` takes.
 
-Held equal value for value. JPEGs are not yet: TensorFlow's decode_image decodes them with
+Held equal value for value, JPEGs included: TensorFlow's decode_image decodes them with
 libjpeg's fast integer DCT (decode_jpeg's default `dct_method`, INTEGER_FAST), Pillow with
-the accurate one, and the two differ by up to about ten gray levels at sharp edges. Decoding
-with `tf.io.decode_jpeg(..., dct_method="INTEGER_ACCURATE")` in training gives Pillow's pixels
-exactly (checked below), so that is where the skew is to be closed; until then the JPEG cases
-are expected failures, strict, so that closing it shows here.
+the accurate one, and the two differ by up to about ten gray levels at sharp edges, so
+training decodes JPEGs with `dct_method="INTEGER_ACCURATE"`, which gives Pillow's pixels
+exactly (checked below).
 """
 
 from __future__ import annotations
@@ -25,11 +24,6 @@ from training import image_folder
 from training.sample_data import write_sample_data
 
 RNG = np.random.default_rng(0)
-JPEG_SKEW = pytest.mark.xfail(
-    strict=True,
-    reason="training decodes JPEGs with TensorFlow's INTEGER_FAST DCT, Pillow with the "
-    "accurate one",
-)
 
 
 def encoded(pixels: np.ndarray, fmt: str, mode: str | None = None) -> bytes:
@@ -62,15 +56,9 @@ FILES = {
 }
 
 
-KINDS = [
-    pytest.param(kind, marks=JPEG_SKEW if kind.startswith("jpeg") else (), id=kind)
-    for kind in sorted(FILES)
-]
-
-
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("size", [32, 17, 64])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", sorted(FILES))
 def test_serving_prepares_a_file_as_training_reads_it(tmp_path, kind, size, channels):
     path = tmp_path / f"image.{'jpg' if kind.startswith('jpeg') else 'png'}"
     path.write_bytes(FILES[kind]())
@@ -81,9 +69,7 @@ def test_serving_prepares_a_file_as_training_reads_it(tmp_path, kind, size, chan
     np.testing.assert_array_equal(served, trained)
 
 
-@pytest.mark.parametrize(
-    "suffix", [".png", pytest.param(".jpg", marks=JPEG_SKEW)], ids=["png", "jpeg"]
-)
+@pytest.mark.parametrize("suffix", [".png", ".jpg"], ids=["png", "jpeg"])
 def test_the_sample_image_folder_is_prepared_the_same(tmp_path, suffix):
     """Every image sample-data writes (the folder the tests train on), at 32x32x3."""
     folder = write_sample_data(tmp_path / "sample")["images"]
