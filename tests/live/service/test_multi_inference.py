@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.any_models import ROWS, model_config
-from support.servers import start_server
+from support.any_models import ROWS
+from support.servers import serve_models
 from support.tf_reference import reference, serialized, tf_example
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -69,10 +69,7 @@ def models(any_models, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def stub(models, tmp_path_factory) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
-    root = tmp_path_factory.mktemp("multi-service")
-    config = root / "models.config"
-    config.write_text(model_config(models))
-    server = start_server(root / "server.log", grpc=True, MODEL_CONFIG_FILE=str(config))
+    server = serve_models(models, tmp_path_factory.mktemp("multi-service"))
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
     server.stop()

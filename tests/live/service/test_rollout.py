@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from support.entry import run_main_in_process
 from support.servers import (
     MODEL_NAME,
     add_version,
     copy_repository,
-    run_main_in_process,
     run_service,
     start_server,
     wait_for,
