@@ -21,6 +21,7 @@ import tensorflow as tf
 from PIL import Image
 
 from artifact.contract import FASHION_MNIST_LABELS
+from support.servers import serve_models as support_serve_models
 from support.servers import start_server
 from training.__main__ import main
 
@@ -45,6 +46,19 @@ def serve(model_folder: Path) -> Iterator[httpx.Client]:
             MODEL_NAME=model_folder.name,
             MAX_BODY_BYTES=str(8 * 1024 * 1024),
         )
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                yield client
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def serve_models(models: dict[str, Path]) -> Iterator[httpx.Client]:
+    """`serve` for several models at once (name -> model folder), from one model config: one
+    start of the service for them all."""
+    with tempfile.TemporaryDirectory(prefix="serve-") as logs:
+        server = support_serve_models(models, Path(logs), MAX_BODY_BYTES=str(8 * 1024 * 1024))
         try:
             with httpx.Client(base_url=server.url, timeout=60) as client:
                 yield client

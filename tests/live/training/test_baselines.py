@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.helpers import assert_one_error_line
-from support.training_harness import COMPARE_STEPS, LABELS, call_main, serve
+from support.training_harness import COMPARE_STEPS, LABELS, call_main, serve_models
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
@@ -82,17 +82,23 @@ def test_every_kind_exports_the_same_contract(comparison, kind):
     assert report["params"]["model"] == kind
 
 
+@pytest.fixture(scope="module")
+def service(comparison):
+    """The service (in its own venv, on its own TensorFlow) serving every kind's export."""
+    with serve_models({kind: version_of(comparison, kind).parent for kind in MODEL_KINDS}) as c:
+        yield c
+
+
 @pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_the_service_serves_every_kind_unchanged(comparison, kind, small_test_data):
+def test_the_service_serves_every_kind_unchanged(comparison, service, kind, small_test_data):
     images, labels = small_test_data
     version = version_of(comparison, kind)
-    with serve(version.parent) as client:
-        metadata = client.get(f"/v1/models/{kind}/metadata").json()
-        rows = client.post(
-            f"/v1/models/{kind}:predict",
-            json={"instances": normalize_pixels(images[:6]).tolist()},
-        ).json()["predictions"]
-        friendly = client.post("/predict", json={"instances": images[:6].tolist()}).json()
+    metadata = service.get(f"/v1/models/{kind}/metadata").json()
+    rows = service.post(
+        f"/v1/models/{kind}:predict",
+        json={"instances": normalize_pixels(images[:6]).tolist()},
+    ).json()["predictions"]
+    friendly = service.post(f"/predict/{kind}", json={"instances": images[:6].tolist()}).json()
     signature = metadata["metadata"]["signature_def"]["signature_def"][SIGNATURE_NAME]
     assert set(signature["outputs"]) == {CLASSES_KEY, PROBABILITIES_KEY}
     classes, probabilities = SavedModelPredictor(version).predict(normalize_pixels(images[:6]))

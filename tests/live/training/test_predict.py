@@ -60,11 +60,17 @@ def assert_answers_equal(rows: list[dict], served: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def service_answers(trained_model, small_test_data) -> list[dict]:
+def service(trained_model):
+    """The service serving the session's model (in its own venv, on its own TensorFlow)."""
+    with serve(trained_model.export_base) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def service_answers(service, small_test_data) -> list[dict]:
     """The service's /predict answers for the first COUNT test images (JSON integers)."""
     images, _ = small_test_data
-    with serve(trained_model.export_base) as client:
-        return service_predict_pixels(client, images[:COUNT])
+    return service_predict_pixels(service, images[:COUNT])
 
 
 @pytest.fixture()
@@ -144,7 +150,7 @@ def test_one_npy_image_and_the_model_folder_means_its_newest_version(
 
 
 def test_image_folder_predictions_equal_the_service_answers_for_uploads(
-    tmp_path, trained_model, image_folder
+    tmp_path, trained_model, service, image_folder
 ):
     output = tmp_path / "folder.jsonl"
     assert run_predict(trained_model.export_base, image_folder, output) == 0
@@ -152,8 +158,7 @@ def test_image_folder_predictions_equal_the_service_answers_for_uploads(
     names = sorted(p.name for p in image_folder.iterdir() if p.suffix != ".txt")
     assert [row["file"] for row in rows] == names
     files = [("files", (name, (image_folder / name).read_bytes())) for name in names]
-    with serve(trained_model.export_base) as client:
-        response = client.post("/predict", files=files)
+    response = service.post("/predict", files=files)
     assert response.status_code == 200, response.text
     assert_answers_equal(rows, response.json()["predictions"])
     # A single image file works too (alone in its batch: equal to float32 rounding).
