@@ -1,16 +1,23 @@
-"""Labeled feedback from production, stored as MNIST-format shards.
+"""Labeled feedback from production, stored as tf.Example records in TFRecord shards.
 
 The format is the contract between the service, which writes it (`POST
 /v1/models/{name}/feedback`, FEEDBACK_DIR), and the retrain job, which reads it
-(`python -m training retrain --feedback-dir`). No TensorFlow here: both sides import it.
+(`python -m training retrain --feedback-dir`). No TensorFlow here: both sides import it, and
+the service writes the TFRecord framing and the tf.Examples itself (artifact/tfrecord.py,
+artifact/tf_example.py).
 
     <FEEDBACK_DIR>/<model name>/
         shard-<closed at, UTC>-<writer>-<n>/    a closed shard: complete, never written again
-            train-images-idx3-ubyte             IDX3, uint8 [count, 28, 28]: the images
-            train-labels-idx1-ubyte             IDX1, uint8 [count]: their true class ids
-            versions.txt                        one line per image: the model version that
+            examples.tfrecord                   one tf.Example per labeled instance: each input
+                                                of the signature under its name (its values
+                                                flattened: float_list, int64_list or
+                                                bytes_list by its dtype), and the label under
+                                                `feedback/label` (a class id, int64, or a
+                                                regressed value, float)
+            committed.txt                       how many examples the shard holds
+            versions.txt                        one line per example: the model version that
                                                 answered it, empty when the client did not say
-            provenance.txt                      one line per image: `<received at> <sender>`,
+            provenance.txt                      one line per example: `<received at> <sender>`,
                                                 the time in UTC (ISO 8601, seconds) and the
                                                 sender's name (a token's name, never the
                                                 token; `anonymous` without tokens)
@@ -19,26 +26,32 @@ The format is the contract between the service, which writes it (`POST
         .compact-<name>/, .gone-<name>/         a compacted shard being written, a removed one
                                                 being deleted
 
-A closed shard is an MNIST-format folder (its `train` split), so any MNIST reader reads it
-too. Shards written before provenance was recorded have no provenance.txt: their images read
-with the sender `unknown` and no time. Each writer (one per service process; several
-replicas may share the folder) appends to its own open shard and renames it to a closed
-shard every `shard_images` images; the rename is atomic, so a reader never sees half a shard.
+Shards of the versions before tf.Example (28x28 images only) are MNIST-format folders
+instead: train-images-idx3-ubyte and train-labels-idx1-ubyte (IDX, the class ids), with the
+same versions.txt and provenance.txt (absent in shards older than provenance: their images
+read with the sender `unknown` and no time). They are still read, recovered, expired and
+compacted; nothing writes new ones.
 
-An append is durable before it is acknowledged: the images, labels, versions and provenance
-are written past the committed end and fsynced, then the two IDX headers' counts are raised
-and fsynced. The counts in both headers are the commit: after a crash, a writer truncates the
-shard back to the smaller of them, so a crash loses at most the request being written. A
-writer holds an exclusive flock on its open shard's images file while it lives; a writer that
+Each writer (one per service process; several replicas may share the folder) appends to its
+own open shard and renames it to a closed shard every `shard_examples` examples; the rename
+is atomic, so a reader never sees half a shard. An append is durable before it is
+acknowledged: the framed records, the versions and the provenance lines are written past the
+committed end and fsynced, then the count in committed.txt is raised and fsynced: that count
+is the commit (in an MNIST-format shard, the two IDX headers' counts). After a crash, a writer
+cuts the shard back to the smallest of the committed count, the whole records (their CRCs
+checked) and the lines, so a crash loses at most the request being written. A writer holds an
+exclusive flock on its open shard's examples (or images) file while it lives; a writer that
 finds another writer's open shard unlocked (its process died) recovers it and closes it. The
 folder must be on a filesystem with working locks (local disks, NFSv4, CephFS, EFS).
 
-Old images are expired (`expire`, below; `python -m training expire-feedback`): a shard
-whose images are all too old is renamed away (`.gone-`) and deleted; a shard with some is
+Old examples are expired (`expire`, below; `python -m training expire-feedback`): a shard
+whose examples are all too old is renamed away (`.gone-`) and deleted; a shard with some is
 compacted: a new shard is written under a `.compact-` name, its files and folder fsynced,
 renamed into place (its compacted-from.txt names the shard it replaces, which readers then
-skip), and only then is the old one removed. A crash at any point loses no kept image and
-leaves no half shard under a `shard-` name; the next expiry finishes or undoes the rest.
+skip), and only then is the old one removed. A crash at any point loses no kept example and
+leaves no half shard under a `shard-` name; the next expiry finishes or undoes the rest. A
+retrain reading the store holds a shared flock on `.expire.lock` (when it exists), which
+expiry takes exclusively: shards do not vanish under a retrain streaming them.
 """
 
 from __future__ import annotations
@@ -57,28 +70,37 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from artifact import tf_example, tfrecord
 from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, NUM_CLASSES
 
-IMAGES_FILE = "train-images-idx3-ubyte"
-LABELS_FILE = "train-labels-idx1-ubyte"
+EXAMPLES_FILE = "examples.tfrecord"
+COMMITTED_FILE = "committed.txt"
 VERSIONS_FILE = "versions.txt"
 PROVENANCE_FILE = "provenance.txt"
+# The MNIST-format shards of earlier versions.
+IMAGES_FILE = "train-images-idx3-ubyte"
+LABELS_FILE = "train-labels-idx1-ubyte"
 CLOSED_PREFIX = "shard-"
 OPEN_PREFIX = ".open-"
 NEW_PREFIX = ".new-"  # an open shard being created
 COMPACT_PREFIX = ".compact-"  # a compacted shard being written
-# The sender of an image when no tokens are configured, and of images stored before senders
+# The label's feature in each example: a name no signature's input is likely to have (the
+# service refuses feedback for a signature with an input of this name).
+LABEL_FEATURE = "feedback/label"
+# A shard's format: tf.Example records, or the MNIST-format images of earlier versions.
+EXAMPLES_FORMAT, IDX_FORMAT = "tf.Example", "idx"
+# The sender of an example when no tokens are configured, and of images stored before senders
 # were recorded.
 ANONYMOUS = "anonymous"
 UNKNOWN_SENDER = "unknown"
 # A sender's name as stored: a token's name (service/security.py checks the same pattern).
 SENDER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
-# What one image takes of a sender's share of the store: its pixels and its label.
+# What one image of an MNIST-format shard takes of its sender's share: its pixels and label.
 SENDER_IMAGE_BYTES = 28 * 28 + 1
 # A `.new-` (or `.compact-`) folder this old belongs to a writer that died while creating it.
 STALE_NEW_SECONDS = 3600
@@ -89,6 +111,7 @@ LABELS_MAGIC = 2049  # IDX: unsigned bytes, 1 dimension
 IMAGES_HEADER = 16
 LABELS_HEADER = 8
 IMAGE_BYTES = IMAGE_HEIGHT * IMAGE_WIDTH
+COMMITTED_DIGITS = 20  # committed.txt: the count in 20 digits and a newline, rewritten in place
 # Errors that mean "no room" (a full disk, a quota, a file-size limit): the service answers 507.
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
@@ -134,12 +157,88 @@ def _labels_header(count: int) -> bytes:
     return struct.pack(">II", LABELS_MAGIC, count)
 
 
+def _committed(count: int) -> bytes:
+    return f"{count:0{COMMITTED_DIGITS}d}\n".encode("ascii")
+
+
+# --- the records --------------------------------------------------------------------------
+
+
+def _feature_kind(dtype: np.dtype) -> str:
+    if dtype.kind == "f":
+        return tf_example.FLOAT
+    if dtype.kind in "iub":
+        return tf_example.INT64
+    if dtype.kind in "OSU":
+        return tf_example.BYTES
+    raise ValueError(f"a tf.Example cannot hold values of dtype {dtype}")
+
+
+def _byte_values(values: np.ndarray) -> list[bytes]:
+    return [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values.tolist()]
+
+
+def feedback_examples(inputs: dict[str, np.ndarray], labels: np.ndarray) -> list[bytes]:
+    """One serialized tf.Example per instance: each input's values (flattened, by its dtype:
+    float_list, int64_list or bytes_list) under its name, and the label under LABEL_FEATURE
+    (int64 for a class id, float for a regressed value).
+
+    Args:
+        inputs: each input by name, [n, ...] (the batch dimension first).
+        labels: [n] integer class ids or float values.
+    Raises:
+        ValueError: an input named LABEL_FEATURE, unequal batch sizes, or a dtype a
+            tf.Example cannot hold.
+    """
+    if LABEL_FEATURE in inputs:
+        raise ValueError(f"an input is named {LABEL_FEATURE!r}, the label's feature")
+    labels = np.asarray(labels)
+    count = len(labels)
+    if any(len(value) != count for value in inputs.values()):
+        raise ValueError(f"each input must hold {count} instances, one per label")
+    label_kind = tf_example.INT64 if labels.dtype.kind in "iub" else tf_example.FLOAT
+    kinds = {name: _feature_kind(value.dtype) for name, value in inputs.items()}
+    records = []
+    for i in range(count):
+        features = {}
+        for name, value in inputs.items():
+            row = np.asarray(value[i]).ravel()
+            kind = kinds[name]
+            features[name] = (kind, _byte_values(row) if kind == tf_example.BYTES else row)
+        features[LABEL_FEATURE] = (label_kind, [labels[i].item()])
+        records.append(tf_example.encode_example(features))
+    return records
+
+
+def image_examples(images: np.ndarray, class_ids: np.ndarray, key: str) -> list[bytes]:
+    """uint8 images [n, ...] as examples of float pixels in [0, 1] under `key` (what an image
+    model's signature takes), with their class ids."""
+    pixels = np.asarray(images, np.float32) / np.float32(255.0)
+    return feedback_examples({key: pixels}, np.asarray(class_ids, np.int64))
+
+
 # --- reading (the retrain job) ----------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """A closed shard's bookkeeping, without its examples: how many, in which format, who
+    sent each and when, and the version that answered each."""
+
+    path: Path
+    format: str  # EXAMPLES_FORMAT or IDX_FORMAT
+    versions: tuple[int | None, ...]
+    senders: tuple[str, ...]  # UNKNOWN_SENDER in MNIST-format shards older than provenance
+    received_at: tuple[str | None, ...]  # as written: UTC, ISO 8601; None when not recorded
+    example_bytes: float  # what one example takes on disk (the record file's share)
+
+    def __len__(self) -> int:
+        return len(self.versions)
+
+
+@dataclasses.dataclass(frozen=True)
 class Shard:
-    """One closed shard's content."""
+    """One closed MNIST-format shard's content (the format of earlier versions)."""
 
     path: Path
     images: np.ndarray  # uint8 [n, 28, 28]
@@ -162,36 +261,82 @@ def closed_shards(directory: str | Path) -> list[Path]:
     found = sorted(
         p for p in directory.iterdir() if p.name.startswith(CLOSED_PREFIX) and p.is_dir()
     )
-    # A shard a compaction replaced, still there after a crash: its images are in the new one.
+    # A shard a compaction replaced, still there after a crash: its examples are in the new one.
     replaced = {_compacted_from(p) for p in found}
     return [p for p in found if p.name not in replaced]
 
 
+def shard_format(path: str | Path) -> str:
+    """EXAMPLES_FORMAT, or IDX_FORMAT for an MNIST-format shard (one without examples)."""
+    return IDX_FORMAT if (Path(path) / IMAGES_FILE).exists() else EXAMPLES_FORMAT
+
+
+def read_info(path: str | Path) -> ShardInfo:
+    """Read and check one closed shard's bookkeeping (the counts of its files agree), not its
+    examples.
+
+    Raises:
+        FeedbackFormatError: a file is missing, unreadable, of another length than its count
+            says, or not what this module writes (the message names it).
+    """
+    path = Path(path)
+    if shard_format(path) == IDX_FORMAT:
+        count = _idx_count(path)
+        example_bytes = float(SENDER_IMAGE_BYTES)
+    else:
+        count = _read_committed(path / COMMITTED_FILE)
+        size = _size(path / EXAMPLES_FILE)
+        if count and size < count * tfrecord.RECORD_OVERHEAD:
+            raise FeedbackFormatError(
+                f"{path / EXAMPLES_FILE}: {size} bytes cannot hold the {count} records "
+                f"{COMMITTED_FILE} says it has"
+            )
+        example_bytes = size / count if count else 0.0
+    versions = _parse_versions(path / VERSIONS_FILE, count)
+    senders, received = _parse_provenance(path / PROVENANCE_FILE, count)
+    return ShardInfo(path, shard_format(path), versions, senders, received, example_bytes)
+
+
+def read_records(path: str | Path) -> list[bytes]:
+    """The serialized tf.Examples of one closed tf.Example shard, in order, every CRC checked.
+
+    Raises:
+        FeedbackFormatError: a record is torn or damaged, or there are not as many as
+            committed.txt says.
+    """
+    path = Path(path)
+    count = _read_committed(path / COMMITTED_FILE)
+    data = _read(path / EXAMPLES_FILE)
+    try:
+        spans = tfrecord.record_spans(data)
+    except tfrecord.RecordError as err:
+        raise FeedbackFormatError(f"{path / EXAMPLES_FILE}: {err}") from err
+    if len(spans) != count:
+        raise FeedbackFormatError(
+            f"{path / EXAMPLES_FILE}: {len(spans)} records, {COMMITTED_FILE} says {count}"
+        )
+    return [data[start : start + length] for start, length in spans]
+
+
+def read_examples(path: str | Path) -> list[dict[str, tuple[str, list]]]:
+    """The decoded tf.Examples of one closed tf.Example shard (tools and tests; the retrain
+    reads the records with TensorFlow)."""
+    return [tf_example.decode_example(record) for record in read_records(path)]
+
+
 def read_shard(path: str | Path) -> Shard:
-    """Read and check one closed shard.
+    """Read and check one closed MNIST-format shard (the format of earlier versions).
 
     Raises:
         FeedbackFormatError: a file is missing, unreadable, truncated or not what this module
-            writes (the message names it).
+            writes (the message names it), or the shard holds tf.Examples.
     """
     path = Path(path)
+    if shard_format(path) != IDX_FORMAT:
+        raise FeedbackFormatError(f"{path}: holds tf.Examples, not MNIST-format images")
     images_data = _read(path / IMAGES_FILE)
     labels_data = _read(path / LABELS_FILE)
-    if len(images_data) < IMAGES_HEADER or len(labels_data) < LABELS_HEADER:
-        raise FeedbackFormatError(f"{path}: an IDX header is truncated")
-    magic, count, rows, cols = struct.unpack(">IIII", images_data[:IMAGES_HEADER])
-    if magic != IMAGES_MAGIC or (rows, cols) != (IMAGE_HEIGHT, IMAGE_WIDTH):
-        raise FeedbackFormatError(f"{path / IMAGES_FILE}: not an IDX file of 28x28 images")
-    if len(images_data) != IMAGES_HEADER + count * IMAGE_BYTES:
-        raise FeedbackFormatError(
-            f"{path / IMAGES_FILE}: header says {count} images, the file has "
-            f"{len(images_data)} bytes"
-        )
-    magic, label_count = struct.unpack(">II", labels_data[:LABELS_HEADER])
-    if magic != LABELS_MAGIC or len(labels_data) != LABELS_HEADER + label_count:
-        raise FeedbackFormatError(f"{path / LABELS_FILE}: not an IDX labels file of its length")
-    if label_count != count:
-        raise FeedbackFormatError(f"{path}: {count} images but {label_count} labels")
+    count = _check_idx(path, images_data, len(images_data), labels_data, len(labels_data))
     labels = np.frombuffer(labels_data, np.uint8, offset=LABELS_HEADER)
     if count and labels.max() >= NUM_CLASSES:
         raise FeedbackFormatError(f"{path / LABELS_FILE}: a label is outside 0-{NUM_CLASSES - 1}")
@@ -204,13 +349,67 @@ def read_shard(path: str | Path) -> Shard:
 
 
 def read_closed_shards(directory: str | Path) -> list[Shard]:
-    """Every closed shard of a model's store, oldest first (open shards are not read)."""
-    return [read_shard(path) for path in closed_shards(directory)]
+    """Every closed MNIST-format shard of a model's store, oldest first."""
+    return [
+        read_shard(path) for path in closed_shards(directory) if shard_format(path) == IDX_FORMAT
+    ]
+
+
+def _check_idx(
+    path: Path, images_head: bytes, images_size: int, labels_head: bytes, labels_size: int
+) -> int:
+    """The image count of an MNIST-format shard from its two headers and file sizes (they
+    agree, or FeedbackFormatError names the file)."""
+    if len(images_head) < IMAGES_HEADER or len(labels_head) < LABELS_HEADER:
+        raise FeedbackFormatError(f"{path}: an IDX header is truncated")
+    magic, count, rows, cols = struct.unpack(">IIII", images_head[:IMAGES_HEADER])
+    if magic != IMAGES_MAGIC or (rows, cols) != (IMAGE_HEIGHT, IMAGE_WIDTH):
+        raise FeedbackFormatError(f"{path / IMAGES_FILE}: not an IDX file of 28x28 images")
+    if images_size != IMAGES_HEADER + count * IMAGE_BYTES:
+        raise FeedbackFormatError(
+            f"{path / IMAGES_FILE}: header says {count} images, the file has {images_size} bytes"
+        )
+    magic, label_count = struct.unpack(">II", labels_head[:LABELS_HEADER])
+    if magic != LABELS_MAGIC or labels_size != LABELS_HEADER + label_count:
+        raise FeedbackFormatError(f"{path / LABELS_FILE}: not an IDX labels file of its length")
+    if label_count != count:
+        raise FeedbackFormatError(f"{path}: {count} images but {label_count} labels")
+    return count
+
+
+def _idx_count(path: Path) -> int:
+    """An MNIST-format shard's count from its headers and file sizes, without its pixels."""
+    heads, sizes = [], []
+    for name, header in ((IMAGES_FILE, IMAGES_HEADER), (LABELS_FILE, LABELS_HEADER)):
+        try:
+            with open(path / name, "rb") as f:
+                heads.append(f.read(header))
+                sizes.append(os.fstat(f.fileno()).st_size)
+        except OSError as err:
+            raise FeedbackFormatError(f"{path / name}: cannot read: {err.strerror or err}") from err
+    return _check_idx(path, heads[0], sizes[0], heads[1], sizes[1])
+
+
+def _read_committed(path: Path) -> int:
+    text = _read(path)
+    try:
+        return int(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise FeedbackFormatError(
+            f"{path}: expected a count of examples, got {text[:40]!r}"
+        ) from err
 
 
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
+    except OSError as err:
+        raise FeedbackFormatError(f"{path}: cannot read: {err.strerror or err}") from err
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
     except OSError as err:
         raise FeedbackFormatError(f"{path}: cannot read: {err.strerror or err}") from err
 
@@ -267,13 +466,48 @@ def provenance_line(sender: str, received_at: dt.datetime) -> bytes:
     return f"{when} {sender}\n".encode("ascii")
 
 
-def sender_images(directory: str | Path, cache: dict[str, Counter] | None = None) -> Counter:
-    """Images per sender in a model's store: every closed shard and every writer's open one
-    (read as it is now: an open shard's lines past its commit may count, a bound, not a
-    record). `cache` (shard name -> counts) spares reading a closed shard twice: closed
-    shards never change; entries of shards gone are dropped."""
+@contextlib.contextmanager
+def reading(directory: str | Path) -> Iterator[None]:
+    """Hold the store against expiry while a reader streams its shards: a shared flock on
+    `.expire.lock`, which `expire` takes exclusively (it waits). A store that was never
+    expired has no lock file; one that cannot be opened (a read-only store without it) is
+    read unlocked."""
+    fd = None
+    with contextlib.suppress(OSError):
+        fd = os.open(Path(directory) / EXPIRE_LOCK_FILE, os.O_RDONLY)
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+# --- a sender's share ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SenderTally:
+    """Examples and bytes per sender."""
+
+    examples: Counter = dataclasses.field(default_factory=Counter)
+    bytes: Counter = dataclasses.field(default_factory=Counter)
+
+    def add(self, other: SenderTally) -> None:
+        self.examples.update(other.examples)
+        self.bytes.update(other.bytes)
+
+
+def sender_tally(directory: str | Path, cache: dict[str, SenderTally] | None = None) -> SenderTally:
+    """Examples and bytes per sender in a model's store: every closed shard and every
+    writer's open one (read as it is now: an open shard's lines past its commit may count, a
+    bound, not a record). A sender's bytes are its examples times the shard's bytes per
+    example (an MNIST-format image: SENDER_IMAGE_BYTES). `cache` (shard name -> tally) spares
+    reading a closed shard twice: closed shards never change; entries of shards gone are
+    dropped."""
     directory = Path(directory)
-    total: Counter = Counter()
+    total = SenderTally()
     if not directory.is_dir():
         return total
     seen = set()
@@ -282,35 +516,58 @@ def sender_images(directory: str | Path, cache: dict[str, Counter] | None = None
         if not (closed or path.name.startswith(OPEN_PREFIX)):
             continue
         if closed and cache is not None and path.name in cache:
-            counts = cache[path.name]
+            tally = cache[path.name]
         else:
-            counts = _count_senders(path)
-            if counts is None:
+            tally = _tally_shard(path)
+            if tally is None:
                 continue  # renamed or removed under us
             if closed and cache is not None:
-                cache[path.name] = counts
+                cache[path.name] = tally
         seen.add(path.name)
-        total.update(counts)
+        total.add(tally)
     if cache is not None:
         for name in set(cache) - seen:
             del cache[name]
     return total
 
 
-def _count_senders(shard: Path) -> Counter | None:
+def sender_examples(directory: str | Path) -> Counter:
+    """Examples per sender in a model's store (sender_tally's)."""
+    return sender_tally(directory).examples
+
+
+def _tally_shard(shard: Path) -> SenderTally | None:
+    idx = (shard / IMAGES_FILE).exists()
     try:
         text = (shard / PROVENANCE_FILE).read_bytes()
     except FileNotFoundError:
+        if not idx:
+            return None
         try:  # a shard older than provenance: its images are the unknown sender's
             size = os.stat(shard / LABELS_FILE).st_size
         except FileNotFoundError:
             return None
-        return Counter({UNKNOWN_SENDER: max(size - LABELS_HEADER, 0)})
+        images = max(size - LABELS_HEADER, 0)
+        return SenderTally(
+            Counter({UNKNOWN_SENDER: images}),
+            Counter({UNKNOWN_SENDER: images * SENDER_IMAGE_BYTES}),
+        )
     except OSError:
         return None
     # Complete lines only: an open shard's last line may be half written.
-    return Counter(
+    examples = Counter(
         line.partition(b" ")[2].decode("ascii", "replace") for line in text.split(b"\n")[:-1]
+    )
+    if idx:
+        per_example = float(SENDER_IMAGE_BYTES)
+    else:
+        try:
+            size = os.stat(shard / EXAMPLES_FILE).st_size
+        except OSError:
+            return None
+        per_example = size / max(sum(examples.values()), 1)
+    return SenderTally(
+        examples, Counter({sender: round(n * per_example) for sender, n in examples.items()})
     )
 
 
@@ -348,157 +605,11 @@ def check_writable_dir(path: str | Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Appended:
-    """What one append did: how many images the open shard holds now, and the shard it closed."""
+    """What one append did: how many examples the open shard holds now, and the shard it
+    closed."""
 
     count: int
     closed: Path | None
-
-
-class _OpenShard:
-    """A writer's open shard: four files at their committed ends, the images file locked (an
-    open shard a writer older than provenance left has three; it is only recovered and
-    closed, never appended to)."""
-
-    def __init__(self, path: Path, fds: dict[str, int], count: int, versions_end: int):
-        self.path = path
-        self.fds = fds
-        self.count = count
-        self.versions_end = versions_end
-        self.provenance_end = 0
-
-    @classmethod
-    def create(cls, path: Path) -> _OpenShard:
-        """A new empty shard at path, locked; built under a `.new-` name and renamed, so other
-        writers only ever see complete, locked open shards."""
-        staging = path.with_name(NEW_PREFIX + path.name[len(OPEN_PREFIX) :])
-        staging.mkdir()
-        fds = {}
-        try:
-            for name, header in (
-                (IMAGES_FILE, _images_header(0)),
-                (LABELS_FILE, _labels_header(0)),
-                (VERSIONS_FILE, b""),
-                (PROVENANCE_FILE, b""),
-            ):
-                fds[name] = os.open(staging / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                if name == IMAGES_FILE:
-                    fcntl.flock(fds[name], fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _pwrite_all(fds[name], header, 0)
-                os.fsync(fds[name])
-            _fsync_dir(staging)
-            os.rename(staging, path)
-            _fsync_dir(path.parent)
-        except BaseException:
-            for fd in fds.values():
-                os.close(fd)
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return cls(path, fds, 0, 0)
-
-    @classmethod
-    def adopt(cls, path: Path) -> _OpenShard | None:
-        """Lock another writer's open shard and bring it back to its last commit.
-
-        Returns None when its writer still holds it (it is alive), or when it is not a shard
-        this module wrote (left alone: nothing is deleted that is not understood).
-        """
-        fds = {}
-        try:
-            for name in (IMAGES_FILE, LABELS_FILE, VERSIONS_FILE):
-                fds[name] = os.open(path / name, os.O_RDWR)
-            with contextlib.suppress(FileNotFoundError):  # absent: an older writer's
-                fds[PROVENANCE_FILE] = os.open(path / PROVENANCE_FILE, os.O_RDWR)
-            fcntl.flock(fds[IMAGES_FILE], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except (BlockingIOError, FileNotFoundError):
-            for fd in fds.values():
-                os.close(fd)
-            return None
-        shard = cls(path, fds, 0, 0)
-        try:
-            shard.recover()
-        except BaseException:
-            shard.release()
-            raise
-        return shard
-
-    def recover(self, limit: int | None = None) -> None:
-        """Truncate every file to the last commit (the smaller header count, and at most
-        `limit` images) and fsync."""
-        images, labels, versions = (
-            self.fds[IMAGES_FILE],
-            self.fds[LABELS_FILE],
-            self.fds[VERSIONS_FILE],
-        )
-        images_size, labels_size = os.fstat(images).st_size, os.fstat(labels).st_size
-        counts = [
-            max(images_size - IMAGES_HEADER, 0) // IMAGE_BYTES,
-            max(labels_size - LABELS_HEADER, 0),
-        ]
-        if images_size >= IMAGES_HEADER:
-            counts.append(struct.unpack(">I", os.pread(images, 4, 4))[0])
-        else:
-            counts.append(0)
-        if labels_size >= LABELS_HEADER:
-            counts.append(struct.unpack(">I", os.pread(labels, 4, 4))[0])
-        else:
-            counts.append(0)
-        text = os.pread(versions, os.fstat(versions).st_size, 0)
-        counts.append(text.count(b"\n"))
-        provenance = self.fds.get(PROVENANCE_FILE)
-        lines = b""
-        if provenance is not None:
-            lines = os.pread(provenance, os.fstat(provenance).st_size, 0)
-            counts.append(lines.count(b"\n"))
-        count = min(*counts, *([] if limit is None else [limit]))
-        versions_end = _line_end(text, count)
-        provenance_end = _line_end(lines, count) if provenance is not None else 0
-        os.ftruncate(images, IMAGES_HEADER + count * IMAGE_BYTES)
-        os.ftruncate(labels, LABELS_HEADER + count)
-        os.ftruncate(versions, versions_end)
-        if provenance is not None:
-            os.ftruncate(provenance, provenance_end)
-        os.pwrite(images, _images_header(count), 0)
-        os.pwrite(labels, _labels_header(count), 0)
-        for fd in self.fds.values():
-            os.fsync(fd)
-        self.count, self.versions_end = count, versions_end
-        self.provenance_end = provenance_end
-
-    def append(
-        self, images: bytes, labels: bytes, versions: bytes, provenance: bytes, added: int
-    ) -> None:
-        """Write past the committed end, fsync, then commit by raising both header counts."""
-        image_fd, label_fd, version_fd, provenance_fd = (
-            self.fds[IMAGES_FILE],
-            self.fds[LABELS_FILE],
-            self.fds[VERSIONS_FILE],
-            self.fds[PROVENANCE_FILE],
-        )
-        _pwrite_all(image_fd, images, IMAGES_HEADER + self.count * IMAGE_BYTES)
-        _pwrite_all(label_fd, labels, LABELS_HEADER + self.count)
-        _pwrite_all(version_fd, versions, self.versions_end)
-        _pwrite_all(provenance_fd, provenance, self.provenance_end)
-        for fd in (image_fd, label_fd, version_fd, provenance_fd):
-            os.fsync(fd)
-        count = self.count + added
-        _pwrite_all(image_fd, _images_header(count), 0)
-        os.fsync(image_fd)
-        _pwrite_all(label_fd, _labels_header(count), 0)
-        os.fsync(label_fd)
-        self.count, self.versions_end = count, self.versions_end + len(versions)
-        self.provenance_end += len(provenance)
-
-    def close_as(self, target: Path) -> None:
-        """Rename to a closed shard (atomic), then release the files and the lock."""
-        os.rename(self.path, target)
-        _fsync_dir(target.parent)
-        self.path = target
-        self.release()
-
-    def release(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
 
 
 def _line_end(text: bytes, count: int) -> int:
@@ -530,49 +641,242 @@ def _closed_name(writer: str, sequence: int) -> str:
 
 
 def encode_versions(versions: Sequence[int | None]) -> bytes:
-    """versions.txt lines for a request's images."""
+    """versions.txt lines for a request's examples."""
     return "".join(f"{v}\n" if v is not None else "\n" for v in versions).encode("ascii")
 
 
+def _open_files(path: Path, names: Sequence[str], optional: Sequence[str] = ()) -> dict | None:
+    """The shard's files opened for writing, the first one flocked; None when its writer
+    still holds it, or a file is missing (left alone: nothing is deleted that is not
+    understood)."""
+    fds = {}
+    try:
+        for name in names:
+            fds[name] = os.open(path / name, os.O_RDWR)
+        for name in optional:
+            with contextlib.suppress(FileNotFoundError):
+                fds[name] = os.open(path / name, os.O_RDWR)
+        fcntl.flock(fds[names[0]], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, FileNotFoundError):
+        for fd in fds.values():
+            os.close(fd)
+        return None
+    return fds
+
+
+def _lines_read(fd: int | None) -> bytes:
+    return b"" if fd is None else os.pread(fd, os.fstat(fd).st_size, 0)
+
+
+class _OpenShard:
+    """A writer's open shard: its files at their committed ends, the first one locked."""
+
+    def __init__(self, path: Path, fds: dict[str, int]):
+        self.path = path
+        self.fds = fds
+        self.count = 0
+        self.versions_end = 0
+        self.provenance_end = 0
+
+    @classmethod
+    def adopt(cls, path: Path) -> _OpenShard | None:
+        """Lock another writer's open shard (of either format) and bring it back to its last
+        commit; None when its writer still holds it, or it is not a shard this module wrote."""
+        shard_type = _IdxOpenShard if (path / IMAGES_FILE).exists() else _ExampleOpenShard
+        fds = _open_files(path, shard_type.FILES, (PROVENANCE_FILE,))
+        if fds is None:
+            return None
+        shard = shard_type(path, fds)
+        try:
+            shard.recover()
+        except BaseException:
+            shard.release()
+            raise
+        return shard
+
+    def _line_counts(self, limit: int) -> tuple[int, bytes, bytes]:
+        """The smallest of the lines' counts and `limit`, and the lines' texts."""
+        versions = _lines_read(self.fds[VERSIONS_FILE])
+        provenance = _lines_read(self.fds.get(PROVENANCE_FILE))
+        counts = [versions.count(b"\n"), limit]
+        if PROVENANCE_FILE in self.fds:
+            counts.append(provenance.count(b"\n"))
+        return min(counts), versions, provenance
+
+    def _cut_lines(self, count: int, versions: bytes, provenance: bytes) -> None:
+        self.versions_end = _line_end(versions, count)
+        os.ftruncate(self.fds[VERSIONS_FILE], self.versions_end)
+        if PROVENANCE_FILE in self.fds:
+            self.provenance_end = _line_end(provenance, count)
+            os.ftruncate(self.fds[PROVENANCE_FILE], self.provenance_end)
+
+    def recover(self) -> None:
+        """Truncate every file to the last commit (a whole one: the smallest of the counts
+        its files hold) and fsync."""
+        raise NotImplementedError
+
+    def close_as(self, target: Path) -> None:
+        """Rename to a closed shard (atomic), then release the files and the lock."""
+        os.rename(self.path, target)
+        _fsync_dir(target.parent)
+        self.path = target
+        self.release()
+
+    def release(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+class _ExampleOpenShard(_OpenShard):
+    """An open tf.Example shard: its records, committed count, versions and provenance."""
+
+    FILES = (EXAMPLES_FILE, COMMITTED_FILE, VERSIONS_FILE)
+
+    def __init__(self, path: Path, fds: dict[str, int]):
+        super().__init__(path, fds)
+        self.examples_end = 0
+
+    @classmethod
+    def create(cls, path: Path) -> _ExampleOpenShard:
+        """A new empty shard at path, locked; built under a `.new-` name and renamed, so other
+        writers only ever see complete, locked open shards."""
+        staging = path.with_name(NEW_PREFIX + path.name[len(OPEN_PREFIX) :])
+        staging.mkdir()
+        fds = {}
+        try:
+            for name, content in (
+                (EXAMPLES_FILE, b""),
+                (COMMITTED_FILE, _committed(0)),
+                (VERSIONS_FILE, b""),
+                (PROVENANCE_FILE, b""),
+            ):
+                fds[name] = os.open(staging / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                if name == EXAMPLES_FILE:
+                    fcntl.flock(fds[name], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _pwrite_all(fds[name], content, 0)
+                os.fsync(fds[name])
+            _fsync_dir(staging)
+            os.rename(staging, path)
+            _fsync_dir(path.parent)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return cls(path, fds)
+
+    def recover(self) -> None:
+        examples, committed = self.fds[EXAMPLES_FILE], self.fds[COMMITTED_FILE]
+        try:
+            recorded = int(os.pread(committed, COMMITTED_DIGITS + 1, 0).decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            recorded = 0  # torn before its first commit
+        count, versions, provenance = self._line_counts(recorded)
+        count, end = tfrecord.whole_records(_lines_read(examples), count)
+        self._cut_lines(count, versions, provenance)
+        self._commit_at(count, end)
+
+    def roll_back(self) -> None:
+        """Back to the last commit this writer made (a failed append's bytes cut away)."""
+        os.ftruncate(self.fds[VERSIONS_FILE], self.versions_end)
+        os.ftruncate(self.fds[PROVENANCE_FILE], self.provenance_end)
+        self._commit_at(self.count, self.examples_end)
+
+    def _commit_at(self, count: int, examples_end: int) -> None:
+        """The records cut at examples_end, `count` committed, every file fsynced."""
+        os.ftruncate(self.fds[EXAMPLES_FILE], examples_end)
+        _pwrite_all(self.fds[COMMITTED_FILE], _committed(count), 0)
+        os.ftruncate(self.fds[COMMITTED_FILE], COMMITTED_DIGITS + 1)
+        for fd in self.fds.values():
+            os.fsync(fd)
+        self.count, self.examples_end = count, examples_end
+
+    def append(self, records: bytes, versions: bytes, provenance: bytes, added: int) -> None:
+        """Write past the committed end, fsync, then commit by raising the committed count."""
+        fds = self.fds
+        _pwrite_all(fds[EXAMPLES_FILE], records, self.examples_end)
+        _pwrite_all(fds[VERSIONS_FILE], versions, self.versions_end)
+        _pwrite_all(fds[PROVENANCE_FILE], provenance, self.provenance_end)
+        for name in (EXAMPLES_FILE, VERSIONS_FILE, PROVENANCE_FILE):
+            os.fsync(fds[name])
+        count = self.count + added
+        _pwrite_all(fds[COMMITTED_FILE], _committed(count), 0)
+        os.fsync(fds[COMMITTED_FILE])
+        self.count = count
+        self.examples_end += len(records)
+        self.versions_end += len(versions)
+        self.provenance_end += len(provenance)
+
+
+class _IdxOpenShard(_OpenShard):
+    """An MNIST-format shard an earlier version's writer left open: only recovered and
+    closed, never appended to (one older than provenance has no provenance.txt)."""
+
+    FILES = (IMAGES_FILE, LABELS_FILE, VERSIONS_FILE)
+
+    def recover(self) -> None:
+        images, labels = self.fds[IMAGES_FILE], self.fds[LABELS_FILE]
+        images_size, labels_size = os.fstat(images).st_size, os.fstat(labels).st_size
+        counts = [
+            max(images_size - IMAGES_HEADER, 0) // IMAGE_BYTES,
+            max(labels_size - LABELS_HEADER, 0),
+        ]
+        for fd, size, header in (
+            (images, images_size, IMAGES_HEADER),
+            (labels, labels_size, LABELS_HEADER),
+        ):
+            counts.append(struct.unpack(">I", os.pread(fd, 4, 4))[0] if size >= header else 0)
+        count, versions, provenance = self._line_counts(min(counts))
+        os.ftruncate(images, IMAGES_HEADER + count * IMAGE_BYTES)
+        os.ftruncate(labels, LABELS_HEADER + count)
+        self._cut_lines(count, versions, provenance)
+        os.pwrite(images, _images_header(count), 0)
+        os.pwrite(labels, _labels_header(count), 0)
+        for fd in self.fds.values():
+            os.fsync(fd)
+        self.count = count
+
+
 class FeedbackWriter:
-    """Appends labeled images to one model's store: durable, rotated, bounded; thread-safe.
+    """Appends labeled examples to one model's store: durable, rotated, bounded; thread-safe.
 
     Args:
         directory: the model's store (store_dir(FEEDBACK_DIR, model)).
-        shard_images: close the open shard once it holds this many images.
+        shard_examples: close the open shard once it holds this many examples.
         max_bytes: refuse a request that would take the store (every writer's files) past
             this size.
         writer: this writer's name (default: host, pid and a random part).
-        max_sender_bytes: refuse a request that would take its sender's images in the store
-            (every writer's, SENDER_IMAGE_BYTES each) past this; None: no share.
+        max_sender_bytes: refuse a request that would take its sender's examples in the store
+            (every writer's) past this many bytes; None: no share.
         clock: seconds, for how old a measure of the store is (time.monotonic).
     """
 
     def __init__(
         self,
         directory: str | Path,
-        shard_images: int,
+        shard_examples: int,
         max_bytes: int,
         writer: str | None = None,
         max_sender_bytes: int | None = None,
         clock=time.monotonic,
     ):
-        if shard_images < 1 or max_bytes < 1:
-            raise ValueError("shard_images and max_bytes must be positive")
+        if shard_examples < 1 or max_bytes < 1:
+            raise ValueError("shard_examples and max_bytes must be positive")
         if max_sender_bytes is not None and max_sender_bytes < 1:
             raise ValueError("max_sender_bytes must be positive")
         self.directory = Path(directory)
-        self.shard_images = shard_images
+        self.shard_examples = shard_examples
         self.max_bytes = max_bytes
         self.max_sender_bytes = max_sender_bytes
         self.writer = writer or writer_id()
         self._clock = clock
         self._lock = threading.Lock()
-        self._shard: _OpenShard | None = None
+        self._shard: _ExampleOpenShard | None = None
         self._sequence = 0
         self._used: int | None = None
-        self._senders: Counter = Counter()
-        self._sender_cache: dict[str, Counter] = {}
+        self._senders = SenderTally()
+        self._sender_cache: dict[str, SenderTally] = {}
         self._measured = 0.0
         self.recovered: list[Path] = []
 
@@ -593,35 +897,40 @@ class FeedbackWriter:
             self._recover_dead_writers()
             self._measure()
 
-    def sender_images(self, sender: str) -> int:
-        """A sender's images in the store, as this writer last measured it plus its own
+    def sender_examples(self, sender: str) -> int:
+        """A sender's examples in the store, as this writer last measured it plus its own
         writes since."""
-        return self._senders[sender]
+        return self._senders.examples[sender]
+
+    def sender_bytes(self, sender: str) -> int:
+        """A sender's bytes in the store (sender_tally's), as last measured plus its writes."""
+        return self._senders.bytes[sender]
 
     def _measure(self) -> None:
-        """The store's bytes and images per sender, afresh (other writers add to it, the
+        """The store's bytes and examples per sender, afresh (other writers add to it, the
         retrain job expires and compacts it)."""
         self._used = store_bytes(self.directory)
-        self._senders = sender_images(self.directory, self._sender_cache)
+        self._senders = sender_tally(self.directory, self._sender_cache)
         self._measured = self._clock()
 
-    def _refusal(self, sender: str, added: int, need: int) -> FeedbackStoreFull | None:
+    def _refusal(
+        self, sender: str, added: int, added_bytes: int, need: int
+    ) -> FeedbackStoreFull | None:
         if self._used + need > self.max_bytes:
             return FeedbackStoreFull(
                 f"the feedback store {self.directory} holds {self._used:,} bytes; "
-                f"{added} more images would take it past FEEDBACK_MAX_BYTES="
+                f"{added} more examples would take it past FEEDBACK_MAX_BYTES="
                 f"{self.max_bytes:,}: nothing was stored (the retrain job expires old shards, "
                 "--feedback-max-age-days; or delete those it no longer needs to make room)"
             )
-        held = self._senders[sender] * SENDER_IMAGE_BYTES
-        if self.max_sender_bytes is not None and held + added * SENDER_IMAGE_BYTES > (
-            self.max_sender_bytes
-        ):
+        held = self._senders.bytes[sender]
+        if self.max_sender_bytes is not None and held + added_bytes > self.max_sender_bytes:
             return SenderShareFull(
-                f"the sender {sender} has {self._senders[sender]:,} images "
-                f"({held:,} bytes) in the feedback store {self.directory}; {added} more would "
-                f"take it past its share, {self.max_sender_bytes:,} bytes "
-                "(FEEDBACK_SENDER_SHARE of FEEDBACK_MAX_BYTES): nothing was stored"
+                f"the sender {sender} has {self._senders.examples[sender]:,} examples "
+                f"({held:,} bytes) in the feedback store {self.directory}; {added} more "
+                f"({added_bytes:,} bytes) would take it past its share, "
+                f"{self.max_sender_bytes:,} bytes (FEEDBACK_SENDER_SHARE of "
+                "FEEDBACK_MAX_BYTES): nothing was stored"
             )
         return None
 
@@ -648,18 +957,16 @@ class FeedbackWriter:
 
     def append(
         self,
-        images: np.ndarray,
-        labels: np.ndarray,
+        records: Sequence[bytes],
         versions: Sequence[int | None],
         sender: str = ANONYMOUS,
         received_at: dt.datetime | None = None,
     ) -> Appended:
-        """Store images with their labels; returns once they are on disk (fsynced).
+        """Store examples; returns once they are on disk (fsynced).
 
         Args:
-            images: uint8 [k, 28, 28].
-            labels: class ids [k] in 0-9.
-            versions: the version that answered each image, or None.
+            records: serialized tf.Examples (feedback_examples'), one per example.
+            versions: the version that answered each example, or None.
             sender: who sent them (a token's name; ANONYMOUS without tokens).
             received_at: when (default: now).
         Raises:
@@ -668,41 +975,30 @@ class FeedbackWriter:
             SenderShareFull: it would take its sender past max_sender_bytes; nothing stored.
             FeedbackWriteError: any other write failure; nothing of it was stored.
         """
-        images = np.ascontiguousarray(images, np.uint8)
-        labels = np.asarray(labels)
-        if images.shape[1:] != (IMAGE_HEIGHT, IMAGE_WIDTH) or len(images) != len(labels):
-            raise ValueError(
-                f"expected k 28x28 images and k labels, got {images.shape}, {labels.shape}"
-            )
-        if len(versions) != len(labels):
-            raise ValueError("one version (or None) per image")
-        if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-            raise ValueError(f"labels must be class ids 0-{NUM_CLASSES - 1}")
-        added = len(labels)
-        image_bytes = images.tobytes()
-        label_bytes = labels.astype(np.uint8).tobytes()
+        if len(versions) != len(records):
+            raise ValueError("one version (or None) per example")
+        added = len(records)
+        record_bytes = tfrecord.frame_many(records)
         version_bytes = encode_versions(versions)
         provenance_bytes = provenance_line(sender, received_at or dt.datetime.now(dt.UTC)) * added
-        written = len(image_bytes) + len(label_bytes) + len(version_bytes) + len(provenance_bytes)
+        written = len(record_bytes) + len(version_bytes) + len(provenance_bytes)
         with self._lock:
             if self._used is None:
                 raise RuntimeError("FeedbackWriter.open() was not called")
-            need = written + (IMAGES_HEADER + LABELS_HEADER if self._shard is None else 0)
-            refusal = self._refusal(sender, added, need)
+            need = written + (COMMITTED_DIGITS + 1 if self._shard is None else 0)
+            refusal = self._refusal(sender, added, len(record_bytes), need)
             if refusal is not None and self._clock() - self._measured >= REMEASURE_SECONDS:
                 # Room may have been made since (expiry, compaction, an operator).
                 self._measure()
-                refusal = self._refusal(sender, added, need)
+                refusal = self._refusal(sender, added, len(record_bytes), need)
             if refusal is not None:
                 raise refusal
-            before = self._shard.count if self._shard is not None else 0
             try:
                 if self._shard is None:
-                    self._shard = _OpenShard.create(self.directory / (OPEN_PREFIX + self.writer))
-                    self._used += IMAGES_HEADER + LABELS_HEADER
-                self._shard.append(image_bytes, label_bytes, version_bytes, provenance_bytes, added)
+                    self._shard = self._open_shard()
+                self._shard.append(record_bytes, version_bytes, provenance_bytes, added)
             except OSError as err:
-                self._roll_back(before)
+                self._roll_back()
                 if err.errno in NO_SPACE_ERRNOS:
                     raise FeedbackStoreFull(
                         f"no room to store feedback in {self.directory}: "
@@ -714,22 +1010,38 @@ class FeedbackWriter:
                     err,
                 ) from err
             self._used += written
-            self._senders[sender] += added
+            self._senders.examples[sender] += added
+            self._senders.bytes[sender] += len(record_bytes)
             count, closed = self._shard.count, None
-            if count >= self.shard_images:
+            if count >= self.shard_examples:
                 closed = self._rotate()
             return Appended(count, closed)
 
-    def _roll_back(self, count: int) -> None:
-        """After a failed append: back to `count` images; a shard that cannot is let go."""
+    def _open_shard(self) -> _ExampleOpenShard:
+        """A new open shard; or this writer's own, let go after a failed roll back, taken
+        back at its last commit."""
+        path = self.directory / (OPEN_PREFIX + self.writer)
+        if path.is_dir():
+            shard = _OpenShard.adopt(path)
+            if isinstance(shard, _ExampleOpenShard):
+                return shard
+            if shard is not None:
+                shard.release()
+            raise OSError(errno.EEXIST, f"{path} is in the way of this writer's open shard")
+        shard = _ExampleOpenShard.create(path)
+        self._used += COMMITTED_DIGITS + 1
+        return shard
+
+    def _roll_back(self) -> None:
+        """After a failed append: back to the last commit; a shard that cannot is let go."""
         shard = self._shard
         if shard is None:
             return
         try:
-            shard.recover(limit=count)
+            shard.roll_back()
         except OSError:
-            # Released: the next writer to open the store (or this one, on its next append,
-            # through a new shard) recovers it from the headers.
+            # Released: this writer takes it back at its commit on its next append (or the
+            # next writer to open the store, when this one dies first).
             shard.release()
             self._shard = None
 
@@ -773,12 +1085,12 @@ _CLOSED_AT = re.compile(r"shard-(\d{8}T\d{12}Z)-")
 
 @dataclasses.dataclass(frozen=True)
 class Expired:
-    """What `expire` did: shards removed whole, shards compacted, and images dropped."""
+    """What `expire` did: shards removed whole, shards compacted, and examples dropped."""
 
     removed: tuple[str, ...]
     compacted: tuple[str, ...]
-    images_dropped: int
-    images_kept: int
+    examples_dropped: int
+    examples_kept: int
 
 
 def closed_at(path: str | Path) -> dt.datetime | None:
@@ -790,8 +1102,8 @@ def closed_at(path: str | Path) -> dt.datetime | None:
     return dt.datetime.strptime(found[1], "%Y%m%dT%H%M%S%fZ").replace(tzinfo=dt.UTC)
 
 
-def received_times(shard: Shard) -> list[dt.datetime]:
-    """When each image of a shard was received: its provenance time, or, in a shard older
+def received_times(shard: ShardInfo | Shard) -> list[dt.datetime]:
+    """When each example of a shard was received: its provenance time, or, in a shard older
     than provenance, the shard's closing time (the latest it can have been received)."""
     fallback = closed_at(shard.path) or dt.datetime.now(dt.UTC)
     times = []
@@ -801,16 +1113,16 @@ def received_times(shard: Shard) -> list[dt.datetime]:
 
 
 def expire(directory: str | Path, max_age: dt.timedelta, now: dt.datetime | None = None) -> Expired:
-    """Drop the closed shards' images received more than `max_age` before `now`.
+    """Drop the closed shards' examples received more than `max_age` before `now`.
 
-    A shard all of whose images are older is removed (renamed to a `.gone-` name first, so a
-    reader never sees half of it); a shard with some is compacted: its kept images are
+    A shard all of whose examples are older is removed (renamed to a `.gone-` name first, so
+    a reader never sees half of it); a shard with some is compacted: its kept examples are
     written to a new shard under a `.compact-` name, every file and the folder fsynced, the
     new shard renamed in (it names the one it replaces in compacted-from.txt), and only then
     the old one removed. A crash at any point loses nothing and leaves no half shard: the
     next call finishes or undoes what was left (an unrenamed `.compact-` folder is removed,
     a replaced shard still present is removed). Open shards are not touched. One call at a
-    time per store (an flock).
+    time per store, and none while a retrain reads it (`reading`): an exclusive flock.
 
     Raises:
         FeedbackFormatError: a closed shard cannot be read (nothing of it is changed).
@@ -827,14 +1139,14 @@ def expire(directory: str | Path, max_age: dt.timedelta, now: dt.datetime | None
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         _finish_interrupted(directory)
         for path in closed_shards(directory):
-            shard = read_shard(path)
-            keep = np.array([when >= cutoff for when in received_times(shard)], bool)
+            info = read_info(path)
+            keep = np.array([when >= cutoff for when in received_times(info)], bool)
             dropped += int((~keep).sum())
             kept += int(keep.sum())
             if keep.all():
                 continue
             if keep.any():
-                _compact(shard, keep)
+                _compact(info, keep)
                 compacted.append(path.name)
             else:
                 _remove_closed(path)
@@ -863,27 +1175,48 @@ def _compacted_from(path: Path) -> str | None:
     return name if name.startswith(CLOSED_PREFIX) and "/" not in name else None
 
 
-def _compact(shard: Shard, keep: np.ndarray) -> None:
-    directory = shard.path.parent
-    name = shard.path.name
+def _kept_files(info: ShardInfo, indices: np.ndarray) -> dict[str, bytes]:
+    """The files of a shard holding only the examples at `indices`, in its format."""
+    count = len(indices)
+    if info.format == IDX_FORMAT:
+        shard = read_shard(info.path)
+        return {
+            IMAGES_FILE: _images_header(count) + shard.images[indices].tobytes(),
+            LABELS_FILE: _labels_header(count) + shard.labels[indices].tobytes(),
+        }
+    data = _read(info.path / EXAMPLES_FILE)
+    try:
+        spans = tfrecord.record_spans(data)
+    except tfrecord.RecordError as err:
+        raise FeedbackFormatError(f"{info.path / EXAMPLES_FILE}: {err}") from err
+    if len(spans) != len(info):
+        raise FeedbackFormatError(
+            f"{info.path / EXAMPLES_FILE}: {len(spans)} records, {COMMITTED_FILE} says {len(info)}"
+        )
+    # Each record as it is framed on disk: its length, CRCs and data.
+    framed = b"".join(
+        data[spans[i][0] - 12 : spans[i][0] + spans[i][1] + 4] for i in indices.tolist()
+    )
+    return {EXAMPLES_FILE: framed, COMMITTED_FILE: _committed(count)}
+
+
+def _compact(info: ShardInfo, keep: np.ndarray) -> None:
+    directory = info.path.parent
+    name = info.path.name
     # The same closing time, so the shards keep their order; a new tail, so it is a new name.
     stamp = _CLOSED_AT.match(name)
     prefix = stamp[0] if stamp else CLOSED_PREFIX
     target = directory / f"{prefix}compacted-{secrets.token_hex(4)}"
     staging = directory / (COMPACT_PREFIX + target.name[len(CLOSED_PREFIX) :])
-    staging.mkdir()
     indices = np.flatnonzero(keep)
-    count = len(indices)
-    versions = [shard.versions[i] for i in indices]
-    senders = shard.senders or (UNKNOWN_SENDER,) * len(shard)
-    received = received_times(shard)
+    received = received_times(info)
     files = {
-        IMAGES_FILE: _images_header(count) + shard.images[indices].tobytes(),
-        LABELS_FILE: _labels_header(count) + shard.labels[indices].tobytes(),
-        VERSIONS_FILE: encode_versions(versions),
-        PROVENANCE_FILE: b"".join(provenance_line(senders[i], received[i]) for i in indices),
+        **_kept_files(info, indices),
+        VERSIONS_FILE: encode_versions([info.versions[i] for i in indices]),
+        PROVENANCE_FILE: b"".join(provenance_line(info.senders[i], received[i]) for i in indices),
         COMPACTED_FROM_FILE: f"{name}\n".encode("ascii"),
     }
+    staging.mkdir()
     for file_name, content in files.items():
         fd = os.open(staging / file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -894,7 +1227,7 @@ def _compact(shard: Shard, keep: np.ndarray) -> None:
     _fsync_dir(staging)
     os.rename(staging, target)
     _fsync_dir(directory)
-    _remove_closed(shard.path)
+    _remove_closed(info.path)
 
 
 def _remove_closed(path: Path) -> None:

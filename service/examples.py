@@ -3,20 +3,20 @@ built from JSON (REST's `examples` and `context`) or taken from the request (gRP
 the signature's serialized-examples input, and the signature's outputs read as TF Serving reads
 them (servables/tensorflow/classifier.cc, regressor.cc; util/json_tensor.cc).
 
-tf.Example is written here from its wire format (tensorflow/core/example/example.proto,
-feature.proto), so this module imports neither TensorFlow nor its protos.
+tf.Example is written in its wire format (artifact/tf_example.py), so this module imports neither
+TensorFlow nor its protos.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import struct
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from artifact.tf_example import encode_example
 from service.errors import BadInput, check_image_count
 from service.types import SignatureSpec
 
@@ -25,45 +25,6 @@ CLASSIFY_INPUTS = "inputs"
 CLASSIFY_CLASSES = "classes"
 CLASSIFY_SCORES = "scores"
 REGRESS_OUTPUTS = "outputs"
-
-
-# --- tf.Example's wire format -------------------------------------------------------------
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64's two's complement, as protobuf writes negatives
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _feature(kind: str, values: list) -> bytes:
-    """A Feature: bytes_list (1), float_list (2) or int64_list (3), values packed."""
-    if kind == "bytes":
-        return _field(1, b"".join(_field(1, v) for v in values))
-    if kind == "float":
-        return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))
-    return _field(3, _field(1, b"".join(_varint(v) for v in values)))
-
-
-def encode_example(features: dict[str, tuple[str, list]]) -> bytes:
-    """A serialized tf.Example of features, each (kind, values) with kind bytes/float/int64."""
-    entries = b"".join(
-        _field(1, _field(1, name.encode("utf-8")) + _field(2, _feature(*value)))
-        for name, value in sorted(features.items())
-    )
-    return _field(1, entries)
 
 
 # --- JSON examples ------------------------------------------------------------------------

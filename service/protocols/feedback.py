@@ -1,21 +1,27 @@
-"""`POST /v1/models/{name}/feedback`: images with their true labels, stored for the retrain job.
+"""`POST /v1/models/{name}/feedback`: labeled examples of any model, stored for the retrain job.
 
-The images come in /predict's encodings (service/codec.py): JSON `instances` of 28x28 pixel
-arrays (integers 0-255 or floats in [0, 1]) or `{"b64": ...}` image files, or a multipart
-upload of image files (`files`). Each has a true label: a class id or a label name of the
-serving version (`labels`, one per image; in a multipart body one `labels` field per file or
-one comma-separated field), and optionally the `model_version` that answered it.
+The instances come as the model's signature takes them, in TF Serving REST's row format
+(`instances`: each instance's named inputs, or the value of a signature's one input), checked
+against the signature (serving_default, or the model's only signature, or the body's
+`signature_name`) with TF Serving's words; a signature taking the 28x28 image contract also
+takes /predict's encodings (service/codec.py): pixel arrays (integers 0-255 or floats in
+[0, 1]), `{"b64": ...}` image files, or a multipart upload of image files (`files`). Each
+instance has its true label (`labels`, one per instance; in a multipart body one `labels`
+field per file or one comma-separated field): for a classifier (a signature with classes or
+probabilities) a class id or a label name of the serving version, for a regressor (a
+`predictions` or `outputs` output) a number; and optionally the `model_version` that
+answered it.
 
-    {"instances": [<28x28>, {"b64": "..."}], "labels": ["Dress", 7], "model_version": "3"}
+    {"instances": [{"x1": 0.5, "color": "red"}], "labels": ["high"], "model_version": "3"}
+    {"instances": [<28x28>, {"b64": "..."}], "labels": ["Dress", 7]}
 
-The images are stored as the model received them (28x28, 0-255) in the model's feedback store
-(artifact/feedback.py: durable before the answer, rotated into closed shards the retrain job
-reads), each with its sender (the token's name the access rules found, `anonymous` without
-tokens) and the time it came; the file I/O runs in a thread. Off (403 saying so) unless
-FEEDBACK_DIR is set.
+Each instance is stored as a tf.Example of its inputs and label (artifact/feedback.py: durable
+before the answer, rotated into closed shards the retrain job reads), with its sender (the
+token's name the access rules found, `anonymous` without tokens) and the time it came; the
+encoding and the file I/O run in a thread. Off (403 saying so) unless FEEDBACK_DIR is set.
 
-Bounds per sender: a token bucket of FEEDBACK_BURST_IMAGES images refilled at
-FEEDBACK_RATE_PER_MINUTE (429 with Retry-After past it; a request of more images than the
+Bounds per sender: a token bucket of FEEDBACK_BURST_IMAGES examples refilled at
+FEEDBACK_RATE_PER_MINUTE (429 with Retry-After past it; a request of more examples than the
 bucket holds is 413), and FEEDBACK_SENDER_SHARE of FEEDBACK_MAX_BYTES (507, as a full store).
 The buckets are per process: with WORKERS=n or several replicas, a sender may post up to n
 times the rate; the share is counted over every writer's shards.
@@ -30,21 +36,25 @@ import math
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prometheus_client import Counter, Gauge
 from starlette.datastructures import QueryParams
 
-from artifact.contract import NUM_CLASSES, PIXEL_MAX, normalize_pixels
+from artifact.contract import INPUT_KEY, PIXEL_MAX, SIGNATURE_NAME, normalize_pixels
 from artifact.feedback import (
+    LABEL_FEATURE,
     FeedbackStoreFull,
     FeedbackWriteError,
     FeedbackWriter,
+    feedback_examples,
+    image_examples,
     store_dir,
 )
 from artifact.images import INVERT_MODES
 from artifact.repository import parse_version
-from service import codec
+from service import codec, tensor_json
 from service.dataplane import DataPlane
 from service.errors import (
     BadInput,
@@ -56,8 +66,20 @@ from service.errors import (
     RateLimited,
 )
 from service.protocols.http import JSON, Call, CallRoute, form_request, image_form, json_response
+from service.tensors import is_image_signature
+from service.types import SignatureSpec
+from service.v2_codec import v2_signature_name
 
 log = logging.getLogger("service.feedback")
+
+CLASSIFICATION, REGRESSION = "classification", "regression"
+# The outputs that make a signature a classifier's (the image contract's and TF's canned
+# heads': classification signatures, `predict` of a classifier) or a regressor's.
+CLASSIFIER_OUTPUTS = frozenset({"classes", "class_ids", "probabilities", "scores"})
+REGRESSOR_OUTPUTS = frozenset({"predictions", "outputs"})
+# A signature taking only these (serialized tf.Examples, a parsing receiver) does not say
+# which features an example has.
+EXAMPLES_INPUTS = frozenset({"examples", "inputs"})
 
 FEEDBACK_DOC = {
     "requestBody": {
@@ -68,15 +90,22 @@ FEEDBACK_DOC = {
                     "type": "object",
                     "required": ["instances", "labels"],
                     "properties": {
+                        "signature_name": {
+                            "type": "string",
+                            "description": "the signature the instances are for (default: "
+                            "serving_default, or the model's only signature)",
+                        },
                         "instances": {
                             "type": "array",
-                            "description": "28x28 arrays of pixels (integers 0-255 or floats in "
-                            "[0, 1]), or {'b64': '<base64 PNG or JPEG>'}",
+                            "description": "TF Serving's row format for the signature: each "
+                            "instance's inputs by name, or the value of its one input; for "
+                            "28x28 image models also arrays of pixels (integers 0-255) or "
+                            "{'b64': '<base64 PNG or JPEG>'}",
                         },
                         "labels": {
                             "type": "array",
-                            "description": "each image's true class: a class id (0-9) or a "
-                            "label name of the serving version",
+                            "description": "each instance's truth: a classifier's class id or "
+                            "label name of the serving version, a regressor's value",
                         },
                         "model_version": {
                             "description": "the version that answered (optional)",
@@ -184,7 +213,7 @@ class FeedbackAPI:
     Args:
         dataplane: what serves the models (their names and labels; the metrics registry).
         feedback_dir: FEEDBACK_DIR, or None when feedback is off.
-        shard_images: FEEDBACK_SHARD_IMAGES.
+        shard_examples: FEEDBACK_SHARD_IMAGES, the examples a shard holds before it closes.
         max_bytes: FEEDBACK_MAX_BYTES.
         max_body_bytes: MAX_BODY_BYTES (the most one uploaded file may be).
         max_request_pixels: MAX_REQUEST_PIXELS, the decoded pixels one request's image files
@@ -200,7 +229,7 @@ class FeedbackAPI:
         self,
         dataplane: DataPlane,
         feedback_dir: str | None,
-        shard_images: int,
+        shard_examples: int,
         max_bytes: int,
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
@@ -210,7 +239,7 @@ class FeedbackAPI:
     ):
         self.dataplane = dataplane
         self.feedback_dir = Path(feedback_dir) if feedback_dir else None
-        self.shard_images = shard_images
+        self.shard_examples = shard_examples
         self.max_bytes = max_bytes
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
@@ -221,8 +250,9 @@ class FeedbackAPI:
         self._opening = asyncio.Lock()
         registry = dataplane.metrics.registry
         self.stored = Counter(
-            "feedback_images_total",
-            "Labeled images stored for the retrain job, by model and true label.",
+            "feedback_examples_total",
+            "Labeled examples stored for the retrain job, by model and true label (a "
+            "classifier's class; empty for a regressor's values).",
             ["model", "label"],
             registry=registry,
         )
@@ -255,7 +285,8 @@ class FeedbackAPI:
                 "POST",
                 "/v1/models/{name:name}/feedback",
                 self.feedback,
-                "Store images with their true labels for the retrain job (FEEDBACK_DIR)",
+                "Store labeled examples (any signature's instances) for the retrain job "
+                "(FEEDBACK_DIR)",
                 ("feedback",),
                 FEEDBACK_DOC,
                 self.refuse_early,
@@ -301,56 +332,121 @@ class FeedbackAPI:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
 
     async def feedback(self, call: Call, name: str):
-        """Store the body's labeled images (refuse_early has passed)."""
+        """Store the body's labeled examples (refuse_early has passed)."""
         sender = call.sender
         # A sender with an empty bucket is refused before its body is parsed.
         self._check_rate(name, sender, 1, self.rates.wait(sender, 1))
         invert = call.query.get("invert", "auto")
         if call.headers.get("content-type", "").startswith("multipart/form-data"):
+            signature = await self._signature(name, None)
+            if not is_image_signature(signature):
+                raise BadInput(
+                    f"multipart uploads of image files are for models that take 28x28 "
+                    f"images; signature {signature.name!r} of {name} takes "
+                    f"{_inputs_text(signature)}: send JSON instances in its row format"
+                )
             images, labels, version = await self._multipart(form_request(call), invert)
+            inputs = None
         else:
-            # In a thread: base64 photos must not stall the event loop.
-            images, labels, version = await asyncio.to_thread(self._json, call.body, invert)
-        names = self.dataplane.class_labels(name)
-        if names is None:
+            # In a thread: a large body must not stall the event loop.
+            request = await asyncio.to_thread(codec.loads, call.body)
+            if not isinstance(request, dict):
+                raise BadInput('Request body must be a JSON object with "instances": [...]')
+            signature = await self._signature(name, request.get("signature_name"))
+            images = inputs = None
+            if is_image_signature(signature):
+                images, labels, version = await asyncio.to_thread(self._json, request, invert)
+            else:
+                inputs, labels, version = await asyncio.to_thread(
+                    self._instances, request, signature
+                )
+        task = feedback_task(signature)
+        names = self.dataplane.class_labels(name) if task == CLASSIFICATION else None
+        if task == CLASSIFICATION and names is None:
             raise NotReady(f"model {name} has no serving version yet: its labels are not known")
-        class_ids = class_ids_of(labels, names, len(images))
-        pixels = np.rint(images * PIXEL_MAX).astype(np.uint8)
-        count = len(class_ids)
+        count = len(images) if images is not None else tensor_rows(inputs)
+        truth = class_ids_of(labels, names, count) if names else values_of(labels, count)
         if count > self.rates.size and self.rates.per_second:
             raise PayloadTooLarge(
-                f"{count} images in one request; a sender may post at most "
+                f"{count} examples in one request; a sender may post at most "
                 f"{self.rates.size} at once (FEEDBACK_BURST_IMAGES): send them in smaller "
                 "requests"
             )
+        if images is not None:
+            pixels = np.rint(images * PIXEL_MAX).astype(np.uint8)
+            encode, encoded = image_examples, (pixels, truth, INPUT_KEY)
+        else:
+            encode, encoded = feedback_examples, (inputs, truth)
         self._check_rate(name, sender, count, self.rates.take(sender, count))
         try:
             writer = await self._writer(name)
+            records = await asyncio.to_thread(encode, *encoded)
         except InsufficientStorage:
             self.rates.give_back(sender, count)  # nothing stored: nothing counts
             raise
         try:
-            appended = await asyncio.to_thread(
-                writer.append, pixels, class_ids, [version] * count, sender
-            )
+            appended = await asyncio.to_thread(writer.append, records, [version] * count, sender)
         except (FeedbackStoreFull, FeedbackWriteError) as err:
             self.rates.give_back(sender, count)
             self.refused.labels(name).inc()
             raise InsufficientStorage(str(err)) from err
         finally:
             self.store_bytes.labels(name).set(writer.used_bytes)
-        for class_id, stored in zip(*np.unique(class_ids, return_counts=True), strict=True):
-            self.stored.labels(name, names[int(class_id)]).inc(int(stored))
+        if names:
+            for class_id, stored in zip(*np.unique(truth, return_counts=True), strict=True):
+                self.stored.labels(name, names[int(class_id)]).inc(int(stored))
+        else:
+            self.stored.labels(name, "").inc(count)
         if appended.closed is not None:
             log.info("Feedback shard closed: %s", appended.closed)
         return json_response(
             {
                 "model_name": name,
-                "stored": len(class_ids),
-                "labels": [names[int(k)] for k in class_ids],
+                "stored": count,
+                "labels": [names[int(k)] for k in truth] if names else truth.tolist(),
                 "model_version": None if version is None else str(version),
             }
         )
+
+    async def _signature(self, name: str, signature_name: Any) -> SignatureSpec:
+        """The signature feedback is checked against: the body's `signature_name`, else
+        serving_default, else the model's only signature.
+
+        Raises:
+            BadInput: no such signature, several and none named, or one that takes serialized
+                tf.Examples or has an input named as the label's feature.
+        """
+        if signature_name is not None and not isinstance(signature_name, str):
+            raise BadInput(f"signature_name: expected a string, got {signature_name!r}")
+        if signature_name is None:
+            metadata = await self.dataplane.metadata(name, None)
+            signature_name = v2_signature_name(metadata.signatures)
+            if signature_name is None:
+                raise BadInput(
+                    f"model {name} has no {SIGNATURE_NAME!r} signature and several others "
+                    f"({', '.join(sorted(metadata.signatures))}): name the one the instances "
+                    "are for with signature_name"
+                )
+        signature = await self.dataplane.signature(name, None, None, signature_name)
+        inputs = signature.inputs
+        if (
+            len(inputs) == 1
+            and inputs[0].name in EXAMPLES_INPUTS
+            and inputs[0].dtype == np.dtype(object)
+        ):
+            raise BadInput(
+                f"signature {signature.name!r} of {name} takes serialized tf.Examples (a "
+                "parsing receiver), which do not say which features a model reads: feedback "
+                "needs a signature that takes the features as its inputs (export with the raw "
+                "receiver too)"
+            )
+        if any(spec.name == LABEL_FEATURE for spec in inputs):
+            raise BadInput(
+                f"signature {signature.name!r} of {name} has an input named {LABEL_FEATURE!r}, "
+                "the name feedback stores each label under: feedback cannot store its examples"
+            )
+        feedback_task(signature)  # a model feedback can label
+        return signature
 
     def _check_rate(self, name: str, sender: str, count: int, wait: float) -> None:
         if wait <= 0:
@@ -372,7 +468,7 @@ class FeedbackAPI:
             if name not in self._writers:
                 writer = FeedbackWriter(
                     store_dir(self.feedback_dir, name),
-                    self.shard_images,
+                    self.shard_examples,
                     self.max_bytes,
                     max_sender_bytes=self.max_sender_bytes,
                 )
@@ -389,21 +485,31 @@ class FeedbackAPI:
                 self._writers[name] = writer
             return self._writers[name]
 
-    def _json(self, body: bytes, invert: str) -> tuple[np.ndarray, list, int | None]:
-        request = codec.loads(body)
+    def _json(self, request: dict, invert: str) -> tuple[np.ndarray, list, int | None]:
+        """The image contract's instances, in /predict's encodings, as float images."""
         instances = codec.pixel_instances(request)
         # Counted before any image is decoded.
         self.dataplane.check_image_count(len(instances))
-        if "labels" not in request:
-            raise BadInput('Request body must have "labels": one true label per instance')
-        labels = request["labels"]
-        if not isinstance(labels, list):
-            raise BadInput(f"labels: expected a list of class ids or label names, got {labels!r}")
-        version = model_version_of(request.get("model_version"))
+        labels, version = _labels_and_version(request)
         images = codec.decode_pixel_instances(
             instances, invert, self.max_request_pixels, in_flight=self.pixels_in_flight
         )
         return images, labels, version
+
+    def _instances(
+        self, request: dict, signature: SignatureSpec
+    ) -> tuple[dict[str, np.ndarray], list, int | None]:
+        """Any signature's instances, in TF Serving REST's row format, typed by it."""
+        if "instances" not in request:
+            raise BadInput(
+                "Missing 'instances' key; feedback takes the row format: 'instances', each "
+                f"instance's inputs {_inputs_text(signature)}, and one of 'labels' per instance"
+            )
+        labels, version = _labels_and_version(request)
+        inputs, _ = tensor_json.read_inputs(
+            {"instances": request["instances"]}, signature, self.dataplane.max_images, True
+        )
+        return inputs, labels, version
 
     async def _multipart(self, request, invert: str):
         form, uploads = await image_form(request, self.dataplane.max_images, self.max_body_bytes)
@@ -428,6 +534,48 @@ class FeedbackAPI:
         return normalize_pixels(pixels), labels, version
 
 
+def _labels_and_version(request: dict) -> tuple[list, int | None]:
+    if "labels" not in request:
+        raise BadInput('Request body must have "labels": one true label per instance')
+    labels = request["labels"]
+    if not isinstance(labels, list):
+        raise BadInput(
+            f"labels: expected a list of class ids, label names or values, got {labels!r}"
+        )
+    return labels, model_version_of(request.get("model_version"))
+
+
+def _inputs_text(signature: SignatureSpec) -> str:
+    return ", ".join(
+        f"{spec.name} {tensor_json.dtype_name(spec.dtype)}"
+        + ("" if spec.shape is None else f" [{','.join(map(str, spec.shape))}]")
+        for spec in signature.inputs
+    )
+
+
+def tensor_rows(inputs: dict[str, np.ndarray]) -> int:
+    """The instances of row-format inputs (their batch dimension)."""
+    return len(next(iter(inputs.values())))
+
+
+def feedback_task(signature: SignatureSpec) -> str:
+    """CLASSIFICATION or REGRESSION, from the signature's outputs.
+
+    Raises:
+        BadInput: a signature with neither a classifier's outputs nor a regressor's.
+    """
+    outputs = {spec.name for spec in signature.outputs}
+    if outputs & CLASSIFIER_OUTPUTS:
+        return CLASSIFICATION
+    if outputs & REGRESSOR_OUTPUTS:
+        return REGRESSION
+    raise BadInput(
+        f"signature {signature.name!r} gives {', '.join(sorted(outputs))}: feedback labels a "
+        f"classifier ({', '.join(sorted(CLASSIFIER_OUTPUTS))}) or a regressor "
+        f"({', '.join(sorted(REGRESSOR_OUTPUTS))}), and this is neither"
+    )
+
+
 def model_version_of(value) -> int | None:
     """The optional `model_version`: a version number (int64) as a number or a string."""
     if value is None or value == "":
@@ -443,34 +591,56 @@ def model_version_of(value) -> int | None:
     return version
 
 
-def class_ids_of(labels: list, names: tuple[str, ...], count: int) -> np.ndarray:
-    """Each image's class id from a class id or a label name; BadInput naming the item."""
+def _count_check(labels: list, count: int, what: str) -> None:
     if len(labels) != count:
         raise BadInput(
-            f"labels: {len(labels)} label(s) for {count} image(s); send one true label per image"
+            f"labels: {len(labels)} label(s) for {count} instance(s); send one {what} per instance"
         )
+
+
+def class_ids_of(labels: list, names: tuple[str, ...], count: int) -> np.ndarray:
+    """Each instance's class id from a class id or a label name; BadInput naming the item."""
+    _count_check(labels, count, "true label")
+    classes = len(names)
     ids = []
     for i, label in enumerate(labels):
         where = f"labels[{i}]"
         if isinstance(label, int) and not isinstance(label, bool):
-            if not 0 <= label < NUM_CLASSES:
-                raise BadInput(f"{where}: class id {label} is out of range 0-{NUM_CLASSES - 1}")
+            if not 0 <= label < classes:
+                raise BadInput(f"{where}: class id {label} is out of range 0-{classes - 1}")
             ids.append(label)
         elif isinstance(label, str):
             if label in names:
                 ids.append(names.index(label))
             elif label.isascii() and label.isdigit():
                 # A class id sent as text (a form field is always text).
-                if int(label) >= NUM_CLASSES:
-                    raise BadInput(f"{where}: class id {label} is out of range 0-{NUM_CLASSES - 1}")
+                if int(label) >= classes:
+                    raise BadInput(f"{where}: class id {label} is out of range 0-{classes - 1}")
                 ids.append(int(label))
             else:
+                shown = ", ".join(names) if classes <= 20 else ", ".join(names[:20]) + ", ..."
                 raise BadInput(
                     f"{where}: unknown label {label[:40]!r}; the model's labels are "
-                    f"{', '.join(names)} (or class ids 0-{NUM_CLASSES - 1})"
+                    f"{shown} (or class ids 0-{classes - 1})"
                 )
         else:
             raise BadInput(
                 f"{where}: expected a class id or a label name, got {type(label).__name__}"
             )
-    return np.asarray(ids, np.uint8)
+    return np.asarray(ids, np.int64)
+
+
+def values_of(labels: list, count: int) -> np.ndarray:
+    """A regressor's true values, finite numbers; BadInput naming the item."""
+    _count_check(labels, count, "true value")
+    values = []
+    for i, label in enumerate(labels):
+        if isinstance(label, bool) or not isinstance(label, (int, float)):
+            raise BadInput(
+                f"labels[{i}]: expected a number (the true value of a regressor's output), "
+                f"got {type(label).__name__}"
+            )
+        if not math.isfinite(label) or abs(label) > np.finfo(np.float32).max:
+            raise BadInput(f"labels[{i}]: expected a finite number, got {label!r}")
+        values.append(float(label))
+    return np.asarray(values, np.float32)

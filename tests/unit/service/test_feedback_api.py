@@ -1,6 +1,8 @@
-"""`POST /v1/models/{name}/feedback` over the fake backend: every encoding of /predict, labels
-by id or name, every bad input named, 507 when there is no room, the metrics, and the
-feedback and prediction-log folders checked at start. No TensorFlow (the fast tier)."""
+"""`POST /v1/models/{name}/feedback` over the fake backend: for the image contract every
+encoding of /predict, labels by id or name, every bad input named, 507 when there is no room,
+the metrics, and the feedback and prediction-log folders checked at start; for any other
+signature (a tabular classifier, a regressor, 32x32x3 images) the row format checked against
+it and stored as tf.Examples. No TensorFlow (the fast tier)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import numpy as np
 import pytest
 from support.entry import run_main_in_process
 from support.fakes import MODEL_NAME, FakeBackend, app_client
+from support.feedback_stores import stored_shards
 from support.helpers import assert_one_error_line, error_message, ok_json, png_bytes
 
-from artifact import feedback
-from artifact.feedback import read_closed_shards, store_dir
+from artifact import feedback, tfrecord
+from artifact.feedback import image_examples, store_dir
 from artifact.images import image_to_pixels
 
 URL = f"/v1/models/{MODEL_NAME}/feedback"
@@ -23,7 +26,7 @@ PIXELS = np.random.default_rng(3).integers(0, 256, (4, 28, 28), dtype=np.uint8)
 
 def stored(feedback_dir) -> list:
     """Every closed shard of the model's store (the app closes its shard when it stops)."""
-    return read_closed_shards(store_dir(feedback_dir, MODEL_NAME))
+    return stored_shards(store_dir(feedback_dir, MODEL_NAME))
 
 
 def post_json(client, images, labels, **extra):
@@ -52,12 +55,12 @@ def test_pixels_with_labels_by_name_and_id_are_stored_as_the_model_got_them(tmp_
         }
         floats = (PIXELS[3:4] / 255.0).tolist()  # floats in [0, 1], as /predict takes them
         ok_json(post_json(client, floats, ["Bag"]))
-        assert sample(client, "feedback_images_total", model=MODEL_NAME, label="Dress") == 1
-        assert sample(client, "feedback_images_total", model=MODEL_NAME, label="Bag") == 1
+        assert sample(client, "feedback_examples_total", model=MODEL_NAME, label="Dress") == 1
+        assert sample(client, "feedback_examples_total", model=MODEL_NAME, label="Bag") == 1
         assert sample(client, "feedback_store_bytes", model=MODEL_NAME) > 4 * 784
     (shard,) = stored(tmp_path)  # closed at shutdown
     np.testing.assert_array_equal(shard.images, PIXELS)
-    assert shard.labels.tolist() == [3, 7, 9, 8]
+    assert shard.labels == [3, 7, 9, 8]
     assert shard.versions == (1, 1, 1, None)
 
 
@@ -87,7 +90,7 @@ def test_b64_images_and_multipart_uploads_take_the_same_labels(tmp_path):
     (shard,) = stored(tmp_path)
     np.testing.assert_array_equal(shard.images[0], image_to_pixels(png, "auto"))
     np.testing.assert_array_equal(shard.images[1], image_to_pixels(png_bytes(PIXELS[1]), "auto"))
-    assert shard.labels.tolist() == [1, 4, 5, 6, 6]
+    assert shard.labels == [1, 4, 5, 6, 6]
     assert shard.versions == (3, 3, 3, None, None)
 
 
@@ -100,7 +103,7 @@ BAD_INPUTS = [
     pytest.param({"instances": PIXELS[:1].tolist(), "labels": [True]}, "labels[0]: expected a class id or a label name, got bool", id="bool-label"),
     pytest.param({"instances": [PIXELS[0].tolist(), WRONG_SIZE], "labels": [1, 2]}, "instances[1]: expected a 28x28 array of numbers, got shape (27, 28)", id="wrong-image-size"),
     pytest.param({"instances": [[[300] * 28] * 28], "labels": [1]}, "instances[0]: integer pixels must be 0-255", id="pixel-out-of-range"),
-    pytest.param({"instances": PIXELS[:2].tolist(), "labels": [1]}, "labels: 1 label(s) for 2 image(s); send one true label per image", id="count-mismatch"),
+    pytest.param({"instances": PIXELS[:2].tolist(), "labels": [1]}, "labels: 1 label(s) for 2 instance(s); send one true label per instance", id="count-mismatch"),
     pytest.param({"instances": PIXELS[:1].tolist()}, 'Request body must have "labels"', id="no-labels"),
     pytest.param({"instances": PIXELS[:1].tolist(), "labels": "Dress"}, "labels: expected a list", id="labels-not-a-list"),
     pytest.param({"instances": PIXELS[:1].tolist(), "labels": [1], "model_version": "v2"}, "model_version: expected a version number (int64), got 'v2'", id="bad-version"),
@@ -114,7 +117,7 @@ def test_every_bad_input_is_a_400_naming_the_item_and_nothing_is_stored(tmp_path
     with app_client(FakeBackend(), feedback_dir=str(tmp_path)) as client:
         response = client.post(URL, json=body)
         assert message in error_message(response, 400)
-        assert sample(client, "feedback_images_total", model=MODEL_NAME, label="Trouser") == 0
+        assert sample(client, "feedback_examples_total", model=MODEL_NAME, label="Trouser") == 0
     assert stored(tmp_path) == []
 
 
@@ -142,8 +145,9 @@ def test_more_uploads_than_max_images_is_413(tmp_path, count):
 
 
 def test_over_feedback_max_bytes_is_507_and_what_was_stored_stays(tmp_path):
-    # The headers and three images: pixels, label, empty version line, provenance line.
-    limit = 16 + 8 + 3 * (784 + 1 + 1 + len("2026-01-01T00:00:00Z anonymous\n"))
+    # The committed count and three examples: its record, empty version line, provenance line.
+    record = len(tfrecord.frame(image_examples(PIXELS[:1], [1], "image")[0]))
+    limit = 21 + 3 * (record + 1 + len("2026-01-01T00:00:00Z anonymous\n"))
     with app_client(
         FakeBackend(),
         feedback_dir=str(tmp_path),
@@ -153,11 +157,11 @@ def test_over_feedback_max_bytes_is_507_and_what_was_stored_stays(tmp_path):
         ok_json(post_json(client, PIXELS[:2].tolist(), [1, 2]))
         response = post_json(client, PIXELS[2:4].tolist(), [3, 4])
         message = error_message(response, 507)
-        assert "FEEDBACK_MAX_BYTES=2,475: nothing was stored" in message
+        assert f"FEEDBACK_MAX_BYTES={limit:,}: nothing was stored" in message
         assert sample(client, "feedback_refused_total", model=MODEL_NAME) == 1
         ok_json(post_json(client, PIXELS[2:3].tolist(), [3]))  # what fits still does
     (shard,) = stored(tmp_path)
-    assert shard.labels.tolist() == [1, 2, 3]
+    assert shard.labels == [1, 2, 3]
 
 
 def test_a_full_disk_is_507_and_what_was_stored_stays(tmp_path, monkeypatch):
@@ -167,10 +171,10 @@ def test_a_full_disk_is_507_and_what_was_stored_stays(tmp_path, monkeypatch):
         written = []
 
         def fill_up(fd, data, offset):
-            if written:  # the request's labels: the disk is full by now
+            if written:  # the request's version lines: the disk is full by now
                 raise OSError(errno.ENOSPC, "No space left on device")
             written.append(len(data))
-            real(fd, data, offset)  # the request's images went through
+            real(fd, data, offset)  # the request's records went through
 
         monkeypatch.setattr(feedback, "_pwrite_all", fill_up)
         message = error_message(post_json(client, PIXELS[2:4].tolist(), [3, 4]), 507)
@@ -179,7 +183,7 @@ def test_a_full_disk_is_507_and_what_was_stored_stays(tmp_path, monkeypatch):
         monkeypatch.setattr(feedback, "_pwrite_all", real)
         ok_json(post_json(client, PIXELS[3:4].tolist(), [4]))
     (shard,) = stored(tmp_path)
-    assert shard.labels.tolist() == [1, 2, 4]
+    assert shard.labels == [1, 2, 4]
     np.testing.assert_array_equal(shard.images, PIXELS[[0, 1, 3]])
 
 

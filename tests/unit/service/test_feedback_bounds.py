@@ -1,4 +1,4 @@
-"""Feedback's provenance and bounds per sender, through the route: each image stored with its
+"""Feedback's provenance and bounds per sender, through the route: each example stored with its
 token's name (never the token) and time, a rate per sender (429 with Retry-After, 413 past the
 bucket), a share of the store per sender (507). No TensorFlow (the fast tier)."""
 
@@ -9,9 +9,11 @@ import datetime as dt
 import numpy as np
 import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
+from support.feedback_stores import stored_shards
 from support.helpers import error_message, ok_json
 
-from artifact.feedback import ANONYMOUS, read_closed_shards, store_dir
+from artifact import tfrecord
+from artifact.feedback import ANONYMOUS, image_examples, store_dir
 from service.protocols.feedback import SenderRates
 from service.security import token_name
 
@@ -36,14 +38,14 @@ def post(client, count: int, token: str | None = None, start: int = 0):
 
 
 def stored(feedback_dir) -> list:
-    return read_closed_shards(store_dir(feedback_dir, MODEL_NAME))
+    return stored_shards(store_dir(feedback_dir, MODEL_NAME))
 
 
 def sample(client, name: str, **labels) -> float:
     return client.app.dataplane.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_each_image_is_stored_with_its_senders_name_and_time(tmp_path, tokens_file):
+def test_each_example_is_stored_with_its_senders_name_and_time(tmp_path, tokens_file):
     before = dt.datetime.now(dt.UTC).replace(microsecond=0)
     feedback_dir = tmp_path / "fb"
     with app_client(
@@ -60,7 +62,7 @@ def test_each_image_is_stored_with_its_senders_name_and_time(tmp_path, tokens_fi
         assert before <= dt.datetime.fromisoformat(when) <= after
 
 
-def test_without_tokens_every_image_is_anonymous(tmp_path):
+def test_without_tokens_every_example_is_anonymous(tmp_path):
     with app_client(FakeBackend(), feedback_dir=str(tmp_path)) as client:
         ok_json(post(client, 2))
     (shard,) = stored(tmp_path)
@@ -97,19 +99,20 @@ def test_a_sender_past_its_rate_gets_429_with_retry_after_and_others_do_not(tmp_
 
 
 def test_a_sender_past_its_share_gets_507_and_others_still_store(tmp_path, tokens_file):
-    # A share of three images' pixels and labels (785 bytes each) of the store.
+    # A share of three examples' records of the store.
+    record = len(tfrecord.frame(image_examples(PIXELS[:1], [1], "image")[0]))
     max_bytes = 100_000
     with app_client(
         FakeBackend(),
         auth_tokens_file=str(tokens_file),
         feedback_dir=str(tmp_path / "fb"),
         feedback_max_bytes=max_bytes,
-        feedback_sender_share=3 * 785 / max_bytes,
+        feedback_sender_share=(3 * record + 0.5) / max_bytes,
     ) as client:
         ok_json(post(client, 3, MALLORY))
         refused = post(client, 1, MALLORY, start=3)
         message = error_message(refused, 507)
-        assert "has 3 images" in message and "FEEDBACK_SENDER_SHARE" in message
+        assert "has 3 examples" in message and "FEEDBACK_SENDER_SHARE" in message
         assert sample(client, "feedback_refused_total", model=MODEL_NAME) == 1
         ok_json(post(client, 3, ALICE, start=3))
     (shard,) = stored(tmp_path / "fb")
