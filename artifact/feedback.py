@@ -469,12 +469,14 @@ def provenance_line(sender: str, received_at: dt.datetime) -> bytes:
 @contextlib.contextmanager
 def reading(directory: str | Path) -> Iterator[None]:
     """Hold the store against expiry while a reader streams its shards: a shared flock on
-    `.expire.lock`, which `expire` takes exclusively (it waits). A store that was never
-    expired has no lock file; one that cannot be opened (a read-only store without it) is
-    read unlocked."""
+    `.expire.lock` (made when the store is writable), which `expire` takes exclusively (it
+    waits). A read-only store that was never expired has no lock file: it is read unlocked."""
+    path = Path(directory) / EXPIRE_LOCK_FILE
     fd = None
-    with contextlib.suppress(OSError):
-        fd = os.open(Path(directory) / EXPIRE_LOCK_FILE, os.O_RDONLY)
+    for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, flags, 0o644)
+            break
     try:
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)

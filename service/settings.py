@@ -151,12 +151,12 @@ class Settings(BaseSettings):
     feedback_dir: str | None = Field(
         None,
         description="Labeled feedback (POST /v1/models/{name}/feedback) is stored here as "
-        "MNIST-format shards, a folder per model, for the retrain job; unset = feedback is off.",
+        "tf.Example shards, a folder per model, for the retrain job; unset = feedback is off.",
     )
     feedback_shard_images: int = Field(
         1000,
         ge=1,
-        description="Feedback: close the current shard once it holds this many images (the "
+        description="Feedback: close the current shard once it holds this many examples (the "
         "retrain job reads closed shards; a shard is also closed at shutdown).",
     )
     feedback_max_bytes: int = Field(
@@ -170,18 +170,19 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
         description="Feedback: the share of FEEDBACK_MAX_BYTES one sender (a token's name; "
-        "`anonymous` without tokens) may hold, 785 bytes an image; a request past it gets 507.",
+        "`anonymous` without tokens) may hold, its examples' records; a request past it gets "
+        "507.",
     )
     feedback_rate_per_minute: float = Field(
         600.0,
         ge=0,
-        description="Feedback: images per minute one sender may post (a token bucket per "
+        description="Feedback: examples per minute one sender may post (a token bucket per "
         "sender and process); past it, 429 with Retry-After. 0 = no rate.",
     )
     feedback_burst_images: int = Field(
         1024,
         ge=1,
-        description="Feedback: the most images one sender may post at once (the bucket's "
+        description="Feedback: the most examples one sender may post at once (the bucket's "
         "size); a request of more gets 413.",
     )
     prediction_log_sampling_rate: float = Field(

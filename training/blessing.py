@@ -1,17 +1,23 @@
 """Blessing a retrained candidate, as TFX's Evaluator does: thresholds, a verdict, a report.
 
 The candidate and the baseline (the version serving now) are evaluated on the same held-out
-data; their confusion matrices come in (training/evaluation.py's reports), and every metric
-is computed here from the counts, so "not worse" compares exact numbers, not rounded ones.
+data. For a classifier their confusion matrices come in, and every metric is computed here
+from the counts, so "not worse" compares exact numbers, not rounded ones; for a regressor,
+their predictions and the truth, from which the errors are computed here.
 
-Thresholds:
-- value: `min_accuracy`, the candidate's overall accuracy at least this;
-- change, against the baseline: `max_accuracy_drop` (default 0: not worse), checked overall,
+Thresholds follow the task, each with TFX's direction (MetricDirection): higher is better for
+a classifier's accuracy and recall, lower is better for a regressor's errors.
+- classifier, value: `min_accuracy`, the candidate's overall accuracy at least this;
+  change, against the baseline: `max_accuracy_drop` (default 0: not worse), checked overall,
   on the test split alone and on the reference slice (a fixed half of the test split,
   training/sources.py's REFERENCE_RULE, which no feedback can touch), so new data whose
   held-out slice carries the same mistakes as its training part (mislabeled feedback, a
   flood from one token) cannot buy its way past the reference data;
   `max_class_recall_drop`, each class's recall overall.
+- regressor, value: `max_rmse`, the candidate's RMSE at most this; change: `max_rmse_increase`
+  (default 0: not worse) overall, on the test split and on the reference slice as above;
+  `max_mae_increase`, the MAE overall; `max_slice_error_increase`, the largest RMSE of a
+  slice (the rows of one value of a categorical column).
 With no baseline (no version serving yet) only the value thresholds apply, and with none set
 the first candidate is blessed (TFX rubber-stamps the first model).
 
@@ -29,22 +35,42 @@ OVERALL = "overall"
 TEST_SLICE = "test split"
 NEW_SLICE = "new data"
 REFERENCE_SLICE = "reference"
+CLASSIFICATION, REGRESSION = "classification", "regression"
+# TFX's MetricDirection.
+HIGHER_IS_BETTER, LOWER_IS_BETTER = "higher_is_better", "lower_is_better"
+MAX_SLICE_RMSE = "max_slice_rmse"
 FORMAT_VERSION = 1
 # Float rounding only (0.79 - 0.8 is -0.010000000000000009): one example of a million held-out
 # ones moves a metric by 1e-6, far above this.
 TOLERANCE = 1e-9
 
 
+_CLASSIFIER_THRESHOLDS = ("min_accuracy", "max_accuracy_drop", "max_class_recall_drop")
+_REGRESSOR_THRESHOLDS = (
+    "max_rmse",
+    "max_rmse_increase",
+    "max_mae_increase",
+    "max_slice_error_increase",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
-    """What the candidate must reach to be blessed (None: not checked)."""
+    """What the candidate must reach to be blessed (None: not checked); those of its task
+    apply."""
 
     min_accuracy: float | None = None
     max_accuracy_drop: float = 0.0
     max_class_recall_drop: float | None = None
+    max_rmse: float | None = None
+    max_rmse_increase: float = 0.0
+    max_mae_increase: float | None = None
+    max_slice_error_increase: float | None = None
+    task: str = CLASSIFICATION
 
     def as_json(self) -> dict:
-        return dataclasses.asdict(self)
+        names = _CLASSIFIER_THRESHOLDS if self.task == CLASSIFICATION else _REGRESSOR_THRESHOLDS
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,32 +79,42 @@ class Check:
 
     metric: str
     kind: str  # "value" or "change"
-    bound: float  # the checked number must be >= this
+    bound: float  # the checked number must be >= this (higher is better) or <= (lower)
     checked: float  # the candidate's value, or its change against the baseline
     candidate: float
     baseline: float | None
+    direction: str = HIGHER_IS_BETTER
 
     @property
     def passed(self) -> bool:
+        if self.direction == LOWER_IS_BETTER:
+            return self.checked <= self.bound + TOLERANCE
         return self.checked >= self.bound - TOLERANCE
 
     @property
     def short_by(self) -> float:
-        return 0.0 if self.passed else self.bound - self.checked
+        """How far the checked number misses its bound (0 when it passes)."""
+        if self.passed:
+            return 0.0
+        return abs(self.checked - self.bound)
 
     def describe(self) -> str:
-        """'accuracy: change -0.0123 < -0.0000 allowed (short by 0.0123)', or the pass."""
+        """'accuracy: change -0.0123 < -0.0000 (...): short by 0.0123', 'rmse: change +0.0200
+        > +0.0000 (...): over by 0.0200', or the pass."""
         what = "value" if self.kind == "value" else "change"
-        op = ">=" if self.passed else "<"
+        lower = self.direction == LOWER_IS_BETTER
+        op = ("<=" if lower else ">=") if self.passed else (">" if lower else "<")
         line = f"{self.metric}: {what} {self.checked:+.4f} {op} {self.bound:+.4f}"
         if self.kind == "change":
             line += f" (candidate {self.candidate:.4f}, baseline {self.baseline:.4f})"
-        return line if self.passed else f"{line}: short by {self.short_by:.4f}"
+        missed = "over by" if lower else "short by"
+        return line if self.passed else f"{line}: {missed} {self.short_by:.4f}"
 
     def as_json(self) -> dict:
         return {
             "metric": self.metric,
             "kind": self.kind,
+            "direction": self.direction,
             "bound": self.bound,
             "checked": self.checked,
             "candidate": self.candidate,
@@ -115,10 +151,45 @@ def _accuracy(confusion: np.ndarray) -> float:
     return float(np.trace(confusion) / total) if total else 0.0
 
 
+def regression_metrics(
+    truth: np.ndarray,
+    predicted: np.ndarray,
+    slices: dict[str, np.ndarray],
+    groups: dict[str, np.ndarray] | None = None,
+) -> dict[str, float]:
+    """Flat metric name -> value of a regressor's predictions against the truth.
+
+    `rmse` and `mae` overall, `rmse/<slice>` for each slice mask with examples, and for each
+    categorical column of `groups` (column -> each example's value) `rmse/<column>=<value>`
+    per value, the largest of which is `max_slice_rmse`.
+    """
+    errors = np.asarray(predicted, np.float64) - np.asarray(truth, np.float64)
+
+    def rmse(mask) -> float:
+        return float(np.sqrt(np.mean(errors[mask] ** 2)))
+
+    result = {"rmse": rmse(slice(None)), "mae": float(np.mean(np.abs(errors)))}
+    for name, mask in slices.items():
+        if np.asarray(mask).any():
+            result[f"rmse/{name}"] = rmse(np.asarray(mask))
+    by_value = {}
+    for column, values in (groups or {}).items():
+        values = np.asarray(values, object)
+        for value in sorted(set(values.tolist()), key=str):
+            by_value[f"rmse/{column}={value}"] = rmse(values == value)
+    if by_value:
+        result[MAX_SLICE_RMSE] = max(by_value.values())
+        result.update(by_value)
+    return result
+
+
 def checks(
     candidate: dict[str, float], baseline: dict[str, float] | None, thresholds: Thresholds
 ) -> list[Check]:
-    """Every threshold that applies, in a fixed order: value, accuracy changes, recalls."""
+    """Every threshold that applies, in a fixed order: value, then changes (the main metric
+    overall, on the test split and the reference slice; then the others)."""
+    if thresholds.task == REGRESSION:
+        return _regression_checks(candidate, baseline, thresholds)
     found = []
     if thresholds.min_accuracy is not None:
         value = candidate["accuracy"]
@@ -135,14 +206,43 @@ def checks(
     return found
 
 
-def _change(metric: str, candidate: dict, baseline: dict, drop: float) -> Check:
+def _regression_checks(
+    candidate: dict[str, float], baseline: dict[str, float] | None, thresholds: Thresholds
+) -> list[Check]:
+    found = []
+    if thresholds.max_rmse is not None:
+        value = candidate["rmse"]
+        found.append(
+            Check("rmse", "value", thresholds.max_rmse, value, value, None, LOWER_IS_BETTER)
+        )
+    if baseline is None:
+        return found
+    increases = [
+        (metric, thresholds.max_rmse_increase)
+        for metric in ("rmse", f"rmse/{TEST_SLICE}", f"rmse/{REFERENCE_SLICE}")
+    ]
+    increases += [
+        ("mae", thresholds.max_mae_increase),
+        (MAX_SLICE_RMSE, thresholds.max_slice_error_increase),
+    ]
+    for metric, increase in increases:
+        if increase is not None and metric in candidate and metric in baseline:
+            found.append(_change(metric, candidate, baseline, increase, LOWER_IS_BETTER))
+    return found
+
+
+def _change(
+    metric: str, candidate: dict, baseline: dict, allowed: float, direction=HIGHER_IS_BETTER
+) -> Check:
+    """A change threshold: at most `allowed` worse than the baseline, in the direction."""
     return Check(
         metric,
         "change",
-        -drop,
+        allowed if direction == LOWER_IS_BETTER else -allowed,
         candidate[metric] - baseline[metric],
         candidate[metric],
         baseline[metric],
+        direction,
     )
 
 
@@ -181,6 +281,7 @@ def blessing_json(blessing: Blessing, **context) -> dict:
     return {
         "format": FORMAT_VERSION,
         "blessed": blessing.blessed,
+        "task": blessing.thresholds.task,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "candidate": {k: round(v, 6) for k, v in blessing.candidate.items()},
         "baseline": (
@@ -234,7 +335,8 @@ def format_blessing(blessing: Blessing) -> str:
 
 
 def _bound_text(check: Check) -> str:
-    return f"{'value' if check.kind == 'value' else 'change'} >= {check.bound:+.4f}"
+    op = "<=" if check.direction == LOWER_IS_BETTER else ">="
+    return f"{'value' if check.kind == 'value' else 'change'} {op} {check.bound:+.4f}"
 
 
 def format_sources(sources: list[dict]) -> str:

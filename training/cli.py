@@ -115,6 +115,19 @@ def add_budget_arguments(
     )
 
 
+def schedule_params(args, max_steps: int) -> dict:
+    """What every kind's run records of its schedule and layers (params.json): the hidden
+    units, Adam's learning rate and its decay, the batch, the last step, the seed."""
+    return {
+        "hidden_units": list(args.hidden_units),
+        "learning_rate": args.learning_rate,
+        "decay_steps": None if args.constant_learning_rate else max_steps,
+        "batch_size": args.batch_size,
+        "max_steps": max_steps,
+        "seed": args.seed,
+    }
+
+
 def budget_steps(args, default_epochs: float, steps_per_epoch: int) -> int:
     """The global step that --max-steps or --epochs (or the default epochs) stops at."""
     return args.max_steps or math.ceil((args.epochs or default_epochs) * steps_per_epoch)

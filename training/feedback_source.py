@@ -1,7 +1,7 @@
 """The service's feedback as a retrain source, bounded per sender; and expiring old feedback.
 
 The retrain (`--feedback-dir`) reads the closed shards of a model's store
-(artifact/feedback.py) and keeps, of each sender's images (provenance.txt: a token's name;
+(artifact/feedback.py) and keeps, of each sender's examples (provenance.txt: a token's name;
 `unknown` for shards older than provenance), only:
 
 - those received within `--feedback-max-age-days` (a shard older than provenance counts as
@@ -10,9 +10,10 @@ The retrain (`--feedback-dir`) reads the closed shards of a model's store
 - the newest `--max-feedback-per-sender` (the store's order: shards by closing time, and
   within a shard the order they came).
 
-So one token, however much it posts, adds at most that many images to the candidate's
-training and held-out data. Shards are read one at a time, newest first, and only the images
-kept stay in memory: the retrain's memory grows with what it keeps, not with the store. What
+So one token, however much it posts, adds at most that many examples to the candidate's
+training and held-out data. The choice is made from the shards' bookkeeping alone (their
+provenance and versions, not their examples): what it keeps is a mask per shard, which the
+retrain applies as it streams the examples from the shards (training/retrain_data.py). What
 was read, kept and dropped, per sender, goes into the sources table and blessing.json.
 
 `python -m training expire-feedback` removes old images from the store itself (removed or
@@ -25,13 +26,13 @@ Pure numpy (the fast tier tests it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
 import numpy as np
 
 from artifact import feedback
-from training import sources
 from training.errors import DataError
 
 DEFAULT_MAX_PER_SENDER = 5000
@@ -71,7 +72,7 @@ def add_retrain_arguments(group) -> None:
         type=non_negative_int,
         default=DEFAULT_MAX_PER_SENDER,
         metavar="N",
-        help="read at most the newest N feedback images of each sender (a token's name); "
+        help="read at most the newest N feedback examples of each sender (a token's name); "
         "0 = no limit (default: %(default)s)",
     )
     group.add_argument(
@@ -92,14 +93,29 @@ def add_retrain_arguments(group) -> None:
     )
 
 
-def read_feedback(
+@dataclasses.dataclass(frozen=True)
+class FeedbackSelection:
+    """The closed shards of a store (oldest first) and, per shard, which examples are read."""
+
+    store: Path
+    shards: tuple[feedback.ShardInfo, ...]
+    keep: tuple[np.ndarray, ...]  # bool per example of each shard
+    detail: dict  # shards, answered_by_version, senders, max_per_sender, excluded, max age
+
+    @property
+    def read(self) -> int:
+        return int(sum(mask.sum() for mask in self.keep))
+
+
+def select_feedback(
     store: Path,
     max_per_sender: int = DEFAULT_MAX_PER_SENDER,
     exclude: tuple[str, ...] = (),
     max_age: dt.timedelta | None = None,
     now: dt.datetime | None = None,
-) -> sources.Source:
-    """The store's closed shards as a NEW source, bounded per sender (above).
+) -> FeedbackSelection:
+    """The store's closed shards and the examples of each that are read, bounded per sender
+    (above), from their bookkeeping only.
 
     Raises:
         DataError: a closed shard is damaged (the message names the file).
@@ -108,16 +124,15 @@ def read_feedback(
     now = now or dt.datetime.now(dt.UTC)
     cutoff = None if max_age is None else now - max_age
     excluded = set(exclude)
-    images, labels = [], []
+    try:
+        shards = [feedback.read_info(path) for path in paths]
+    except feedback.FeedbackFormatError as err:
+        raise DataError(str(err)) from err
+    keeps: list[np.ndarray] = []
     per_sender: dict[str, dict[str, int]] = {}
     answered: dict[str, int] = {}
-    # Newest first, so that the cap keeps each sender's newest images; one shard in memory
-    # at a time, and only what is kept of it stays.
-    for path in reversed(paths):
-        try:
-            shard = feedback.read_shard(path)
-        except feedback.FeedbackFormatError as err:
-            raise DataError(str(err)) from err
+    # Newest first, so that the cap keeps each sender's newest examples.
+    for shard in reversed(shards):
         senders = shard.senders or (feedback.UNKNOWN_SENDER,) * len(shard)
         times = feedback.received_times(shard) if cutoff is not None else None
         keep = np.zeros(len(shard), bool)
@@ -137,18 +152,12 @@ def read_feedback(
                 keep[i] = True
                 key = "unknown" if shard.versions[i] is None else str(shard.versions[i])
                 answered[key] = answered.get(key, 0) + 1
-        images.append(shard.images[keep].copy())  # a copy: the shard's bytes are let go
-        labels.append(shard.labels[keep].copy())
-        del shard
-    # Back to the order they came (the store's order), oldest first.
-    images.reverse()
-    labels.reverse()
-    return sources.Source(
-        "feedback",
-        str(store),
-        np.concatenate(images) if images else np.zeros((0, 28, 28), np.uint8),
-        np.concatenate(labels) if labels else np.zeros(0, np.uint8),
-        sources.NEW,
+        keeps.append(keep)
+    keeps.reverse()  # back to the store's order, oldest first
+    return FeedbackSelection(
+        Path(store),
+        tuple(shards),
+        tuple(keeps),
         {
             "shards": len(paths),
             "answered_by_version": answered,
@@ -190,12 +199,12 @@ def add_expire_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_days,
         required=True,
         metavar="DAYS",
-        help="remove the images received more than DAYS ago",
+        help="remove the examples received more than DAYS ago",
     )
 
 
 def cmd_expire_feedback(args) -> int:
-    """Remove or compact the shards of images older than --max-age-days."""
+    """Remove or compact the shards of examples older than --max-age-days."""
     root = Path(args.feedback_dir)
     if not root.is_dir():
         raise DataError(f"--feedback-dir {root}: folder not found")
@@ -207,8 +216,8 @@ def cmd_expire_feedback(args) -> int:
     except feedback.FeedbackFormatError as err:
         raise DataError(str(err)) from err
     print(
-        f"{store}: {result.images_dropped:,} images older than {args.max_age_days:g} days "
-        f"removed ({len(result.removed)} shards removed, {len(result.compacted)} compacted); "
-        f"{result.images_kept:,} kept"
+        f"{store}: {result.examples_dropped:,} examples older than {args.max_age_days:g} "
+        f"days removed ({len(result.removed)} shards removed, {len(result.compacted)} "
+        f"compacted); {result.examples_kept:,} kept"
     )
     return 0

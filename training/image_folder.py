@@ -65,7 +65,8 @@ class ImageFolder:
         return {"image_folder": self.root, "classes": list(self.classes)}
 
 
-def _check_image(path: Path) -> None:
+def check_image(path: Path) -> None:
+    """DataError unless Pillow decodes the file as a PNG or JPEG (what TensorFlow reads)."""
     try:
         with Image.open(path) as image:
             image.load()
@@ -103,7 +104,7 @@ def scan_image_folder(root: str | Path) -> ImageFolder:
         if not files:
             raise DataError(f"{root / name}: no PNG or JPEG image in this class folder")
         for i, path in enumerate(files):
-            _check_image(path)
+            check_image(path)
             held_out = i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
             (holdout if held_out else train).append((str(path), class_id))
     if not holdout:
@@ -249,15 +250,19 @@ def model_fn(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def make_estimator(params: dict, config: tf.estimator.RunConfig) -> tf.estimator.Estimator:
+def make_estimator(
+    params: dict, config: tf.estimator.RunConfig, warm_start_from=None
+) -> tf.estimator.Estimator:
     """The Estimator of params['model'] (an IMAGE_KINDS name; params as `train` records
-    them: num_classes, data.image_size, data.channels, learning_rate, decay_steps)."""
+    them: num_classes, data.image_size, data.channels, learning_rate, decay_steps), started
+    from `warm_start_from` (tf.estimator.WarmStartSettings or a checkpoint) when given."""
     kind = params.get("model", "cnn")
-    if kind == "keras":
-        return tf.estimator.Estimator(model_fn=keras_model_fn(params), config=config, params=params)
-    if kind != "cnn":
+    if kind not in IMAGE_KINDS:
         raise ValueError(f"not an image folder kind: {kind!r}; known: {', '.join(IMAGE_KINDS)}")
-    return tf.estimator.Estimator(model_fn=model_fn, config=config, params=params)
+    function = keras_model_fn(params) if kind == "keras" else model_fn
+    return tf.estimator.Estimator(
+        model_fn=function, config=config, params=params, warm_start_from=warm_start_from
+    )
 
 
 def serving_input_receiver_fn(size: int, channels: int):

@@ -3,11 +3,18 @@
     python -m training retrain --data-dir D --model-dir runs/fashion_mnist \\
         --export-dir models/fashion_mnist [--extra-data DIR ...] [--feedback-dir FEEDBACK_DIR] \\
         [--config models/models.config --publish canary]
+    python -m training retrain --export-dir models/classification --model-dir runs/c \\
+        [--csv classification.csv] [--extra-data more.csv ...] [--feedback-dir FEEDBACK_DIR]
 
-1. Data (training/sources.py): the base test split (held out), the base train split, the
-   `--extra-data` folders and the closed shards of the service's feedback store; an image
-   seen before is counted once; the new data is split into trained and held out by a seeded
-   hash of each image.
+Any model `train` makes retrains: the IDX image contract, a CSV model, an image-folder model
+(training/retrain_data.py; the serving version's report says which, and where its base data
+is, unless --csv or --image-folder gives it again).
+
+1. Data (training/sources.py): the base data's test split (held out) and train split, the
+   `--extra-data` of the model's kind and the closed shards of the service's feedback store;
+   an example seen before is counted once; the new data is split into trained and held out
+   by a seeded hash of each example. Every source is streamed from its files (a scan, then
+   tf.data), never loaded whole.
 2. Baseline: the version serving now, the model config's `stable` label when it has one,
    else the newest version the config's policy serves (the newest on disk without a config).
 3. Training, in a run folder of its own under --model-dir (named by a hash of everything
@@ -16,7 +23,8 @@
    baseline, which its evaluation.json records; `--from-scratch` starts anew.
 4. The candidate is exported into the run folder, never into the repository, and both it and
    the baseline are evaluated through their SavedModels on the same held-out set; the
-   blessing (training/blessing.py) is printed and written as blessing.json.
+   blessing (training/blessing.py: a classifier's accuracy and recalls, a regressor's errors)
+   is printed and written as blessing.json.
 5. Blessed: the candidate is published atomically as the next version (with its
    blessing.json), and `--publish canary|stable` moves the label with training.promote's
    `promote`. Not blessed: nothing under the model repository changes.
@@ -48,11 +56,10 @@ import numpy as np
 import tensorflow as tf
 
 from artifact import feedback
-from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, NUM_CLASSES, normalize_pixels
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import ModelEntry
 from artifact.repository import read_labels, read_report
 from artifact.saved_model import SavedModelPredictor
-from artifact.warmup import WARMUP_BATCH_SIZES
 from training import (
     blessing,
     cli,
@@ -61,17 +68,19 @@ from training import (
     finetune,
     lock,
     publish,
+    retrain_data,
     runs,
     sources,
     staging,
     train,
+    train_any,
 )
 from training.errors import UsageError
-from training.estimator import make_estimator, trainable_variable_shapes
-from training.evaluation import build_report
+from training.estimator import DEFAULT_HIDDEN_UNITS, MODEL_KINDS
+from training.image_folder import IMAGE_KINDS
 from training.plots import write_export_plots
-from training.runs import EVAL_BATCH_SIZE
 from training.staging import EXIT_LOCKED, EXIT_NOT_BLESSED
+from training.tabular import TABULAR_KINDS
 from training.versions import (
     PUBLISH_MODES,
     Baseline,
@@ -87,8 +96,10 @@ from training.versions import (
 DEFAULT_EPOCHS = 2
 DEFAULT_HOLDOUT_FRACTION = 0.2
 RUN_PREFIX = "retrain-"
-# Params that do not change the trained weights: a rerun that differs only in these resumes.
-_NOT_IN_RUN_ID = ("hooks", "check_numerics", "data_dir")
+# Params that do not change the trained weights (or follow from the data and the start,
+# which the run id holds: the pixel statistics of a first IDX model): a rerun that differs
+# only in these resumes.
+_NOT_IN_RUN_ID = ("hooks", "check_numerics", "data_dir", "pixel_mean", "pixel_std")
 # What the run starts from, on top of the inputs.
 _START = ("baseline_version", "warm_start_from")
 
@@ -127,19 +138,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         model_dir_help="runs folder: each retrain trains in a folder of its own under it "
         "(retrain-<hash of the data and options>), which a killed retrain resumes; "
         f"{lock.LOCK_FILE} there keeps one retrain at a time",
+        any_data=True,
     )
     cli.add_budget_arguments(p, DEFAULT_EPOCHS)
     train.add_model_arguments(p, seed=0)
     train.add_schedule_arguments(p)
     train.add_hook_arguments(p)
+    train.add_any_data_arguments(p)
     new = p.add_argument_group("new data")
     new.add_argument(
         "--extra-data",
         action="append",
         default=[],
-        metavar="DIR",
-        help="a folder of MNIST-format files (train- and/or t10k- images and labels) to add; "
-        "repeat for several",
+        metavar="PATH",
+        help="more labeled data of the model's kind to add: a folder of MNIST-format files "
+        "(train- and/or t10k- images and labels), a CSV file with the model's columns, or a "
+        "folder of class subfolders of images; repeat for several",
     )
     new.add_argument(
         "--feedback-dir",
@@ -151,15 +165,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--holdout-fraction",
         type=holdout_fraction,
         default=DEFAULT_HOLDOUT_FRACTION,
-        help="share of the new images held out (never trained on) and added to the test "
+        help="share of the new examples held out (never trained on) and added to the test "
         "split to judge the candidate (default: %(default)s)",
     )
     new.add_argument(
         "--holdout-seed",
         type=int,
         default=0,
-        help="seed of the held-out split; an image stays on its side from run to run as long "
-        "as the seed and fraction stay (default: %(default)s)",
+        help="seed of the held-out split; an example stays on its side from run to run as "
+        "long as the seed and fraction stay (default: %(default)s)",
     )
     start = p.add_argument_group("start")
     start.add_argument(
@@ -167,26 +181,61 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train anew instead of warm-starting from the checkpoint of the serving version",
     )
-    gate = p.add_argument_group("blessing (TFX's Evaluator thresholds)")
+    gate = p.add_argument_group(
+        "blessing (TFX's Evaluator thresholds)",
+        "A classifier is judged by its accuracy and recalls (higher is better), a regressor by "
+        "its RMSE, MAE and largest slice error (lower is better).",
+    )
     gate.add_argument(
         "--min-accuracy",
         type=unit_fraction,
         default=None,
-        help="value threshold: the candidate's accuracy on the held-out set at least this",
+        help="classifiers, value threshold: the candidate's accuracy on the held-out set at "
+        "least this",
     )
     gate.add_argument(
         "--max-accuracy-drop",
         type=unit_fraction,
-        default=0.0,
-        help="change threshold: the candidate's accuracy, overall and on the test split, at "
-        "most this below the serving version's (default: %(default)s, not worse)",
+        default=None,
+        help="classifiers, change threshold: the candidate's accuracy, overall, on the test "
+        "split and on the reference slice, at most this below the serving version's "
+        "(default: 0, not worse)",
     )
     gate.add_argument(
         "--max-class-recall-drop",
         type=unit_fraction,
         default=None,
-        help="change threshold: each class's recall at most this below the serving "
-        "version's (default: not checked)",
+        help="classifiers, change threshold: each class's recall at most this below the "
+        "serving version's (default: not checked)",
+    )
+    gate.add_argument(
+        "--max-rmse",
+        type=non_negative_float,
+        default=None,
+        help="regressors, value threshold: the candidate's RMSE on the held-out set at most this",
+    )
+    gate.add_argument(
+        "--max-rmse-increase",
+        type=non_negative_float,
+        default=None,
+        help="regressors, change threshold: the candidate's RMSE, overall, on the test split "
+        "and on the reference slice, at most this above the serving version's (default: 0, "
+        "not worse)",
+    )
+    gate.add_argument(
+        "--max-mae-increase",
+        type=non_negative_float,
+        default=None,
+        help="regressors, change threshold: the candidate's MAE at most this above the "
+        "serving version's (default: not checked)",
+    )
+    gate.add_argument(
+        "--max-slice-error-increase",
+        type=non_negative_float,
+        default=None,
+        help="regressors, change threshold: the largest RMSE of a slice (the rows of one value "
+        "of a categorical column) at most this above the serving version's (default: not "
+        "checked)",
     )
     out = p.add_argument_group("publishing")
     out.add_argument(
@@ -243,15 +292,10 @@ class Candidate:
     assembled: sources.Assembled
     inputs_key: str  # _inputs_key's hash: a later retrain on the same inputs stops early
     train_seconds: float
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldOut:
-    """The held-out set both models are judged on."""
-
-    images: np.ndarray  # normalized, as the SavedModels take them
-    labels: np.ndarray
-    slices: dict[str, np.ndarray]  # slice name -> mask over the images
+    model: retrain_data.ModelData
+    readers: tuple[retrain_data.Reader, ...]
+    selections: tuple[Path, ...]  # each reader's decisions, one byte an example
+    args: argparse.Namespace
 
 
 def cmd_retrain(args) -> int:
@@ -266,9 +310,7 @@ def cmd_retrain(args) -> int:
         raise UsageError(
             f"--publish {args.publish} moves a label in the model config: give --config"
         )
-    thresholds = blessing.Thresholds(
-        args.min_accuracy, args.max_accuracy_drop, args.max_class_recall_drop
-    )
+    _default_folders(args)
     hooks = cli.hook_names(args.hooks)
     model_dir = Path(args.model_dir)
     try:
@@ -290,7 +332,7 @@ def cmd_retrain(args) -> int:
                     raise UsageError(
                         f"--export-dir {args.export_dir}: cannot open its folder: {err.strerror}"
                     ) from err
-            return _retrain(args, thresholds, hooks, model_dir)
+            return _retrain(args, hooks, model_dir, held)
     except lock.LockHeld as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_LOCKED
@@ -304,33 +346,105 @@ def _hold_staging_area(args, repository: Path, held: ExitStack) -> None:
     staging.clear(stage_dir)
 
 
-def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
+def _default_folders(args) -> None:
+    """--model-dir and --export-dir as `train` defaults them: for the IDX images the
+    Fashion-MNIST folders, for --csv and --image-folder runs/NAME and models/NAME."""
+    if args.csv or args.image_folder:
+        name = train_any.data_name(args)
+        args.model_dir = args.model_dir or f"runs/{name}"
+        args.export_dir = args.export_dir or f"models/{name}"
+    args.model_dir = args.model_dir or cli.DEFAULT_MODEL_DIR
+    args.export_dir = args.export_dir or cli.DEFAULT_EXPORT_DIR
+
+
+def _thresholds(args, task: str) -> blessing.Thresholds:
+    """The gate of the model's task; the other task's options are refused."""
+    classifier = {
+        "--min-accuracy": args.min_accuracy,
+        "--max-accuracy-drop": args.max_accuracy_drop,
+        "--max-class-recall-drop": args.max_class_recall_drop,
+    }
+    regressor = {
+        "--max-rmse": args.max_rmse,
+        "--max-rmse-increase": args.max_rmse_increase,
+        "--max-mae-increase": args.max_mae_increase,
+        "--max-slice-error-increase": args.max_slice_error_increase,
+    }
+    classifies = task == blessing.CLASSIFICATION
+    for option, value in (regressor if classifies else classifier).items():
+        if value is not None:
+            raise UsageError(
+                f"{option} is for {'regressors' if classifies else 'classifiers'}: this model "
+                f"is a {'classifier' if classifies else 'regressor'}"
+            )
+    return blessing.Thresholds(
+        min_accuracy=args.min_accuracy,
+        max_accuracy_drop=args.max_accuracy_drop or 0.0,
+        max_class_recall_drop=args.max_class_recall_drop,
+        max_rmse=args.max_rmse,
+        max_rmse_increase=args.max_rmse_increase or 0.0,
+        max_mae_increase=args.max_mae_increase,
+        max_slice_error_increase=args.max_slice_error_increase,
+        task=task,
+    )
+
+
+def _scan(readers, holdout_seed: int) -> list[sources.Scanned]:
+    """Every source read once, one example at a time (training/retrain_data.py)."""
+    scanned = []
+    for reader in readers:
+        builder = sources.ScanBuilder(holdout_seed)
+        reader.scan(builder)
+        found = builder.build(reader.name, reader.path, reader.role, reader.detail)
+        if len(found) != reader.count:
+            raise data.DataError(
+                f"{reader.path}: {len(found)} examples read, {reader.count} expected (it "
+                "changed while it was read?)"
+            )
+        scanned.append(found)
+    return scanned
+
+
+def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
     export_dir = Path(args.export_dir)
     entry = config_entry(args.config, export_dir) if args.config else None
     model_name = entry.name if entry is not None else export_dir.name
     baseline = serving_baseline(entry, export_dir)
-    labels = _labels(args, baseline)
-    assembled = sources.assemble(
-        _read_sources(args, model_name), args.holdout_fraction, args.holdout_seed
-    )
-    if len(assembled.train_images) == 0:
-        raise data.DataError(f"{args.data_dir}: no image left to train on")
     baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
+    model = retrain_data.model_data(args, baseline_report, lambda: _labels(args, baseline))
+    labels = _model_labels(args, baseline, model)
+    _model_kind(args, baseline, baseline_report, model)
+    thresholds = _thresholds(args, model.task)
+    selection = None
+    if args.feedback_dir:
+        root = Path(args.feedback_dir)
+        if not root.is_dir():
+            raise data.DataError(f"--feedback-dir {root}: folder not found")
+        store = feedback.store_dir(root, model_name)
+        # Held until the retrain ends: expiry does not remove shards it streams.
+        held.enter_context(feedback.reading(store))
+        max_age = args.feedback_max_age_days
+        selection = feedback_source.select_feedback(
+            store,
+            args.max_feedback_per_sender,
+            tuple(args.exclude_sender),
+            None if max_age is None else dt.timedelta(days=max_age),
+        )
+    readers = model.readers(args.extra_data, selection)
+    scanned = _scan(readers, args.holdout_seed)
+    assembled = sources.assemble(scanned, args.holdout_fraction, args.holdout_seed)
+    if assembled.train_count == 0:
+        raise data.DataError(f"{model.base}: no example left to train on")
     start = None
     if baseline is not None and not args.from_scratch:
         start = _start_checkpoint(baseline, baseline_report)
-        _check_kind(args, baseline, baseline_report)
-    steps_per_epoch = math.ceil(len(assembled.train_images) / args.batch_size)
+        _keep_architecture(args, baseline, baseline_report)
+    steps_per_epoch = math.ceil(assembled.train_count / args.batch_size)
     max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
-    base_params = baseline_report.get("params") or {}
-    if start is not None and "pixel_mean" in base_params:
-        # The linear and dnn normalizers are graph constants: keep the ones the weights know.
-        stats = (base_params["pixel_mean"], base_params["pixel_std"])
-    else:
-        stats = train.pixel_stats(assembled.train_images)
-    params = train.model_params(args, args.model, max_steps, stats)
+    base_params = (baseline_report.get("params") or {}) if start is not None else {}
+    params = model.run_params(args, max_steps, base_params)
     params.update(
-        data_dir=str(args.data_dir),
+        data_dir=str(model.base),
         labels=list(labels),
         hooks=list(hooks),
         check_numerics=args.check_numerics,
@@ -373,25 +487,30 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
                 move_label(args.config, entry, args.publish, int(published.name))
             return 0
     run_dir.mkdir(parents=True, exist_ok=True)
+    paths = retrain_data.write_selections(run_dir, readers, assembled.selections)
+    trained = [int((selection == sources.TRAIN).sum()) for selection in assembled.selections]
+    model.finish_params(params, lambda: retrain_data.trained_examples(readers, paths))
     runs.check_resumable(run_dir, params)
     runs.write_params(run_dir, params)
-    data_dir = run_dir / "data"
-    train_split = data.write_idx(
-        data_dir, "train", assembled.train_images, assembled.train_labels, compress=False
-    )
-    held_split = data.write_idx(
-        data_dir, "test", assembled.held_out_images, assembled.held_out_labels, compress=False
-    )
     started = time.perf_counter()
     if step < max_steps:
-        estimator = _estimator(run_dir, params, args, start if step == 0 else None)
+        warm_start = model.warm_start(start, params, run_dir) if start and step == 0 else None
+        estimator = model.estimator(run_dir, params, args, warm_start)
         print(
-            f"Training on {train_split.count:,} images ({steps_per_epoch} steps/epoch) to step "
-            f"{max_steps}" + (f", resuming at step {step}" if step else ""),
+            f"Training on {assembled.train_count:,} examples ({steps_per_epoch} steps/epoch) "
+            f"to step {max_steps}" + (f", resuming at step {step}" if step else ""),
             flush=True,
         )
-        train._train_and_evaluate(
-            estimator, args, train_split, held_split, max_steps, run_dir, None
+        train.train_and_evaluate(
+            estimator,
+            lambda: retrain_data.training_input(
+                model, readers, paths, trained, args.batch_size, args.seed
+            ),
+            lambda: retrain_data.evaluation_input(model, readers, paths),
+            max_steps,
+            run_dir,
+            args.batch_size,
+            args.eval_every_secs,
         )
     else:
         print(f"{run_dir} is already at step {step} >= {max_steps}: nothing to train.")
@@ -411,17 +530,21 @@ def _retrain(args, thresholds, hooks, model_dir: Path) -> int:
         assembled=assembled,
         inputs_key=inputs_key,
         train_seconds=train_seconds,
+        model=model,
+        readers=tuple(readers),
+        selections=tuple(paths),
+        args=args,
     )
     code = _judge_and_publish(gate, candidate)
-    # The data's copy (the size of the data set) is written again if the run is ever resumed.
-    shutil.rmtree(data_dir, ignore_errors=True)
+    # The decisions (a byte an example) are written again if the run is ever resumed.
+    shutil.rmtree(run_dir / "data", ignore_errors=True)
     return code
 
 
 def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
     """Stage the candidate in its run dir, judge it against the baseline on the held-out set
     and publish it only when blessed: 0 published, EXIT_NOT_BLESSED not."""
-    held_out = _held_out_set(candidate.assembled)
+    held_out = _held_out_set(candidate)
     context = _report_context(gate, candidate, held_out)
     _remove_half_staged(candidate.run_dir)
     with _staged_candidate(gate, candidate, held_out, context) as (staged, candidate_classes):
@@ -440,29 +563,19 @@ def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
     return 0
 
 
-def _held_out_set(assembled: sources.Assembled) -> HeldOut:
-    return HeldOut(
-        images=normalize_pixels(assembled.held_out_images),
-        labels=assembled.held_out_labels,
-        slices={
-            **{
-                name: assembled.held_out_slices == name
-                for name in (blessing.TEST_SLICE, blessing.NEW_SLICE)
-            },
-            blessing.REFERENCE_SLICE: assembled.reference,
-        },
-    )
+def _held_out_set(candidate: Candidate) -> retrain_data.HeldOut:
+    return retrain_data.held_out_set(candidate.model, candidate.readers, candidate.selections)
 
 
-def _report_context(gate: Gate, candidate: Candidate, held_out: HeldOut) -> dict:
+def _report_context(gate: Gate, candidate: Candidate, held_out: retrain_data.HeldOut) -> dict:
     """What the candidate's evaluation report records besides its metrics."""
     context = runs.report_context(
-        gate.args.data_dir, candidate.run_dir, candidate.params, candidate.train_seconds
+        candidate.model.base, candidate.run_dir, candidate.params, candidate.train_seconds
     )
     context.update(
         split="held out: the test split and the held-out share of the new data",
         held_out={
-            "examples": len(held_out.labels),
+            "examples": len(held_out),
             "sha256": candidate.assembled.hashes["held_out"],
             "slices": {name: int(mask.sum()) for name, mask in held_out.slices.items()},
             "reference_rule": sources.REFERENCE_RULE,
@@ -479,43 +592,51 @@ def _remove_half_staged(run_dir: Path) -> None:
 
 @contextmanager
 def _staged_candidate(
-    gate: Gate, candidate: Candidate, held_out: HeldOut, context: dict
+    gate: Gate, candidate: Candidate, held_out: retrain_data.HeldOut, context: dict
 ) -> Iterator[tuple[Path, np.ndarray]]:
     """The candidate staged as a complete version in its run dir (removed when the block ends
-    unless published), and its classes for the held-out images from that SavedModel."""
-    run_dir = candidate.run_dir
+    unless published), and its predictions (class ids or values) for the held-out examples
+    from that SavedModel."""
+    run_dir, model = candidate.run_dir, candidate.model
     predicted: dict[str, np.ndarray] = {}
 
     def build(staged: Path) -> dict:
-        classes, _ = SavedModelPredictor(staged).predict_batched(held_out.images, EVAL_BATCH_SIZE)
-        predicted["classes"] = classes
-        return build_report(held_out.labels, classes, candidate.labels, **context)
+        predicted["values"] = held_out.predict(SavedModelPredictor(staged))
+        return model.report(held_out.truth, predicted["values"], held_out.groups, **context)
 
-    estimator = make_estimator(str(run_dir), {**candidate.params, "fine_tune_from": None})
-    warmup = normalize_pixels(candidate.assembled.held_out_images[: max(WARMUP_BATCH_SIZES)])
-    with publish.staged_version(
-        estimator, run_dir, gate.model_name, candidate.labels, build, context["checkpoint"],
-        warmup,
-        # The page's plots, as a trained version has them.
-        write_extras=lambda extra, report: write_export_plots(extra, report, str(run_dir)),
-    ) as staged:  # fmt: skip
-        yield staged, predicted["classes"]
+    def plots(extra: Path, report: dict) -> None:
+        # The page's plots, as a trained version of the task has them (a regressor's need
+        # the values themselves, not only the report's errors).
+        write_export_plots(extra, report, str(run_dir), held_out.truth, predicted["values"])
+
+    estimator = model.estimator(
+        run_dir, {**candidate.params, "fine_tune_from": None}, candidate.args, None
+    )
+    warmup = model.warmup_images(held_out)
+    with model.staged(
+        estimator, run_dir, gate.model_name, build, context["checkpoint"], warmup, plots
+    ) as staged:
+        yield staged, predicted["values"]
 
 
 def _judge(
-    gate: Gate, labels: tuple[str, ...], held_out: HeldOut, candidate_classes: np.ndarray
+    gate: Gate, labels: tuple[str, ...], held_out: retrain_data.HeldOut, predicted: np.ndarray
 ) -> blessing.Blessing:
     """The candidate's metrics on the held-out set against the baseline's, by the thresholds."""
-    candidate = blessing.metrics(
-        _confusions(held_out.labels, candidate_classes, held_out.slices), labels
-    )
+
+    def measured(values: np.ndarray) -> dict[str, float]:
+        if gate.thresholds.task == blessing.REGRESSION:
+            return blessing.regression_metrics(
+                held_out.truth, values, held_out.slices, held_out.groups
+            )
+        return blessing.metrics(
+            _confusions(held_out.truth, values, held_out.slices, labels), labels
+        )
+
     baseline_metrics = None
     if gate.baseline is not None:
-        baseline_classes = _predict_baseline(gate.baseline, held_out.images)
-        baseline_metrics = blessing.metrics(
-            _confusions(held_out.labels, baseline_classes, held_out.slices), labels
-        )
-    return blessing.judge(candidate, baseline_metrics, gate.thresholds)
+        baseline_metrics = measured(_predict_baseline(gate.baseline, held_out))
+    return blessing.judge(measured(predicted), baseline_metrics, gate.thresholds)
 
 
 def _blessing_document(
@@ -547,7 +668,7 @@ def _blessing_document(
         data={
             "sources": assembled.sources,
             "train": {
-                "examples": len(assembled.train_labels),
+                "examples": assembled.train_count,
                 "sha256": assembled.hashes["train"],
             },
             "held_out": context["held_out"],
@@ -638,12 +759,14 @@ def _record_published(gate: Gate, candidate: Candidate, document: dict, publishe
     write_json(candidate.run_dir / BLESSING_FILE, document)
 
 
-def _confusions(truth, predicted, slices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _confusions(truth, predicted, slices: dict[str, np.ndarray], labels) -> dict[str, np.ndarray]:
     """Confusion matrices [true, predicted] overall and per slice."""
+    truth = np.asarray(truth).astype(np.int64)
+    predicted = np.asarray(predicted).astype(np.int64)
 
     def confusion(mask) -> np.ndarray:
-        matrix = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
-        np.add.at(matrix, (np.asarray(truth)[mask].astype(np.int64), predicted[mask]), 1)
+        matrix = np.zeros((len(labels), len(labels)), np.int64)
+        np.add.at(matrix, (truth[mask], predicted[mask]), 1)
         return matrix
 
     everything = np.ones(len(truth), bool)
@@ -652,7 +775,7 @@ def _confusions(truth, predicted, slices: dict[str, np.ndarray]) -> dict[str, np
     }
 
 
-def _predict_baseline(baseline: Baseline, images: np.ndarray) -> np.ndarray:
+def _predict_baseline(baseline: Baseline, held_out: retrain_data.HeldOut) -> np.ndarray:
     try:
         predictor = SavedModelPredictor(baseline.path)
     except (OSError, ValueError, KeyError, tf.errors.OpError) as err:
@@ -661,29 +784,18 @@ def _predict_baseline(baseline: Baseline, images: np.ndarray) -> np.ndarray:
             f"cannot load the serving version {baseline.version} ({baseline.path}) to compare "
             f"with: {detail}"
         ) from err
-    classes, _ = predictor.predict_batched(images, EVAL_BATCH_SIZE)
-    return classes
-
-
-def _estimator(run_dir: Path, params: dict, args, start: str | None):
-    warm_start = None
-    if start is not None:
-        shapes = trainable_variable_shapes(make_estimator(str(run_dir), params))
-        warm_start = finetune.warm_start_settings(start, ".*", shapes)
-    return make_estimator(
-        str(run_dir),
-        params,
-        seed=args.seed,
-        save_checkpoints_steps=args.checkpoint_steps,
-        warm_start_from=warm_start,
-    )
+    return held_out.predict(predictor)
 
 
 def _inputs_key(params: dict, assembled: sources.Assembled, from_scratch: bool) -> str:
     """A hash of the data and the options that shape the weights, whatever the run starts
     from: a version trained on the same inputs needs no retrain."""
+    kept = {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID + _START}
+    if isinstance(kept.get("data"), dict):
+        # Where the base file is does not shape the weights (its content is in the hashes).
+        kept["data"] = {k: v for k, v in kept["data"].items() if k not in ("csv", "image_folder")}
     key = {
-        "params": {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID + _START},
+        "params": kept,
         "from_scratch": from_scratch,
         "data": assembled.hashes,
         "holdout": {k: v for k, v in assembled.holdout.items() if k != "rule"},
@@ -754,54 +866,55 @@ def _start_checkpoint(baseline: Baseline, report: dict) -> str:
         raise UsageError(f"{err}: {hint}") from err
 
 
-def _check_kind(args, baseline: Baseline, report: dict) -> None:
-    kind = (report.get("params") or {}).get("model", "cnn")
-    if kind != args.model:
+def _model_kind(args, baseline: Baseline | None, report: dict, model) -> None:
+    """--model: the serving version's kind when left out (warm-starting needs the same);
+    the data's default kind for a first model."""
+    kinds = {"idx": MODEL_KINDS, "csv": TABULAR_KINDS, "image_folder": IMAGE_KINDS}[model.kind]
+    recorded = (report.get("params") or {}).get("model") if baseline is not None else None
+    if args.model is None:
+        args.model = recorded or ("cnn" if model.kind == "idx" else model.default_model)
+    if args.model not in kinds:
         raise UsageError(
-            f"--model {args.model}: the serving version {baseline.version} is a {kind} model; "
-            f"warm-starting needs the same kind: use --model {kind}, or --from-scratch"
+            f"--model {args.model} is not a kind for this model's data; use {', '.join(kinds)}"
         )
+    if baseline is not None and not args.from_scratch:
+        kind = recorded or "cnn"
+        if kind != args.model:
+            raise UsageError(
+                f"--model {args.model}: the serving version {baseline.version} is a {kind} "
+                f"model; warm-starting needs the same kind: use --model {kind}, or "
+                "--from-scratch"
+            )
 
 
-def _read_sources(args, model_name: str) -> list[sources.Source]:
-    """Every source of labeled images, in priority order (training/sources.py)."""
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
-    _, train_images, train_labels = data.load_split(args.data_dir, "train")
-    base = str(args.data_dir)
-    found = [
-        sources.Source("test split", base, test_images, test_labels, sources.HELD_OUT),
-        sources.Source("train split", base, train_images, train_labels, sources.TRAINED),
-    ]
-    for folder in args.extra_data:
-        if not Path(folder).is_dir():
-            raise data.DataError(f"--extra-data {folder}: folder not found")
-        splits = [split for split in data.SPLITS if data.has_split(folder, split)]
-        if not splits:
-            raise data.DataError(
-                f"--extra-data {folder}: holds no MNIST-format train- or t10k- images file"
-            )
-        parts = [data.load_split(folder, split)[1:] for split in splits]
-        found.append(
-            sources.Source(
-                "extra data",
-                str(folder),
-                np.concatenate([p[0] for p in parts]),
-                np.concatenate([p[1] for p in parts]),
-                sources.NEW,
-                {"splits": splits},
-            )
+def _keep_architecture(args, baseline: Baseline, report: dict) -> None:
+    """--hidden-units: the serving version's when left at its default (warm-starting needs
+    the same layers); another one given is refused."""
+    recorded = (report.get("params") or {}).get("hidden_units")
+    if not recorded or args.model not in ("dnn", "dnn_linear") or args.hidden_units == recorded:
+        return
+    if args.hidden_units == list(DEFAULT_HIDDEN_UNITS):
+        args.hidden_units = list(recorded)
+        return
+    given, kept = (",".join(map(str, units)) for units in (args.hidden_units, recorded))
+    raise UsageError(
+        f"--hidden-units {given}: the serving version {baseline.version} has {kept}; "
+        f"warm-starting needs the same layers: leave --hidden-units out, or --from-scratch"
+    )
+
+
+def _model_labels(args, baseline: Baseline | None, model) -> tuple[str, ...]:
+    """The classes of a CSV or image-folder model (its data's, the serving version's when
+    it has a labels.txt); the IDX labels were checked against --labels already."""
+    if model.kind == "idx":
+        return model.labels
+    if args.labels != "auto":
+        raise UsageError(f"--labels is for MNIST-format images; a {model.kind} model's classes "
+                         "come from its data")  # fmt: skip
+    exported = read_labels(baseline.path) if baseline is not None else None
+    if exported is not None and tuple(model.labels) != exported:
+        raise UsageError(
+            f"the serving version {baseline.version} answers with {', '.join(exported)}; the "
+            f"data's classes are {', '.join(model.labels)}"
         )
-    if args.feedback_dir:
-        root = Path(args.feedback_dir)
-        if not root.is_dir():
-            raise data.DataError(f"--feedback-dir {root}: folder not found")
-        max_age = args.feedback_max_age_days
-        found.append(
-            feedback_source.read_feedback(
-                feedback.store_dir(root, model_name),
-                args.max_feedback_per_sender,
-                tuple(args.exclude_sender),
-                None if max_age is None else dt.timedelta(days=max_age),
-            )
-        )
-    return found
+    return tuple(model.labels)

@@ -90,11 +90,15 @@ def feature_spec(schema: Schema) -> dict:
     return tf.feature_column.make_parse_example_spec(base_columns(schema))
 
 
-def make_estimator(schema: Schema, params: dict, config: tf.estimator.RunConfig):
+def make_estimator(
+    schema: Schema, params: dict, config: tf.estimator.RunConfig, warm_start_from=None
+):
     """The pre-made Estimator of params['model'] for the schema's task.
 
     params: model (a TABULAR_KINDS name), hidden_units (dnn, dnn_linear), learning_rate and
     decay_steps (Adam, as the image kinds'), as `train` records them in params.json.
+    warm_start_from: tf.estimator.WarmStartSettings (or a checkpoint) to start from (a
+    retrain's candidate starts from the serving version's checkpoint).
     """
     kind = params["model"]
 
@@ -103,24 +107,25 @@ def make_estimator(schema: Schema, params: dict, config: tf.estimator.RunConfig)
         return keras_optimizer(params)
 
     if schema.task == "classification":
-        head = {"n_classes": schema.n_classes}
+        options = {"n_classes": schema.n_classes}
         if schema.label_kind == "string":
-            head["label_vocabulary"] = list(schema.classes)
+            options["label_vocabulary"] = list(schema.classes)
         linear, dnn, combined = (
             tf.estimator.LinearClassifier,
             tf.estimator.DNNClassifier,
             tf.estimator.DNNLinearCombinedClassifier,
         )
     else:
-        head = {}
+        options = {}
         linear, dnn, combined = (
             tf.estimator.LinearRegressor,
             tf.estimator.DNNRegressor,
             tf.estimator.DNNLinearCombinedRegressor,
         )
+    options["warm_start_from"] = warm_start_from
     if kind == "linear":
         return linear(
-            feature_columns=base_columns(schema), optimizer=optimizer, config=config, **head
+            feature_columns=base_columns(schema), optimizer=optimizer, config=config, **options
         )
     if kind == "dnn":
         return dnn(
@@ -128,7 +133,7 @@ def make_estimator(schema: Schema, params: dict, config: tf.estimator.RunConfig)
             feature_columns=dnn_columns(schema),
             optimizer=optimizer,
             config=config,
-            **head,
+            **options,
         )
     if kind == "dnn_linear":
         return combined(
@@ -138,7 +143,7 @@ def make_estimator(schema: Schema, params: dict, config: tf.estimator.RunConfig)
             dnn_hidden_units=list(params["hidden_units"]),
             dnn_optimizer=optimizer,
             config=config,
-            **head,
+            **options,
         )
     raise ValueError(f"not a tabular kind: {kind!r}; known: {', '.join(TABULAR_KINDS)}")
 

@@ -306,12 +306,7 @@ def model_params(args, kind: str, max_steps: int, pixel_stats: tuple[float, floa
     return {
         "model": kind,
         "data_format": args.data_format,
-        "hidden_units": list(args.hidden_units),
-        "learning_rate": args.learning_rate,
-        "decay_steps": None if args.constant_learning_rate else max_steps,
-        "batch_size": args.batch_size,
-        "max_steps": max_steps,
-        "seed": args.seed,
+        **cli.schedule_params(args, max_steps),
         "pixel_mean": pixel_stats[0],
         "pixel_std": pixel_stats[1],
     }
@@ -479,20 +474,48 @@ def _train_and_evaluate(estimator, args, train_split, test_split, max_steps, mod
     seed = args.seed
     if seed is not None and task is not None:
         seed += task.shuffle_offset
-    label = "train" if task is None else task.name
+    train_and_evaluate(
+        estimator,
+        lambda: data.train_input_fn(train_split, args.batch_size, seed),
+        lambda: data.eval_input_fn(test_split, EVAL_BATCH_SIZE),
+        max_steps,
+        model_dir,
+        args.batch_size,
+        args.eval_every_secs,
+        label="train" if task is None else task.name,
+    )
+
+
+def train_and_evaluate(
+    estimator,
+    train_input,
+    eval_input,
+    max_steps: int,
+    model_dir,
+    batch_size: int,
+    eval_every_secs: int,
+    label: str = "train",
+) -> None:
+    """tf.estimator.train_and_evaluate to max_steps with the progress display, evaluating on
+    eval_input at most every eval_every_secs; a NaN turned into NumericsError.
+
+    Raises:
+        NumericsError: --check-numerics stopped a step, or the loss became NaN (the message
+            says which checkpoint is good).
+    """
     try:
         tf.estimator.train_and_evaluate(
             estimator,
             tf.estimator.TrainSpec(
-                lambda: data.train_input_fn(train_split, args.batch_size, seed),
+                train_input,
                 max_steps=max_steps,
-                hooks=[ProgressHook(max_steps, args.batch_size, label=label)],
+                hooks=[ProgressHook(max_steps, batch_size, label=label)],
             ),
             tf.estimator.EvalSpec(
-                lambda: data.eval_input_fn(test_split, EVAL_BATCH_SIZE),
+                eval_input,
                 steps=None,
                 start_delay_secs=0,
-                throttle_secs=args.eval_every_secs,
+                throttle_secs=eval_every_secs,
             ),
         )
     except tf.errors.InvalidArgumentError as err:

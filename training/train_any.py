@@ -84,7 +84,20 @@ def _check_options(args) -> None:
     args.receiver = "raw"
 
 
-def _run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
+def run_params(args, kind: str, max_steps: int, receiver: str, data: dict) -> dict:
+    """The params of a CSV or image-folder run: what its Estimator is built from and
+    params.json records (`train`'s, and a retrain's of such a model)."""
+    return {
+        "model": kind,
+        **cli.schedule_params(args, max_steps),
+        "receiver": receiver,
+        "data": data,
+    }
+
+
+def run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
+    """The RunConfig of a CSV or image-folder run (`train`'s, and a retrain's of such a
+    model): the seed, checkpoint interval and summaries of the options."""
     return tf.estimator.RunConfig(
         model_dir=str(model_dir),
         tf_random_seed=args.seed,
@@ -153,19 +166,9 @@ def train_any(args, default_epochs: float) -> TrainedRun:
         data = {**data, "image_size": args.image_size, "channels": args.channels}
     steps_per_epoch = math.ceil(count / args.batch_size)
     max_steps = cli.budget_steps(args, default_epochs, steps_per_epoch)
-    params = {
-        "model": kind,
-        "hidden_units": list(args.hidden_units),
-        "learning_rate": args.learning_rate,
-        "decay_steps": None if args.constant_learning_rate else max_steps,
-        "batch_size": args.batch_size,
-        "max_steps": max_steps,
-        "seed": args.seed,
-        "receiver": args.receiver,
-        "data": data,
-    }
+    params = run_params(args, kind, max_steps, args.receiver, data)
     _check_resumable(model_dir, params)
-    config = _run_config(args, model_dir)
+    config = run_config(args, model_dir)
     if args.csv:
         estimator = tabular.make_estimator(schema, params, config)
 

@@ -15,13 +15,14 @@ import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.feedback_stores import stored_shards
 from support.servers import MODEL_NAME, copy_repository, start_server, wait_for
 from support.sides import run_training
 from tensorflow_serving.apis import prediction_log_pb2
 
 from artifact import idx as data
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, CLASSES_KEY, INPUT_KEY, PROBABILITIES_KEY
-from artifact.feedback import read_closed_shards, store_dir
+from artifact.feedback import COMMITTED_FILE, store_dir
 from artifact.model_config import write_config
 from service.prediction_log import closed_logs
 
@@ -91,7 +92,7 @@ def test_feedback_through_the_service_is_in_the_next_retrain_and_serves_as_canar
             }
             response = client.post(f"{MODEL}/feedback", json=body)
             assert response.status_code == 200, response.text
-        assert metric(client, "feedback_images_total") == 25
+        assert metric(client, "feedback_examples_total") == 25
 
         done = run_training(
             "retrain",
@@ -148,12 +149,10 @@ def ids_of(shards) -> list[int]:
 
 
 def committed_images(shard: Path) -> int:
-    """The images an open shard had committed: the smaller of its two IDX header counts (what
-    the next writer recovers; artifact/feedback.py)."""
-    images = (shard / "train-images-idx3-ubyte").read_bytes()[4:8]
-    labels = (shard / "train-labels-idx1-ubyte").read_bytes()[4:8]
-    return min(int.from_bytes(images, "big") if len(images) == 4 else 0,
-               int.from_bytes(labels, "big") if len(labels) == 4 else 0)  # fmt: skip
+    """The examples an open shard had committed: its committed count (what the next writer
+    recovers, at most; artifact/feedback.py)."""
+    text = (shard / COMMITTED_FILE).read_text().strip()
+    return int(text) if text.isdigit() else 0
 
 
 def test_killing_the_service_mid_write_loses_no_acknowledged_feedback(
@@ -208,7 +207,7 @@ def test_killing_the_service_mid_write_loses_no_acknowledged_feedback(
             worker.result()
     server.process.wait(30)
     store = store_dir(feedback_dir, MODEL_NAME)
-    before_restart = read_closed_shards(store)  # every closed shard reads
+    before_restart = stored_shards(store)  # every closed shard reads
     assert set(ids_of(before_restart)) <= sent
     # Left open by the kill (none only when the kill came right after a rotation), and what
     # it had committed: a kill before a fresh shard's first commit leaves it empty.
@@ -220,7 +219,7 @@ def test_killing_the_service_mid_write_loses_no_acknowledged_feedback(
     restarted = start_server(tmp_path / "second.log", **settings)
     servers.append(restarted)
     assert restarted.stop() == 0, restarted.log()  # drained and closed: exit 0
-    shards = read_closed_shards(store)
+    shards = stored_shards(store)
     stored = ids_of(shards)
     assert len(stored) == len(set(stored))  # nothing twice
     assert acknowledged <= set(stored) <= sent
@@ -229,6 +228,7 @@ def test_killing_the_service_mid_write_loses_no_acknowledged_feedback(
         assert "Recovered the open feedback shard of a dead writer" in restarted.log()
     for shard in shards:
         assert [int(k) for k in shard.labels] == [n % 10 for n in ids_of([shard])]
+        assert shard.senders == ("anonymous",) * len(shard)
 
     # The prediction logs: TF Serving's PredictionLog records, read by TensorFlow.
     files = closed_logs(log_dir / MODEL_NAME)

@@ -8,6 +8,7 @@ canary label) is in tests/service/test_feedback_live.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -20,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.feedback_stores import closed_name, write_idx_shard
 from support.helpers import REPO_ROOT, assert_one_error_line, tree
 from support.training_harness import call_main, integer_dirs
 
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, CLASSIFIER_PLOTS, REPORT_FILE
-from artifact.feedback import FeedbackWriter, store_dir
+from artifact.feedback import FeedbackWriter, image_examples, store_dir
 from artifact.model_config import parse_config
 from training import data, lock
 
@@ -220,15 +222,20 @@ def wait_for_checkpoint(runs: Path, process: subprocess.Popen, log: Path) -> int
 def test_feedback_shards_are_read_and_counted_where_they_came_from(
     repository, small_data_dir, small_test_data, tmp_path, capsys
 ):
-    """The feedback store's closed shards (not its open one) join the data; an image of the
-    test split sent back as feedback is never trained on."""
+    """The feedback store's closed shards (not its open one) join the data, the tf.Example
+    shards the service writes and the MNIST-format ones of earlier versions alike; an image of
+    the test split sent back as feedback is never trained on."""
     images, labels = small_test_data
     feedback_dir = tmp_path / "feedback"
-    writer = FeedbackWriter(store_dir(feedback_dir, MODEL_NAME), shard_images=4, max_bytes=10**8)
+    store = store_dir(feedback_dir, MODEL_NAME)
+    # An earlier version's MNIST-format shard: 2 test images, closed first.
+    write_idx_shard(store, closed_name(dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "old"),
+                    images[:2], labels[:2], [1, 1], ["alice"] * 2)  # fmt: skip
+    writer = FeedbackWriter(store, shard_examples=4, max_bytes=10**8)
     writer.open()
-    writer.append(images[:6], labels[:6], [1] * 6)  # closed: 6 test images
+    writer.append(image_examples(images[2:6], labels[2:6], "image"), [1] * 4)  # closed
     fresh = np.flip(images[6:9], axis=2)  # mirrored: new images
-    writer.append(fresh, labels[6:9], [None] * 3)  # stays open: not read
+    writer.append(image_examples(fresh, labels[6:9], "image"), [None] * 3)  # open: not read
     runs = tmp_path / "runs"
     code = call_main(
         *retrain_argv(
@@ -239,12 +246,12 @@ def test_feedback_shards_are_read_and_counted_where_they_came_from(
     out = capsys.readouterr().out
     assert code == 3, out  # 0.99 is out of reach: nothing is published
     (row,) = [line for line in out.splitlines() if line.startswith("feedback ")]
-    assert row.split() == ["feedback", "6", "6", "0", "0", "0"]
+    assert row.split() == ["feedback", "6", "6", "0", "0", "0"]  # all test images: dropped
     (run_dir,) = run_dirs(runs)
     report = json.loads((run_dir / BLESSING_FILE).read_text())
     (feedback,) = [s for s in report["data"]["sources"] if s["source"] == "feedback"]
-    assert feedback["shards"] == 1 and feedback["answered_by_version"] == {"1": 6}
-    assert feedback["path"] == str(store_dir(feedback_dir, MODEL_NAME))
+    assert feedback["shards"] == 2 and feedback["answered_by_version"] == {"1": 6}
+    assert feedback["path"] == str(store)
     assert report["failed"] == [
         f"accuracy: value {report['candidate']['accuracy']:+.4f} < +0.9900: short by "
         f"{0.99 - report['candidate']['accuracy']:.4f}"

@@ -20,7 +20,7 @@ import pytest
 from support.training_harness import call_main
 
 from artifact.contract import BLESSING_FILE
-from artifact.feedback import FeedbackWriter, store_dir
+from artifact.feedback import FeedbackWriter, image_examples, store_dir
 from training import data
 
 MODEL_NAME = "fashion_mnist"
@@ -38,15 +38,17 @@ def feedback_stores(real_data_dir, tmp_path_factory) -> dict[str, Path]:
     stores = {}
     for name, with_flood in (("good", False), ("flooded", True)):
         root = tmp_path_factory.mktemp(f"feedback-{name}")
-        writer = FeedbackWriter(store_dir(root, MODEL_NAME), shard_images=500, max_bytes=10**9)
+        writer = FeedbackWriter(store_dir(root, MODEL_NAME), shard_examples=500, max_bytes=10**9)
         writer.open()
         sent = dt.datetime.now(dt.UTC)
-        writer.append(images[good], labels[good], [1] * GOOD, "alice", sent)
+        good_records = image_examples(images[good], labels[good], "image")
+        writer.append(good_records, [1] * GOOD, "alice", sent)
         if with_flood:
             wrong = (labels[flood] + 1) % 10
             for start in range(0, FLOOD, 1000):
                 part = slice(start, start + 1000)
-                writer.append(images[flood][part], wrong[part], [1] * 1000, "mallory", sent)
+                records = image_examples(images[flood][part], wrong[part], "image")
+                writer.append(records, [1] * 1000, "mallory", sent)
         writer.close()
         stores[name] = root
     return stores

@@ -1,5 +1,5 @@
-"""Blessing: TFX-style value and change thresholds on exact metrics, the table, the report.
-No TensorFlow (the fast tier)."""
+"""Blessing: TFX-style value and change thresholds on exact metrics, higher is better for a
+classifier's, lower for a regressor's; the table, the report. No TensorFlow (the fast tier)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from training.blessing import (
+    LOWER_IS_BETTER,
+    MAX_SLICE_RMSE,
     NEW_SLICE,
     OVERALL,
     REFERENCE_SLICE,
@@ -19,6 +21,7 @@ from training.blessing import (
     format_sources,
     judge,
     metrics,
+    regression_metrics,
 )
 
 LABELS = tuple("abcdefghij")
@@ -187,3 +190,81 @@ def test_the_sources_table_counts_where_examples_came_from():
     ]
     assert lines[2].split() == ["feedback", "1,200", "5", "2", "233", "962"]
     assert lines[3].split() == ["total", "1,500", "5", "2", "533", "962"]
+
+
+# --- regressors: lower is better --------------------------------------------------------------
+
+
+def errors(*per_example: float) -> tuple[np.ndarray, np.ndarray]:
+    """(truth, predicted) whose errors are per_example."""
+    truth = np.arange(len(per_example), dtype=np.float64)
+    return truth, truth + np.asarray(per_example)
+
+
+def test_regression_metrics_are_rmse_mae_and_the_worst_slice():
+    truth, predicted = errors(3, -4, 0, 0)
+    groups = {"city": np.array(["a", "a", "b", "b"], object)}
+    test = np.array([True, True, False, False])
+    found = regression_metrics(truth, predicted, {TEST_SLICE: test, NEW_SLICE: ~test}, groups)
+    assert found["rmse"] == pytest.approx(np.sqrt(25 / 4))
+    assert found["mae"] == pytest.approx(7 / 4)
+    assert found["rmse/test split"] == pytest.approx(np.sqrt(25 / 2))
+    assert found["rmse/city=a"] == pytest.approx(np.sqrt(25 / 2)) and found["rmse/city=b"] == 0
+    assert found[MAX_SLICE_RMSE] == found["rmse/city=a"]
+    empty = regression_metrics(truth, predicted, {REFERENCE_SLICE: np.zeros(4, bool)})
+    assert f"rmse/{REFERENCE_SLICE}" not in empty and MAX_SLICE_RMSE not in empty
+
+
+def regression(candidate_errors, baseline_errors=None, **thresholds):
+    groups = {"city": np.array(["a", "b"] * 2, object)}
+    test = np.array([True, True, False, False])
+    slices = {TEST_SLICE: test, REFERENCE_SLICE: test & [True, False, False, False]}
+    measured = [
+        None if e is None else regression_metrics(*errors(*e), slices, groups)
+        for e in (candidate_errors, baseline_errors)
+    ]
+    return judge(*measured, Thresholds(task="regression", **thresholds))
+
+
+REGRESSION_CASES = [
+    pytest.param([1, 1, 1, 1], [1, 1, 1, 1], {}, True, [], id="equal-is-not-worse"),
+    pytest.param([0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1], {}, True, [], id="lower-error-is-better"),
+    pytest.param([1, 1, 1, 1.5], [1, 1, 1, 1], {}, False, ["rmse"], id="a-higher-rmse-fails-at-0"),
+    pytest.param([2, 1, 1, 1], [1, 1, 1, 1], {}, False, ["rmse", "rmse/test split", "rmse/reference"], id="the-reference-slice-worse"),
+    pytest.param([1, 1, 1, 1.5], [1, 1, 1, 1], {"max_rmse_increase": 0.2}, True, [], id="within-the-allowed-increase"),
+    pytest.param([0, 0, 0, 3], [1, 1, 1, 1], {"max_rmse_increase": 1.0}, True, [], id="mae-not-checked-by-default"),
+    pytest.param([0, 0, 0, 3], [1, 1, 1, 1], {"max_rmse_increase": 1.0, "max_mae_increase": 0}, True, [], id="lower-mae-passes"),
+    pytest.param([0, 0, 0, 3], [1, 1, 1, 1], {"max_rmse_increase": 1.0, "max_slice_error_increase": 0.5}, False, [MAX_SLICE_RMSE], id="the-worst-slice-worse"),
+    pytest.param([5, 5, 5, 5], None, {}, True, [], id="first-model-rubber-stamped"),
+    pytest.param([5, 5, 5, 5], None, {"max_rmse": 4.0}, False, ["rmse"], id="first-model-value-threshold"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("candidate, baseline, thresholds, blessed, failing", REGRESSION_CASES)
+def test_regression_thresholds_lower_is_better(candidate, baseline, thresholds, blessed, failing):
+    verdict = regression(candidate, baseline, **thresholds)
+    assert verdict.blessed is blessed
+    assert [check.metric for check in verdict.failed] == failing
+    assert all(check.direction == LOWER_IS_BETTER for check in verdict.checks)
+
+
+def test_a_regressors_failure_says_over_by_and_blessing_json_names_the_direction():
+    verdict = regression([1, 1, 1, 13**0.5], [1, 1, 1, 1])  # rmse 2 against 1
+    (failed,) = verdict.failed
+    assert failed.short_by == pytest.approx(1.0)
+    assert failed.describe() == (
+        "rmse: change +1.0000 > +0.0000 (candidate 2.0000, baseline 1.0000): over by 1.0000"
+    )
+    table = format_blessing(verdict)
+    (rmse,) = [line for line in table.splitlines() if line.startswith("rmse ")]
+    assert rmse.split()[4:] == ["change", "<=", "+0.0000", "FAILED", "by", "1.0000"]
+    document = json.loads(json.dumps(blessing_json(verdict)))
+    assert document["task"] == "regression"
+    assert document["thresholds"] == {
+        "max_rmse": None,
+        "max_rmse_increase": 0.0,
+        "max_mae_increase": None,
+        "max_slice_error_increase": None,
+    }
+    assert document["checks"][0]["direction"] == "lower_is_better"
+    assert document["checks"][0]["bound"] == 0.0 and document["checks"][0]["checked"] == 1.0

@@ -1,55 +1,60 @@
 """The feedback a retrain reads, bounded per sender: the newest N of each, senders excluded,
-old images left out, shards older than provenance read as the unknown sender; and
-`expire-feedback`. No TensorFlow (the fast tier)."""
+old examples left out, shards older than provenance read as the unknown sender, chosen from
+the shards' bookkeeping; and `expire-feedback`. No TensorFlow (the fast tier)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 
-import numpy as np
 import pytest
+from support.feedback_stores import (
+    closed_name,
+    example_numbers,
+    numbered,
+    numbered_records,
+    stored_numbers,
+    write_idx_shard,
+)
 
-from artifact.feedback import PROVENANCE_FILE, FeedbackWriter, read_closed_shards
+from artifact.feedback import PROVENANCE_FILE, FeedbackWriter, closed_shards, read_examples
 from training.errors import DataError
 from training.feedback_source import (
     add_expire_arguments,
     cmd_expire_feedback,
     format_senders,
-    read_feedback,
+    select_feedback,
 )
-from training.sources import NEW
 
 NOW = dt.datetime(2026, 6, 10, 12, 0, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
 
 
-def numbered(start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    numbers = np.arange(start, start + count)
-    images = np.broadcast_to((numbers % 251).astype(np.uint8)[:, None, None], (count, 28, 28))
-    return np.ascontiguousarray(images), (numbers % 10).astype(np.uint8)
-
-
-def numbers(source) -> list[int]:
-    return source.images[:, 0, 0].tolist()
+def numbers(selection) -> list[int]:
+    """The numbers of the examples a selection reads, in the store's order."""
+    found = []
+    for shard, keep in zip(selection.shards, selection.keep, strict=True):
+        shard_numbers = example_numbers(read_examples(shard.path))
+        found += [n for n, kept in zip(shard_numbers, keep, strict=True) if kept]
+    return found
 
 
 @pytest.fixture
 def store(tmp_path):
     """alice sent 0-3 (day 1) and 10-11 (day 3); mallory 20-29 (day 3), in three shards."""
-    writer = FeedbackWriter(tmp_path / "m", shard_images=5, max_bytes=10**8)
+    writer = FeedbackWriter(tmp_path / "m", shard_examples=5, max_bytes=10**8)
     writer.open()
-    writer.append(*numbered(0, 4), [1] * 4, sender="alice", received_at=NOW - 3 * DAY)
-    writer.append(*numbered(20, 10), [None] * 10, sender="mallory", received_at=NOW - DAY)
-    writer.append(*numbered(10, 2), [2] * 2, sender="alice", received_at=NOW - DAY)
+    writer.append(numbered_records(0, 4), [1] * 4, sender="alice", received_at=NOW - 3 * DAY)
+    writer.append(numbered_records(20, 10), [None] * 10, sender="mallory", received_at=NOW - DAY)
+    writer.append(numbered_records(10, 2), [2] * 2, sender="alice", received_at=NOW - DAY)
     writer.close()
     return tmp_path / "m"
 
 
 def test_everything_is_read_in_the_order_it_came_without_bounds(store):
-    source = read_feedback(store, max_per_sender=0, now=NOW)
+    source = select_feedback(store, max_per_sender=0, now=NOW)
     assert numbers(source) == [0, 1, 2, 3, *range(20, 30), 10, 11]
-    assert source.role == NEW and source.labels.tolist() == [n % 10 for n in numbers(source)]
+    assert source.read == 16
     assert source.detail["answered_by_version"] == {"1": 4, "unknown": 10, "2": 2}
     assert source.detail["senders"]["mallory"] == {
         "stored": 10, "read": 10, "excluded": 0, "expired": 0, "over_cap": 0
@@ -57,7 +62,7 @@ def test_everything_is_read_in_the_order_it_came_without_bounds(store):
 
 
 def test_each_sender_gives_at_most_its_newest_n(store):
-    source = read_feedback(store, max_per_sender=3, now=NOW)
+    source = select_feedback(store, max_per_sender=3, now=NOW)
     assert numbers(source) == [3, 27, 28, 29, 10, 11]
     assert source.detail["senders"]["mallory"]["over_cap"] == 7
     assert source.detail["senders"]["alice"] == {
@@ -77,32 +82,36 @@ def test_each_sender_gives_at_most_its_newest_n(store):
 
 
 def test_an_excluded_sender_gives_nothing_and_old_images_are_left_out(store):
-    source = read_feedback(store, exclude=("mallory",), max_age=2 * DAY, now=NOW)
+    source = select_feedback(store, exclude=("mallory",), max_age=2 * DAY, now=NOW)
     assert numbers(source) == [10, 11]
     assert source.detail["senders"]["mallory"]["excluded"] == 10
     assert source.detail["senders"]["alice"]["expired"] == 4
     assert source.detail["excluded_senders"] == ["mallory"] and source.detail["max_age_days"] == 2
 
 
-def test_shards_older_than_provenance_are_the_unknown_senders(store):
-    for shard in read_closed_shards(store):
-        (shard.path / PROVENANCE_FILE).unlink()
-    source = read_feedback(store, max_per_sender=5, now=NOW)
-    assert numbers(source) == [27, 28, 29, 10, 11]  # the newest five, whoever sent them
+def test_shards_older_than_provenance_are_the_unknown_senders(tmp_path):
+    """MNIST-format shards of the version before provenance, the newest first."""
+    for number, start in enumerate((0, 5)):
+        name = closed_name(NOW - dt.timedelta(hours=2 - number), "old", number)
+        write_idx_shard(tmp_path, name, *numbered(start, 5), [None] * 5)
+    source = select_feedback(tmp_path, max_per_sender=7, now=NOW)
+    keep = [mask.tolist() for mask in source.keep]
+    assert keep == [[False, False, False, True, True], [True] * 5]  # the newest seven
     assert list(source.detail["senders"]) == ["unknown"]
-    assert read_feedback(store, exclude=("unknown",)).images.shape == (0, 28, 28)
+    assert [shard.format for shard in source.shards] == ["idx", "idx"]
+    assert select_feedback(tmp_path, exclude=("unknown",)).read == 0
 
 
 def test_an_empty_or_missing_store_is_no_feedback(tmp_path):
-    source = read_feedback(tmp_path / "none")
-    assert source.images.shape == (0, 28, 28) and source.detail["senders"] == {}
+    source = select_feedback(tmp_path / "none")
+    assert source.read == 0 and source.shards == () and source.detail["senders"] == {}
 
 
 def test_a_damaged_shard_is_a_data_error_naming_it(store):
-    shard = read_closed_shards(store)[0].path
+    shard = closed_shards(store)[0]
     (shard / PROVENANCE_FILE).write_text("nonsense\n")
     with pytest.raises(DataError, match=str(shard / PROVENANCE_FILE)):
-        read_feedback(store)
+        select_feedback(store)
 
 
 def expire_args(*argv) -> argparse.Namespace:
@@ -118,10 +127,9 @@ def test_expire_feedback_removes_what_is_older_from_the_store(store, capsys):
         expire_args("--feedback-dir", store.parent, "--model", "m", "--max-age-days", days)
     )
     assert code == 0
-    kept = [int(n) for s in read_closed_shards(store) for n in s.images[:, 0, 0]]
-    assert kept == [*range(20, 30), 10, 11]
+    assert stored_numbers(store) == [*range(20, 30), 10, 11]
     out = capsys.readouterr().out
-    assert "4 images older than" in out and "(0 shards removed, 1 compacted); 12 kept" in out
+    assert "4 examples older than" in out and "(0 shards removed, 1 compacted); 12 kept" in out
     with pytest.raises(DataError, match="folder not found"):
         cmd_expire_feedback(
             expire_args("--feedback-dir", store / "x", "--model", "m", "--max-age-days", 1)
