@@ -348,13 +348,6 @@ def read_shard(path: str | Path) -> Shard:
     )
 
 
-def read_closed_shards(directory: str | Path) -> list[Shard]:
-    """Every closed MNIST-format shard of a model's store, oldest first."""
-    return [
-        read_shard(path) for path in closed_shards(directory) if shard_format(path) == IDX_FORMAT
-    ]
-
-
 def _check_idx(
     path: Path, images_head: bytes, images_size: int, labels_head: bytes, labels_size: int
 ) -> int:
@@ -531,11 +524,6 @@ def sender_tally(directory: str | Path, cache: dict[str, SenderTally] | None = N
         for name in set(cache) - seen:
             del cache[name]
     return total
-
-
-def sender_examples(directory: str | Path) -> Counter:
-    """Examples per sender in a model's store (sender_tally's)."""
-    return sender_tally(directory).examples
 
 
 def _tally_shard(shard: Path) -> SenderTally | None:

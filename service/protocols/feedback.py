@@ -379,10 +379,13 @@ class FeedbackAPI:
             encode, encoded = feedback_examples, (inputs, truth)
         self._check_rate(name, sender, count, self.rates.take(sender, count))
         try:
-            writer = await self._writer(name)
             records = await asyncio.to_thread(encode, *encoded)
-        except InsufficientStorage:
+            writer = await self._writer(name)
+        except ValueError as err:  # an input of a dtype no tf.Example holds
             self.rates.give_back(sender, count)  # nothing stored: nothing counts
+            raise BadInput(f"these instances cannot be stored as tf.Examples: {err}") from err
+        except InsufficientStorage:
+            self.rates.give_back(sender, count)
             raise
         try:
             appended = await asyncio.to_thread(writer.append, records, [version] * count, sender)

@@ -233,6 +233,8 @@ def test_a_torn_append_is_rolled_back_by_the_next_writer(tmp_path, tear):
     records, lines = tear(tfrecord.frame_many(numbered_records(2, 3)), b"1\n1\n1\n")
     os.pwrite(shard.fds[EXAMPLES_FILE], records, shard.examples_end)
     os.pwrite(shard.fds[VERSIONS_FILE], lines, shard.versions_end)
+    provenance = feedback.provenance_line("anonymous", dt.datetime.now(dt.UTC)) * 3
+    os.pwrite(shard.fds[feedback.PROVENANCE_FILE], provenance, shard.provenance_end)
     shard.release()
     newcomer = open_writer(tmp_path)
     (recovered,) = newcomer.recovered

@@ -34,7 +34,6 @@ from artifact.feedback import (
     closed_shards,
     expire,
     read_info,
-    sender_examples,
 )
 
 DAY = dt.timedelta(days=1)
@@ -80,7 +79,7 @@ def test_a_shard_older_than_provenance_still_reads_as_the_unknown_sender(tmp_pat
     shard = read_info(path)
     assert shard.senders == (UNKNOWN_SENDER, UNKNOWN_SENDER)
     assert shard.received_at == (None, None)
-    assert sender_examples(tmp_path) == {UNKNOWN_SENDER: 2}
+    assert feedback.sender_tally(tmp_path).examples == {UNKNOWN_SENDER: 2}
     assert feedback.sender_tally(tmp_path).bytes == {UNKNOWN_SENDER: 2 * 785}
 
 

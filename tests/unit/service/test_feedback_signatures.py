@@ -133,6 +133,10 @@ CLASHING = SignatureSpec(
     "predict", "tensorflow/serving/predict", (*FEATURES, TensorSpec(LABEL_FEATURE, F32, (-1,))),
     CLASSIFIER.outputs,
 )  # fmt: skip
+COMPLEX = SignatureSpec(
+    "serving_default", "tensorflow/serving/predict",
+    (TensorSpec("z", np.dtype(np.complex64), (-1,)),), CLASSIFIER.outputs,
+)  # fmt: skip
 ROW = ROWS[0]
 BAD = [
     pytest.param(CLASSIFIER, {"instances": [{"x1": 0.5, "rooms": 3}], "labels": [0]}, "keys must be equal to: color,rooms,x1; instances[0]: missing ['color']", id="missing-feature"),
@@ -153,6 +157,7 @@ BAD = [
     pytest.param(PARSING, {"instances": [ROW], "labels": [0]}, "takes serialized tf.Examples (a parsing receiver)", id="parsing-receiver"),
     pytest.param(NEITHER, {"instances": [ROW], "labels": [0]}, "feedback labels a classifier", id="neither-classifier-nor-regressor"),
     pytest.param(CLASHING, {"instances": [ROW], "labels": [0]}, f"has an input named '{LABEL_FEATURE}'", id="input-named-as-the-label"),
+    pytest.param(COMPLEX, {"instances": [1.5], "labels": [0]}, "these instances cannot be stored as tf.Examples: a tf.Example cannot hold values of dtype complex64", id="a-dtype-no-tf-example-holds"),
 ]  # fmt: skip
 
 
