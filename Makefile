@@ -206,10 +206,11 @@ test-containers: venv data containers
 	$(PY) -m pytest tests/live/containers
 
 # The fast tier, chosen by folder: tests/unit (no TensorFlow, no model, no server process
-# beyond loopback helpers), well under a minute on both cores (pytest-xdist; the full suite
-# stays serial, its live servers measure load).
+# beyond loopback helpers), under a minute (pytest-xdist: three workers on the two cores, since
+# many of these tests wait on a subprocess or a timer; the full suite stays serial per side,
+# its live servers measure load). PYTHONDONTWRITEBYTECODE unset, as for `make test`.
 test-fast: venv compose
-	$(PY) -m pytest tests/unit -n 2
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest tests/unit -n 3
 
 # Render every kustomization into build/kubernetes/ (to read) and run the manifest tests.
 k8s: venv
