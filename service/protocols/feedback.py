@@ -65,7 +65,16 @@ from service.errors import (
     PayloadTooLarge,
     RateLimited,
 )
-from service.protocols.http import JSON, Call, CallRoute, form_request, image_form, json_response
+from service.protocols.http import (
+    FILES_SCHEMA,
+    Call,
+    CallRoute,
+    form_request,
+    image_form,
+    json_response,
+    multipart_form,
+    request_body,
+)
 from service.tensors import is_image_signature
 from service.types import SignatureSpec
 from service.v2_codec import v2_signature_name
@@ -81,59 +90,46 @@ REGRESSOR_OUTPUTS = frozenset({"predictions", "outputs"})
 # which features an example has.
 EXAMPLES_INPUTS = frozenset({"examples", "inputs"})
 
-FEEDBACK_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {
-                "schema": {
-                    "type": "object",
-                    "required": ["instances", "labels"],
-                    "properties": {
-                        "signature_name": {
-                            "type": "string",
-                            "description": "the signature the instances are for (default: "
-                            "serving_default, or the model's only signature)",
-                        },
-                        "instances": {
-                            "type": "array",
-                            "description": "TF Serving's row format for the signature: each "
-                            "instance's inputs by name, or the value of its one input; for "
-                            "28x28 image models also arrays of pixels (integers 0-255) or "
-                            "{'b64': '<base64 PNG or JPEG>'}",
-                        },
-                        "labels": {
-                            "type": "array",
-                            "description": "each instance's truth: a classifier's class id or "
-                            "label name of the serving version, a regressor's value",
-                        },
-                        "model_version": {
-                            "description": "the version that answered (optional)",
-                        },
-                    },
-                },
-                "example": {"instances": [[[0] * 28] * 28], "labels": ["Dress"]},
+FEEDBACK_DOC = request_body(
+    {
+        "type": "object",
+        "required": ["instances", "labels"],
+        "properties": {
+            "signature_name": {
+                "type": "string",
+                "description": "the signature the instances are for (default: "
+                "serving_default, or the model's only signature)",
             },
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "files": {
-                            "type": "array",
-                            "items": {"type": "string", "format": "binary"},
-                        },
-                        "labels": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "one per file, or one comma-separated field",
-                        },
-                        "model_version": {"type": "string"},
-                    },
-                }
+            "instances": {
+                "type": "array",
+                "description": "TF Serving's row format for the signature: each "
+                "instance's inputs by name, or the value of its one input; for "
+                "28x28 image models also arrays of pixels (integers 0-255) or "
+                "{'b64': '<base64 PNG or JPEG>'}",
+            },
+            "labels": {
+                "type": "array",
+                "description": "each instance's truth: a classifier's class id or "
+                "label name of the serving version, a regressor's value",
+            },
+            "model_version": {
+                "description": "the version that answered (optional)",
             },
         },
-    }
-}
+    },
+    {"instances": [[[0] * 28] * 28], "labels": ["Dress"]},
+    {
+        "multipart/form-data": multipart_form(
+            files=FILES_SCHEMA,
+            labels={
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "one per file, or one comma-separated field",
+            },
+            model_version={"type": "string"},
+        )
+    },
+)
 
 QUERY = (
     {

@@ -22,6 +22,20 @@ from service.errors import (
 )
 
 JSON = "application/json"
+# An OpenAPI schema of uploaded files (multipart form fields).
+FILES_SCHEMA = {"type": "array", "items": {"type": "string", "format": "binary"}}
+
+
+def multipart_form(**properties: dict) -> dict:
+    """An OpenAPI media type entry: a multipart form of these fields."""
+    return {"schema": {"type": "object", "properties": properties}}
+
+
+def request_body(schema: dict, example: Any, more: dict[str, dict] | None = None) -> dict:
+    """A route's OpenAPI `requestBody`: a required JSON body of `schema` with its example, then
+    the other media types it takes (media type -> its entry)."""
+    content = {JSON: {"schema": schema, "example": example}, **(more or {})}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 class NameConvertor(Convertor):

@@ -39,13 +39,15 @@ from service.errors import BadInput
 from service.protocols import friendly
 from service.protocols.friendly import ModelForm
 from service.protocols.http import (
-    JSON,
+    FILES_SCHEMA,
     Call,
     CallRoute,
     admit_always,
     form_request,
     image_form,
     json_response,
+    multipart_form,
+    request_body,
 )
 
 # JSON bodies up to this size without image files are parsed on the event loop: a few pixel
@@ -70,35 +72,22 @@ _INSTANCES_TEXT = (
 
 
 def _predict_doc(example: dict) -> dict:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                JSON: {
-                    "schema": {
-                        "type": "object",
-                        "required": ["instances"],
-                        "properties": {
-                            "instances": {"type": "array", "description": _INSTANCES_TEXT}
-                        },
-                    },
-                    "example": example,
-                },
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "files": {
-                                "type": "array",
-                                "items": {"type": "string", "format": "binary"},
-                                "description": "Image models: PNG or JPEG images of any size",
-                            }
-                        },
-                    }
-                },
-            },
-        }
-    }
+    return request_body(
+        {
+            "type": "object",
+            "required": ["instances"],
+            "properties": {"instances": {"type": "array", "description": _INSTANCES_TEXT}},
+        },
+        example,
+        {
+            "multipart/form-data": multipart_form(
+                files={
+                    **FILES_SCHEMA,
+                    "description": "Image models: PNG or JPEG images of any size",
+                }
+            )
+        },
+    )
 
 
 PREDICT_DOC = _predict_doc({"instances": [[[0] * 28] * 28]})

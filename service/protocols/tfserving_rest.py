@@ -19,12 +19,12 @@ from service import codec, examples, tensor_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
 from service.protocols.http import (
-    JSON,
     Call,
     CallRoute,
     admit_always,
     json_response,
     label_in_url,
+    request_body,
     version_in_url,
 )
 from service.tensors import is_image_signature
@@ -34,29 +34,20 @@ from service.types import ModelMetadata, VersionStatus
 # than they do.
 INLINE_PARSE_BYTES = 64 * 1024
 
-PREDICT_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "signature_name": {"type": "string", "default": SIGNATURE_NAME},
-                        "instances": {
-                            "type": "array",
-                            "description": "Row format: 28x28 float arrays, or {'image': array}",
-                        },
-                        "inputs": {
-                            "description": "Columnar format: [n, 28, 28] or {'image': [n, 28, 28]}"
-                        },
-                    },
-                },
-                "example": {"instances": [[[0.0] * 28] * 28]},
-            }
+PREDICT_DOC = request_body(
+    {
+        "type": "object",
+        "properties": {
+            "signature_name": {"type": "string", "default": SIGNATURE_NAME},
+            "instances": {
+                "type": "array",
+                "description": "Row format: 28x28 float arrays, or {'image': array}",
+            },
+            "inputs": {"description": "Columnar format: [n, 28, 28] or {'image': [n, 28, 28]}"},
         },
-    }
-}
+    },
+    {"instances": [[[0.0] * 28] * 28]},
+)
 
 # TF Serving prints a signature's empty fields too (a dim's size 0, an empty name). protobuf
 # 5.26 renamed the option; the service runs on protobuf 6, and on TF 2.15's protobuf 4 for the
@@ -68,24 +59,17 @@ PRINT_DEFAULT_VALUES = (
 )
 
 
-EXAMPLES_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "signature_name": {"type": "string", "default": SIGNATURE_NAME},
-                        "context": {"type": "object", "description": "features for every example"},
-                        "examples": {"type": "array", "description": "features by name"},
-                    },
-                },
-                "example": {"examples": [{"x1": 0.5, "color": "red"}]},
-            }
+EXAMPLES_DOC = request_body(
+    {
+        "type": "object",
+        "properties": {
+            "signature_name": {"type": "string", "default": SIGNATURE_NAME},
+            "context": {"type": "object", "description": "features for every example"},
+            "examples": {"type": "array", "description": "features by name"},
         },
-    }
-}
+    },
+    {"examples": [{"x1": 0.5, "color": "red"}]},
+)
 
 
 def render_status(statuses: list[VersionStatus]) -> dict:

@@ -28,11 +28,11 @@ from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
 from service.dataplane import DataPlane
 from service.errors import NotReady, SignatureNotFound
 from service.protocols.http import (
-    JSON,
     Call,
     CallRoute,
     admit_always,
     json_response,
+    request_body,
     version_in_url,
 )
 from service.tensors import IMAGE_ELEMENTS
@@ -50,49 +50,44 @@ from service.v2_codec import (
     serving_signature,
 )
 
-INFER_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {
-                "schema": {
-                    "type": "object",
-                    "required": ["inputs"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "parameters": {"type": "object"},
-                        "inputs": {
-                            "type": "array",
-                            "description": "One input: {'name': 'image', 'datatype': 'FP32', "
-                            "'shape': [n, 28, 28], 'data': [...n*784 floats, flat or nested]}",
-                        },
-                        "outputs": {
-                            "type": "array",
-                            "description": "Optional: [{'name': 'classes'}, {'name': "
-                            "'probabilities', 'parameters': {'binary_data': true}}]",
-                        },
-                    },
-                },
-                "example": {
-                    "inputs": [
-                        {
-                            "name": INPUT_KEY,
-                            "datatype": INPUT_DATATYPE,
-                            "shape": [1, *IMAGE_SHAPE],
-                            "data": [0.0] * IMAGE_ELEMENTS,
-                        }
-                    ]
-                },
+INFER_DOC = request_body(
+    {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "inputs": {
+                "type": "array",
+                "description": "One input: {'name': 'image', 'datatype': 'FP32', "
+                "'shape': [n, 28, 28], 'data': [...n*784 floats, flat or nested]}",
             },
-            OCTET_STREAM: {
-                "schema": {"type": "string", "format": "binary"},
-                "description": "Binary tensor data extension: the JSON request, then raw "
-                "little-endian tensors; the Inference-Header-Content-Length header gives the "
-                "JSON's length (0: the body is one raw FP32 image batch).",
+            "outputs": {
+                "type": "array",
+                "description": "Optional: [{'name': 'classes'}, {'name': "
+                "'probabilities', 'parameters': {'binary_data': true}}]",
             },
         },
-    }
-}
+    },
+    {
+        "inputs": [
+            {
+                "name": INPUT_KEY,
+                "datatype": INPUT_DATATYPE,
+                "shape": [1, *IMAGE_SHAPE],
+                "data": [0.0] * IMAGE_ELEMENTS,
+            }
+        ]
+    },
+    {
+        OCTET_STREAM: {
+            "schema": {"type": "string", "format": "binary"},
+            "description": "Binary tensor data extension: the JSON request, then raw "
+            "little-endian tensors; the Inference-Header-Content-Length header gives the "
+            "JSON's length (0: the body is one raw FP32 image batch).",
+        }
+    },
+)
 
 
 INLINE_PARSE_BYTES = 64 * 1024
