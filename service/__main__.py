@@ -88,11 +88,25 @@ def main() -> int:
         return supervise(settings.workers, stop_seconds)
     # A URL can carry a newline (%0A): uvicorn's access log writes it escaped, one line each.
     logging.getLogger("uvicorn.access").addFilter(EscapeControlCharacters())
-    # TensorFlow is imported here, quietly, before any module that needs it.
+    # TensorFlow is imported here, quietly, before any module that needs it, without Keras.
     from artifact.quiet import quiet_tensorflow
 
+    keep_keras_out()
     quiet_tensorflow()
     return serve(settings, models, sock, announce=worker is None)
+
+
+def keep_keras_out() -> None:
+    """Make `import keras` fail in this process, before TensorFlow is imported.
+
+    The service serves SavedModels through `tf.saved_model.load` and needs no Keras, but
+    TensorFlow 2.21 imports Keras 3 whole at its own import (for its optimizers' registrations,
+    skipped when Keras cannot be imported): about a quarter of the import's CPU, 2 s of 8
+    measured here, paid by every start and every worker. Estimator and Keras exports (through
+    model_to_estimator) load and answer the same without it
+    (tests/live/service/test_compatibility.py).
+    """
+    sys.modules.setdefault("keras", None)
 
 
 def announce_access(settings: Settings) -> None:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from support.any_models import make_repository
 from support.sides import run_training
 
 from artifact import idx as data
@@ -76,3 +77,25 @@ def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
     versions = sorted(p for p in export_base.iterdir() if p.name.isdigit())
     assert [p.name for p in versions] == ["1"], f"expected exactly version 1, got {versions}"
     return TrainedModel(model_dir, export_base, versions[0], small_data_dir, TRAIN_STEPS)
+
+
+@pytest.fixture(scope="session")
+def any_models_root(tmp_path_factory) -> Path:
+    """Where `any_models` lives: the models under models/, sample-data's files under sample/."""
+    root = tmp_path_factory.mktemp("any-models")
+    make_repository(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def any_models(any_models_root) -> dict[str, Path]:
+    """Models of other contracts (support/any_models.py), trained a few steps once per
+    session (in the training side's interpreter): their folders by model name."""
+    return {path.name: path for path in sorted((any_models_root / "models").iterdir())}
+
+
+@pytest.fixture(scope="session")
+def sample_data(any_models_root) -> Path:
+    """The folder `python -m training sample-data` wrote for `any_models`: classification.csv,
+    regression.csv and shapes/."""
+    return any_models_root / "sample"

@@ -1,5 +1,6 @@
 """Fixtures: a real `python -m service` process serving a copy of the session's trained model,
-and one serving models of other contracts side by side (`any_models`, `any_server`).
+and one serving models of other contracts side by side (`any_server`; the models,
+`any_models`, are the live tier's: tests/live/conftest.py).
 
 The session fixture `trained_model` (tests/live/conftest.py) provides the exported model; every
 server here serves a copy of its model repository (or an empty one), so tests that add
@@ -9,11 +10,9 @@ versions never disturb the others.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from support.any_models import make_repository
 from support.servers import Server, copy_repository, serve_models, start_server
 
 
@@ -31,13 +30,6 @@ def server(trained_model, tmp_path_factory) -> Iterator[Server]:
 def client(server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=60.0) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def any_models(tmp_path_factory) -> dict[str, Path]:
-    """Models of other contracts (support/any_models.py), trained a few steps once per
-    session: their folders by model name."""
-    return make_repository(tmp_path_factory.mktemp("any-models"))
 
 
 @pytest.fixture(scope="module")

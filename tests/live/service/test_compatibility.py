@@ -16,6 +16,8 @@ grayscale at 24x24).
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +25,9 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.helpers import REPO_ROOT
 from support.servers import Server, serve_models
-from support.sides import run_trainings, signature_answers_on_the_training_side
+from support.sides import run_trainings, service_python, signature_answers_on_the_training_side
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     predict_pb2,
@@ -179,3 +182,26 @@ def test_every_kind_answers_as_the_trainers_tensorflow(exports, stub, small_test
                 np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6, err_msg=where)
             else:
                 np.testing.assert_array_equal(got, value, err_msg=where)
+
+
+def test_the_service_imports_tensorflow_without_keras(exports):
+    """`python -m service` keeps Keras out (service/__main__.py, keep_keras_out): TensorFlow
+    imports without it, and every kind the trainer exports loads with its signatures."""
+    program = (
+        "import json, sys\n"
+        "from service.__main__ import keep_keras_out\n"
+        "keep_keras_out()\n"
+        "import tensorflow as tf\n"
+        "loaded = {p: sorted(tf.saved_model.load(p).signatures) for p in sys.argv[1:]}\n"
+        "keras = [m for m, v in sys.modules.items() if m.split('.')[0] == 'keras' and v]\n"
+        "print(json.dumps({'keras': keras, 'loaded': loaded}))\n"
+    )
+    versions = [str(folder / "1") for folder in exports.values()]
+    done = subprocess.run(
+        [service_python(), "-c", program, *versions], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.splitlines()[-1])
+    assert answer["keras"] == []
+    assert all(answer["loaded"][v] for v in versions), answer["loaded"]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from support.servers import Server, start_server, wait_for
-from support.sides import run_training
+from support.sides import run_training, run_trainings
 from tensorflow_serving.apis import prediction_log_pb2
 
 from artifact.contract import BLESSING_FILE
@@ -41,18 +41,16 @@ class Served(NamedTuple):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("feedback-any")
-    run_training("sample-data", "--out", root / "sample", "--images-per-class", 10)
     common = ("--seed", 0, "--eval-every-secs", 1000, "--hooks", "none", "--batch-size", 32)
-    run_training(
-        "train", "--csv", root / "sample" / "classification.csv", "--max-steps", 20,
-        "--model-dir", root / "runs" / "classifier", "--export-dir", root / "models" / "classifier",
-        "--learning-rate", 0.05, *common,
-    )  # fmt: skip
-    run_training(
-        "train", "--image-folder", root / "sample" / "shapes", "--image-size", 32,
-        "--channels", 3, "--max-steps", 5, "--model-dir", root / "runs" / "shapes",
-        "--export-dir", root / "models" / "shapes", *common,
-    )  # fmt: skip
+    run_trainings([
+        ["sample-data", "--out", root / "sample", "--images-per-class", 10],
+        ["train", "--csv", root / "sample" / "classification.csv", "--max-steps", 20,
+         "--model-dir", root / "runs" / "classifier", "--export-dir",
+         root / "models" / "classifier", "--learning-rate", 0.05, *common],
+        ["train", "--image-folder", root / "sample" / "shapes", "--image-size", 32,
+         "--channels", 3, "--max-steps", 5, "--model-dir", root / "runs" / "shapes",
+         "--export-dir", root / "models" / "shapes", *common],
+    ])  # fmt: skip
     config = root / "models.config"
     config.write_text(
         "model_config_list {\n"

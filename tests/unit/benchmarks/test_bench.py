@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -372,3 +373,33 @@ def test_the_table_shows_both_tensorflows_and_their_ceilings():
     assert "TensorFlow 2.21.0 (its own) and 2.15.1 (the trainer's)" in text
     assert "| c64x1 | 3,600 | 0.51 | 3,000 | 0.60 | 1.20x |" in text
     assert "| (1) ceiling | 7,000 | | 5,000 | | 1.40x |" in text
+
+
+def test_a_missing_model_is_trained_by_the_training_side(tmp_path, monkeypatch):
+    """What the bench does when models/ has no version of a generic row's model: the training
+    side's command (TRAINING_PYTHON) trains it from sample-data's files into the work dir."""
+    data = tmp_path / "work" / "data"
+    data.mkdir(parents=True)
+    (data / "classification.csv").write_text("x1,label\n1,a\n")
+    monkeypatch.setenv("TRAINING_PYTHON", "/opt/trainer/bin/python")
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        export = Path(command[command.index("--export-dir") + 1])
+        (export / "1").mkdir(parents=True)
+        (export / "1" / "saved_model.pb").write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(generic.subprocess, "run", run)
+    tabular = next(model for model in generic.MODELS if model.key == "tabular")
+    version = generic.find_or_train(tabular, tmp_path / "work", tmp_path / "empty")
+    assert version == tmp_path / "work" / "models" / "tabular_classifier" / "1"
+    (command,) = commands
+    assert command[:4] == ["/opt/trainer/bin/python", "-m", "training", "train"]
+    assert command[command.index("--csv") + 1] == str(data / "classification.csv")
+    assert command[command.index("--max-steps") + 1] == str(generic.TRAIN_STEPS)
+    # Found the next time: nothing trained again.
+    commands.clear()
+    found = generic.find_or_train(tabular, tmp_path / "work", tmp_path / "work" / "models")
+    assert found == version and commands == []
