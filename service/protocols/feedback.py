@@ -86,6 +86,7 @@ CLASSIFICATION, REGRESSION = "classification", "regression"
 # heads': classification signatures, `predict` of a classifier) or a regressor's.
 CLASSIFIER_OUTPUTS = frozenset({"classes", "class_ids", "probabilities", "scores"})
 REGRESSOR_OUTPUTS = frozenset({"predictions", "outputs"})
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A signature taking only these (serialized tf.Examples, a parsing receiver) does not say
 # which features an example has.
 EXAMPLES_INPUTS = frozenset({"examples", "inputs"})
@@ -639,7 +640,8 @@ def values_of(labels: list, count: int) -> np.ndarray:
                 f"labels[{i}]: expected a number (the true value of a regressor's output), "
                 f"got {type(label).__name__}"
             )
-        if not math.isfinite(label) or abs(label) > np.finfo(np.float32).max:
+        # Compared as Python floats: a float32 bound would cast the label, and overflow.
+        if not math.isfinite(label) or abs(label) > FLOAT32_MAX:
             raise BadInput(f"labels[{i}]: expected a finite number, got {label!r}")
         values.append(float(label))
     return np.asarray(values, np.float32)
