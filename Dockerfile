@@ -14,40 +14,14 @@
 # build from another, e.g. one pinned by digest: --build-arg PYTHON_IMAGE=python@sha256:...
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-# --- api-deps / trainer-deps: a virtualenv with each image's pinned packages --------------
-# Two TensorFlows (docs/architecture.md, "Two TensorFlows"): the api on current TensorFlow
-# (requirements-service.lock), the trainer on 2.15, the last with tf.estimator
-# (requirements-training.lock). Rebuilt only when a lock file (or the extras) change, not on
-# every code change; with TENSORFLOW_EXTRAS=and-cuda, each side's GPU lock, which includes it.
-FROM ${PYTHON_IMAGE} AS venv
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
-RUN python -m venv /opt/venv
-WORKDIR /src
-
-FROM venv AS api-deps
-ARG TENSORFLOW_EXTRAS=""
-COPY requirements-service.lock requirements-gpu.lock ./
-RUN case "$TENSORFLOW_EXTRAS" in \
-      "") pip install --require-hashes --requirement requirements-service.lock ;; \
-      and-cuda) pip install --require-hashes --requirement requirements-gpu.lock ;; \
-      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
-    esac
-
-FROM venv AS trainer-deps
-ARG TENSORFLOW_EXTRAS=""
-COPY requirements-training.lock requirements-training-gpu.lock ./
-RUN case "$TENSORFLOW_EXTRAS" in \
-      "") pip install --require-hashes --requirement requirements-training.lock ;; \
-      and-cuda) pip install --require-hashes --requirement requirements-training-gpu.lock ;; \
-      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
-    esac
-
-# --- runtime: a clean base with a non-root user; the code runs from /app -------------------
+# --- runtime: a clean base with a non-root user and an empty virtualenv in /opt/venv --------
 FROM ${PYTHON_IMAGE} AS runtime
 # Match your host user's id (docker-compose passes APP_UID) so the trainer can write to the
 # bind-mounted ./models.
 ARG APP_UID=1000
 ENV PATH=/opt/venv/bin:$PATH \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -57,15 +31,43 @@ ENV PATH=/opt/venv/bin:$PATH \
     MODEL_BASE_PATH=/models
 RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nologin app \
  && mkdir -p /models /app/runs /feedback \
- && chown app:app /models /app/runs /feedback
-WORKDIR /app
+ && chown app:app /models /app/runs /feedback \
+ && python -m venv /opt/venv
+WORKDIR /src
 
-# --- trainer: `python -m training train` on Fashion-MNIST into /models ----------------------
-FROM runtime AS trainer
+# --- api-deps / trainer-deps: each image's pinned packages, installed into /opt/venv --------
+# Two TensorFlows (docs/architecture.md, "Two TensorFlows"): the api on current TensorFlow
+# (requirements-service.lock), the trainer on 2.15, the last with tf.estimator
+# (requirements-training.lock). Rebuilt only when a lock file (or the extras) change, not on
+# every code change; with TENSORFLOW_EXTRAS=and-cuda, each side's GPU lock, which includes it.
+# Each image is built FROM its deps stage, not by copying /opt/venv out of it: a copy from
+# another stage makes the builder hash the whole venv (2 GB) to find its cached layer, which
+# took minutes here on every code change. (pip writes the packages' bytecode whatever
+# PYTHONDONTWRITEBYTECODE says: that only stops the running program's own.)
+FROM runtime AS api-deps
+ARG TENSORFLOW_EXTRAS=""
+COPY requirements-service.lock requirements-gpu.lock ./
+RUN case "$TENSORFLOW_EXTRAS" in \
+      "") pip install --require-hashes --requirement requirements-service.lock ;; \
+      and-cuda) pip install --require-hashes --requirement requirements-gpu.lock ;; \
+      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
+    esac
+
+FROM runtime AS trainer-deps
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends dataset-fashion-mnist \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=trainer-deps /opt/venv /opt/venv
+ARG TENSORFLOW_EXTRAS=""
+COPY requirements-training.lock requirements-training-gpu.lock ./
+RUN case "$TENSORFLOW_EXTRAS" in \
+      "") pip install --require-hashes --requirement requirements-training.lock ;; \
+      and-cuda) pip install --require-hashes --requirement requirements-training-gpu.lock ;; \
+      *) echo "TENSORFLOW_EXTRAS: expected '' or 'and-cuda', got '$TENSORFLOW_EXTRAS'" >&2; exit 1 ;; \
+    esac
+
+# --- trainer: `python -m training train` on Fashion-MNIST into /models ----------------------
+FROM trainer-deps AS trainer
+WORKDIR /app
 COPY artifact /app/artifact
 COPY training /app/training
 USER app
@@ -75,8 +77,8 @@ CMD ["train", "--data-dir", "/usr/share/datasets/fashion-mnist", \
      "--model-dir", "/app/runs/fashion_mnist", "--export-dir", "/models/fashion_mnist"]
 
 # --- api: the FastAPI service on 0.0.0.0:8000 (the last stage: the default target) ---------
-FROM runtime AS api
-COPY --from=api-deps /opt/venv /opt/venv
+FROM api-deps AS api
+WORKDIR /app
 COPY artifact /app/artifact
 COPY service /app/service
 ENV HOST=0.0.0.0 \
