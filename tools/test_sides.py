@@ -1,16 +1,23 @@
-"""Run the whole test suite as its two sides, each in its own venv, both at once: `make test`.
+"""Run the whole test suite as its sides, each in its own venv, all at once: `make test`.
 
 The service runs current TensorFlow and the trainer TensorFlow 2.15 (tf.estimator), each in a
-venv of its own (`make setup`), so the suite is two pytest sessions:
+venv of its own (`make setup`), so the suite is several pytest sessions:
 
-    training   .venv-training/bin/python -m pytest tests/live/training
-    service    .venv/bin/python -m pytest  (everything else: tests/unit, the rest of tests/live)
+    training    .venv-training/bin/python -m pytest tests/live/training
+    service     .venv/bin/python -m pytest tests/live  (but training and containers)
+    unit        .venv/bin/python -m pytest tests/unit  (the fast tier, no TensorFlow)
+    containers  .venv/bin/python -m pytest tests/live/containers
 
 Each side reaches the other only through its command line (tests/support/sides.py, told the
-interpreters by TRAINING_PYTHON and SERVICE_PYTHON here). Run at once, they keep both cores
-busy: much of either session is spent waiting on a server or a subprocess. Each session's
-lines are printed as they come, prefixed with its side, and the exit code is non-zero when
-either fails. Extra arguments go to both pytest sessions (`--side NAME` runs one).
+interpreters by TRAINING_PYTHON and SERVICE_PYTHON here). Run at once they keep both cores
+busy: much of any session is spent waiting on a server, a container or a subprocess. xdist
+workers on top do not help here: measured on 2 cores, two per side took about as long
+(942 s against 903 s without) for a sixth more CPU time, TensorFlow's thread pools of every
+process contending for the same cores. The models every session needs are trained
+once per run, by whichever process asks first, in a folder they share (TEST_SHARED_DIR,
+tests/support/shared.py). Each session's lines are printed as they come, prefixed with its
+name, and the exit code is non-zero when any fails. Extra arguments go to every session
+(`--side NAME` runs one).
 
 Standard library only: it runs from any interpreter.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,11 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_TESTS = "tests/live/training"
+CONTAINER_TESTS = "tests/live/containers"
 SIDES = {
     # side: (venv, what it collects)
     "training": (".venv-training", [TRAINING_TESTS]),
-    "service": (".venv", ["--ignore", TRAINING_TESTS]),
+    "service": (".venv", ["tests/live", "--ignore", TRAINING_TESTS, "--ignore", CONTAINER_TESTS]),
+    "unit": (".venv", ["tests/unit"]),
+    "containers": (".venv", [CONTAINER_TESTS]),
 }
+SHARED_DIR = ROOT / "build" / "pytest" / "shared"
 
 
 def interpreter(venv: str) -> Path:
@@ -55,11 +67,14 @@ def side_env() -> dict[str, str]:
     # `python -m service` a test starts compiles the project again.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONUNBUFFERED"] = "1"
+    # As the Makefile exports it: the CNN's channels_first pooling runs on CPU only with oneDNN.
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env["TEST_SHARED_DIR"] = str(SHARED_DIR)
     return env
 
 
 def _relay(side: str, process: subprocess.Popen, lock: threading.Lock) -> None:
-    prefix = f"{side:<8} | "
+    prefix = f"{side:<10} | "
     for line in process.stdout:
         with lock:
             sys.stdout.write(prefix + line)
@@ -73,6 +88,8 @@ def run(sides: list[str], extra: list[str]) -> int:
         if not python.exists():
             print(f"error: {python} is missing: run `make setup`", file=sys.stderr)
             return 2
+    # What an earlier run made is not this run's: its sessions make the shared models anew.
+    shutil.rmtree(SHARED_DIR, ignore_errors=True)
     lock = threading.Lock()
     started = time.monotonic()
     running = {}
@@ -94,7 +111,7 @@ def run(sides: list[str], extra: list[str]) -> int:
         for side, (process, relay) in running.items():
             codes[side] = process.wait()
             relay.join()
-            print(f"{side:<8} | exit code {codes[side]} after {time.monotonic() - started:.0f} s")
+            print(f"{side:<10} | exit code {codes[side]} after {time.monotonic() - started:.0f} s")
     except KeyboardInterrupt:
         for process, _ in running.values():
             process.terminate()

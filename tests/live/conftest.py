@@ -3,7 +3,8 @@ on it once.
 
 `small_data_dir` is a 600/300-image MNIST-format copy of the real Fashion-MNIST files
 (`real_data_dir`, tests/conftest.py) and `trained_model` trains a tiny model on it once per
-session through the real command line.
+session through the real command line; `any_models`, models of other contracts. Each is made
+once per `make test` run, whichever of its pytest processes asks first (support/shared.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from support.any_models import make_repository
+from support.shared import shared_folder
 from support.sides import run_training
 
 from artifact import idx as data
@@ -38,11 +40,13 @@ class TrainedModel(NamedTuple):
 @pytest.fixture(scope="session")
 def small_data_dir(tmp_path_factory, real_data_dir) -> Path:
     """An MNIST-format dir with the first 600 train and 300 test images of Fashion-MNIST."""
-    directory = tmp_path_factory.mktemp("fashion-mnist-small")
-    for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
-        _, images, labels = data.load_split(real_data_dir, split)
-        data.write_idx(directory, split, images[:count], labels[:count])
-    return directory
+
+    def make(directory: Path) -> None:
+        for split, count in (("train", SMALL_TRAIN_COUNT), ("test", SMALL_TEST_COUNT)):
+            _, images, labels = data.load_split(real_data_dir, split)
+            data.write_idx(directory, split, images[:count], labels[:count])
+
+    return shared_folder(tmp_path_factory, "fashion-mnist-small", make)
 
 
 @pytest.fixture(scope="session")
@@ -60,20 +64,23 @@ def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
     tests. Treat it as read-only: copy the model dir, or export to another folder, before
     changing it.
     """
-    root = tmp_path_factory.mktemp("trained")
+
+    def make(root: Path) -> None:
+        run_training(
+            "train",
+            "--data-dir", small_data_dir,
+            "--model-dir", root / "run",
+            "--export-dir", root / "models" / "fashion_mnist",
+            "--max-steps", TRAIN_STEPS,
+            "--batch-size", TRAIN_BATCH_SIZE,
+            "--labels", "fashion",
+            "--seed", 0,
+            "--eval-every-secs", 1,
+        )  # fmt: skip
+
+    root = shared_folder(tmp_path_factory, "trained", make)
     model_dir = root / "run"
     export_base = root / "models" / "fashion_mnist"
-    run_training(
-        "train",
-        "--data-dir", small_data_dir,
-        "--model-dir", model_dir,
-        "--export-dir", export_base,
-        "--max-steps", TRAIN_STEPS,
-        "--batch-size", TRAIN_BATCH_SIZE,
-        "--labels", "fashion",
-        "--seed", 0,
-        "--eval-every-secs", 1,
-    )  # fmt: skip
     versions = sorted(p for p in export_base.iterdir() if p.name.isdigit())
     assert [p.name for p in versions] == ["1"], f"expected exactly version 1, got {versions}"
     return TrainedModel(model_dir, export_base, versions[0], small_data_dir, TRAIN_STEPS)
@@ -82,9 +89,7 @@ def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
 @pytest.fixture(scope="session")
 def any_models_root(tmp_path_factory) -> Path:
     """Where `any_models` lives: the models under models/, sample-data's files under sample/."""
-    root = tmp_path_factory.mktemp("any-models")
-    make_repository(root)
-    return root
+    return shared_folder(tmp_path_factory, "any-models", make_repository)
 
 
 @pytest.fixture(scope="session")

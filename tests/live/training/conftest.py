@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from support.shared import shared_folder
 from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
 
 
@@ -24,16 +25,20 @@ def comparison(tmp_path_factory, small_data_dir) -> Comparison:
 
     Treat it as read-only: the baseline, compare and TensorBoard tests share it.
     """
-    work_dir = tmp_path_factory.mktemp("compare") / "work"
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = call_main(
-            "compare",
-            "--data-dir", small_data_dir,
-            "--work-dir", work_dir,
-            "--max-steps", COMPARE_STEPS,
-            "--batch-size", COMPARE_BATCH_SIZE,
-            "--labels", "fashion",
-        )  # fmt: skip
-    assert code == 0, f"compare failed with exit code {code}:\n{out.getvalue()}"
-    return Comparison(work_dir, out.getvalue())
+
+    def make(root: Path) -> None:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            code = call_main(
+                "compare",
+                "--data-dir", small_data_dir,
+                "--work-dir", root / "work",
+                "--max-steps", COMPARE_STEPS,
+                "--batch-size", COMPARE_BATCH_SIZE,
+                "--labels", "fashion",
+            )  # fmt: skip
+        assert code == 0, f"compare failed with exit code {code}:\n{out.getvalue()}"
+        (root / "stdout.txt").write_text(out.getvalue())
+
+    root = shared_folder(tmp_path_factory, "compare", make)
+    return Comparison(root / "work", (root / "stdout.txt").read_text())
