@@ -10,6 +10,7 @@ labels. It knows no HTTP and no JSON.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable
 
@@ -171,7 +172,7 @@ class DataPlane:
         metrics = self.metrics
         metrics.images_per_request.observe(count)
         metrics.child(metrics.answered, name, str(prediction.version), route).inc()
-        problems = output_problems(prediction.outputs, finite_rows_only=True)
+        problems = [] if prediction.checked else output_problems(prediction.outputs, True)
         if problems:
             # Checked at load too (its warmup answers); a model may still answer otherwise.
             metrics.child(metrics.contract_violations, name, str(prediction.version)).inc()
@@ -183,16 +184,13 @@ class DataPlane:
             if any(problem.startswith("classes") for problem in problems):
                 raise UpstreamInternal(message)  # no label to answer with
         classes = prediction.outputs.get(CLASSES_KEY)
-        if (
-            classes is not None
-            and classes.dtype.kind in "iu"
-            and classes.ndim == 1
-            and (not classes.size or 0 <= classes.min() <= classes.max() < len(class_labels))
-        ):
-            counts = np.bincount(classes, minlength=len(class_labels))
-            for class_id in np.flatnonzero(counts).tolist():
-                label = class_labels[class_id]
-                metrics.child(metrics.predictions, name, label).inc(int(counts[class_id]))
+        if classes is not None and classes.dtype.kind in "iu" and classes.ndim == 1:
+            # Counted in Python: a request holds a few images, where each numpy call costs
+            # more than the counting.
+            counts = collections.Counter(classes.tolist())
+            if all(0 <= class_id < len(class_labels) for class_id in counts):
+                for class_id, n in counts.items():
+                    metrics.child(metrics.predictions, name, class_labels[class_id]).inc(n)
 
     async def model_status(
         self, name: str, version: int | None, label: str | None = None

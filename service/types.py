@@ -58,16 +58,36 @@ def inner_shapes(inputs: Inputs) -> tuple:
 def join_inputs(parts: list[Inputs]) -> Inputs:
     """Several requests' inputs as one batch, in order (inner_shapes equal)."""
     if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)
-    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        return _join(parts)
+    return {key: _join([part[key] for part in parts]) for key in parts[0]}
+
+
+def _join(arrays: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate along the first axis, without letting go of the GIL.
+
+    numpy releases the GIL for every copy of over 500 elements (one 28x28 image), and the batch
+    thread then waits for it back behind the event loop, up to the interpreter's 5 ms switch
+    interval each time: measured here, 4-7 ms to join 30 images that take 15 us to copy.
+    bytes.join copies under the GIL (below 1 MiB), in one pass.
+    """
+    first = arrays[0]
+    if first.dtype.hasobject or not all(a.flags.c_contiguous for a in arrays):
+        return np.concatenate(arrays)
+    joined = bytearray(b"".join(arrays))
+    return np.frombuffer(joined, dtype=first.dtype).reshape(-1, *first.shape[1:])
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """One model call's result: which version answered and every output of the signature."""
+    """One model call's result: which version answered and every output of the signature.
+
+    `checked` is true once artifact.contract.output_problems found nothing wrong with these
+    outputs, or with a batch's outputs that hold them: the data plane need not look again.
+    """
 
     version: int
     outputs: dict[str, np.ndarray]
+    checked: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

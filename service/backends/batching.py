@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 
-from artifact.contract import SIGNATURE_NAME
+from artifact.contract import SIGNATURE_NAME, output_problems
 from service.backends.base import Backend, DelegatingBackend, Reservation
 from service.errors import OVERLOADED, Overloaded, UpstreamError
 from service.types import Inputs, Prediction, inner_shapes, join_inputs, rows_of
@@ -147,7 +147,9 @@ class BatchingBackend(DelegatingBackend):
                     request.future.set_exception(error)
                 else:
                     outputs = {k: v[start:end] for k, v in prediction.outputs.items()}
-                    request.future.set_result(Prediction(prediction.version, outputs))
+                    request.future.set_result(
+                        Prediction(prediction.version, outputs, prediction.checked)
+                    )
             start = end
 
     # --- the batch thread ---------------------------------------------------------------
@@ -225,6 +227,12 @@ class BatchingBackend(DelegatingBackend):
         prediction, error = None, None
         try:
             prediction = batch[0].reservation.run(images)
+            if not prediction.checked and not output_problems(
+                prediction.outputs, finite_rows_only=True
+            ):
+                # Once for the batch, here, not per request on the loop: a batch within the
+                # contract has every request's rows within it.
+                prediction = dataclasses.replace(prediction, checked=True)
         except Exception as err:  # noqa: BLE001 - handed to this batch's waiters only
             error = err
         except BaseException:  # a cancelled run at shutdown: close() has answered them

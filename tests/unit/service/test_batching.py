@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from support.fakes import (
+    MODEL_NAME,
     WAIT_SECONDS,
     FakeBackend,
     GatedFakeBackend,
@@ -28,12 +29,15 @@ from support.fakes import (
 )
 
 from artifact.contract import PROBABILITIES_KEY
+from service import dataplane as dataplane_module
 from service.app import create_app
 from service.backends.base import DelegatingBackend, Reservation
 from service.backends.batching import BatchingBackend
+from service.dataplane import DataPlane
 from service.errors import UpstreamError
+from service.metrics import Metrics
 from service.settings import Settings
-from service.types import Prediction, rows_of
+from service.types import Prediction, join_inputs, rows_of
 
 PATH = "/v1/models/fashion_mnist:predict"
 
@@ -298,3 +302,90 @@ def test_requests_join_only_with_the_same_inner_shapes_and_never_without_a_batch
     asyncio.run(scenario())
     # Each `fixed` request alone; the two [n, 2] requests together; the [1, 5] one alone.
     assert inner.batches == [1, 3, 3, 3, 1]
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        pytest.param([np.full((1, 28, 28), i, np.float32) for i in range(5)], id="images"),
+        pytest.param(
+            [np.arange(6, dtype=np.int64).reshape(2, 3) + i for i in range(3)], id="int64"
+        ),
+        pytest.param([np.array([[True, False]]), np.array([[False, True]] * 2)], id="bool"),
+        pytest.param([np.array([b"a", b"bc"], object), np.array([b"d"], object)], id="bytes"),
+        pytest.param([np.arange(12.0).reshape(6, 2)[::2], np.ones((1, 2))], id="strided"),
+    ],
+)
+def test_joined_inputs_are_what_numpy_concatenate_gives(parts):
+    joined = join_inputs(parts)
+    expected = np.concatenate(parts)
+    assert joined.dtype == expected.dtype and joined.shape == expected.shape
+    np.testing.assert_array_equal(joined, expected)
+    joined[0] = joined[-1]  # the model's to use as it likes: a writable array of its own
+    by_name = join_inputs([{"x": part} for part in parts])
+    np.testing.assert_array_equal(by_name["x"], expected)
+
+
+class _Answering(FakeBackend):
+    """The toy model behind a gate, recording each batch's size; `change` may break its answers."""
+
+    def __init__(self, change=None):
+        super().__init__()
+        self.gate = threading.Event()
+        self.batches: list[int] = []
+        self.change = change
+
+    async def reserve(self, name, version=None, signature_name="serving_default", label=None):
+        def run(images):
+            assert self.gate.wait(WAIT_SECONDS)
+            self.batches.append(len(images))
+            outputs = toy_model(1, images)
+            if self.change is not None:
+                self.change(outputs)
+            return Prediction(1, outputs)
+
+        return Reservation((name, signature_name), run)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["within", "probabilities over 1"])
+def test_answers_are_checked_against_the_contract_once_per_batch(broken, monkeypatch):
+    """The batch thread checks a batch's outputs once; the loop checks a request's own rows
+    only when its batch broke the contract, and then counts each such request."""
+    checked_on_the_loop = []
+    original = dataplane_module.output_problems
+
+    def counting(outputs, finite_rows_only=False):
+        checked_on_the_loop.append(len(outputs[PROBABILITIES_KEY]))
+        return original(outputs, finite_rows_only)
+
+    monkeypatch.setattr(dataplane_module, "output_problems", counting)
+    inner = _Answering((lambda o: o[PROBABILITIES_KEY].__imul__(7.0)) if broken else None)
+    metrics = Metrics()
+    pixels = np.random.default_rng(2).random((4, 28, 28)).astype(np.float32)
+
+    async def scenario():
+        batcher = BatchingBackend(inner, 8, 0.0, 16)
+        plane = DataPlane(batcher, metrics, 8)
+        await plane.start()
+        busy = asyncio.ensure_future(plane.predict(MODEL_NAME, pixels[:1]))
+        while not batcher._running:  # the model is busy with the first request
+            await asyncio.sleep(0.001)
+        queued = [asyncio.ensure_future(plane.predict(MODEL_NAME, pixels[i : i + 1]))
+                  for i in range(1, 4)]  # fmt: skip
+        while batcher.waiting < len(queued):
+            await asyncio.sleep(0.001)
+        inner.gate.set()
+        answers = await asyncio.gather(busy, *queued)
+        await plane.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert inner.batches == [1, 3]
+    for i, answer in enumerate(answers):
+        expected = toy_model(1, pixels[i : i + 1])[PROBABILITIES_KEY] * (7.0 if broken else 1.0)
+        np.testing.assert_allclose(answer.outputs[PROBABILITIES_KEY], expected, rtol=1e-6)
+    violations = metrics.registry.get_sample_value(
+        "model_contract_violations_total", {"model": MODEL_NAME, "version": "1"}
+    )
+    assert checked_on_the_loop == ([1, 1, 1, 1] if broken else [])
+    assert (violations or 0) == (4 if broken else 0)
