@@ -1,12 +1,13 @@
-"""A/B: the service from two checkouts, started alternately on the same model, one image per
-request at c=64; requests/s and the server process's CPU per request (from /proc).
+"""A/B: the service from two or more checkouts, started in turn on the same model, one image
+per request at c=64; requests/s and the server process's CPU per request (from /proc).
 
-    python -m benchmarks.ab OLD_CHECKOUT NEW_CHECKOUT [--pairs 4] [--seconds 8]
+    python -m benchmarks.ab BASE_CHECKOUT OTHER_CHECKOUT [MORE ...] [--rounds 4] [--seconds 8]
 
 Each checkout's `service` runs with this venv's Python (`git worktree add /tmp/old <commit>`
-makes one). Interleaved pairs, the order flipped every pair, so a machine that slows down or
-speeds up during the run weighs on both sides alike; the medians are printed. The model is
-the newest export under models/fashion_mnist, or a small one trained first (common).
+makes one). Interleaved rounds, each in another order (rotated, and reversed every other
+round), so a machine that slows down or speeds up during the run weighs on every side alike;
+the medians are printed, and each checkout's ratios to the first. The model is the newest
+export under models/fashion_mnist, or a small one trained first (common).
 """
 
 from __future__ import annotations
@@ -74,28 +75,35 @@ def measure(checkout: Path, model_base: Path, body: Path, seconds: int) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", type=Path)
-    parser.add_argument("new", type=Path)
-    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("checkouts", type=Path, nargs="+", metavar="CHECKOUT")
+    parser.add_argument("--rounds", "--pairs", type=int, default=4, dest="rounds")
     parser.add_argument("--seconds", type=int, default=8)
     args = parser.parse_args(argv)
+    checkouts = args.checkouts
+    if len(checkouts) < 2:
+        parser.error(
+            "name at least two checkouts: the first is the base the others are read against"
+        )
     with tempfile.TemporaryDirectory() as scratch:
         version = find_or_train_model(Path(scratch))
         body = request_bodies(Path(scratch))[1]
-        results: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
-        for pair in range(args.pairs):
-            order = ("old", "new") if pair % 2 == 0 else ("new", "old")
-            for side in order:
-                checkout = getattr(args, side)
+        results: dict[Path, list[tuple[float, float]]] = {c: [] for c in checkouts}
+        for turn in range(args.rounds):
+            order = checkouts[turn % len(checkouts) :] + checkouts[: turn % len(checkouts)]
+            for checkout in order if turn % 2 == 0 else order[::-1]:
                 rate, cpu = measure(checkout, version.parent.parent, body, args.seconds)
-                results[side].append((rate, cpu))
-                print(f"{side} ({checkout}): {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request")
-    medians = {side: (statistics.median(r for r, _ in rows), statistics.median(c for _, c in rows))
-               for side, rows in results.items()}  # fmt: skip
-    for side, (rate, cpu) in medians.items():
-        print(f"{side}: median {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request")
-    print(f"new/old: {medians['new'][0] / medians['old'][0]:.2f}x req/s, "
-          f"{medians['new'][1] / medians['old'][1]:.2f}x CPU/request")  # fmt: skip
+                results[checkout].append((rate, cpu))
+                print(f"{checkout}: {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request", flush=True)
+    medians = {
+        checkout: (statistics.median(r for r, _ in rows), statistics.median(c for _, c in rows))
+        for checkout, rows in results.items()
+    }
+    base_rate, base_cpu = medians[checkouts[0]]
+    for checkout, (rate, cpu) in medians.items():
+        print(
+            f"{checkout}: median {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request; "
+            f"{rate / base_rate:.2f}x and {cpu / base_cpu:.2f}x {checkouts[0]}'s"
+        )
     return 0
 
 
