@@ -2,12 +2,18 @@
 per request at c=64; requests/s and the server process's CPU per request (from /proc).
 
     python -m benchmarks.ab BASE_CHECKOUT OTHER_CHECKOUT [MORE ...] [--rounds 4] [--seconds 8]
+                            [--constant-model]
 
 Each checkout's `service` runs with this venv's Python (`git worktree add /tmp/old <commit>`
 makes one). Interleaved rounds, each in another order (rotated, and reversed every other
 round), so a machine that slows down or speeds up during the run weighs on every side alike;
 the medians are printed, and each checkout's ratios to the first. The model is the newest
 export under models/fashion_mnist, or a small one trained first (common).
+
+With --constant-model the SavedModel's call answers a constant of its shapes instead (in each
+checkout's `artifact.saved_model.SavedModelPredictor.run`): what is left is the service's own
+work per request, which TensorFlow's compute, several times larger and noisier on two cores,
+hides when it changes by a tenth.
 """
 
 from __future__ import annotations
@@ -42,12 +48,35 @@ def wrk(port: int, body: Path, seconds: int) -> str:
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
 
 
-def measure(checkout: Path, model_base: Path, body: Path, seconds: int) -> tuple[float, float]:
+# The SavedModel's call as --constant-model replaces it: every class 0, at probability 0.1 each.
+CONSTANT_RUN = """
+import numpy as np
+
+def run(self, inputs, signature_name="serving_default"):
+    n = len(inputs) if isinstance(inputs, np.ndarray) else len(next(iter(inputs.values())))
+    return {"classes": np.zeros(n, np.int64), "probabilities": np.full((n, 10), 0.1, np.float32)}
+"""
+CONSTANT_SERVICE = (
+    CONSTANT_RUN
+    + """
+import runpy, sys
+import artifact.saved_model
+artifact.saved_model.SavedModelPredictor.run = run
+sys.argv = ["service"]
+runpy.run_module("service", run_name="__main__")
+"""
+)
+
+
+def measure(
+    checkout: Path, model_base: Path, body: Path, seconds: int, constant_model: bool = False
+) -> tuple[float, float]:
     """(requests/s, server CPU µs per request) of one checkout's service, after a warm-up."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(checkout), "MODEL_BASE_PATH": str(model_base),
            "PORT": str(port), "GRPC_PORT": "0", "LOG_LEVEL": "warning"}  # fmt: skip
-    server = subprocess.Popen([sys.executable, "-m", "service"], cwd=checkout, env=env,
+    command = ["-c", CONSTANT_SERVICE] if constant_model else ["-m", "service"]
+    server = subprocess.Popen([sys.executable, *command], cwd=checkout, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -78,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkouts", type=Path, nargs="+", metavar="CHECKOUT")
     parser.add_argument("--rounds", "--pairs", type=int, default=4, dest="rounds")
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--constant-model", action="store_true")
     args = parser.parse_args(argv)
     checkouts = args.checkouts
     if len(checkouts) < 2:
@@ -91,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         for turn in range(args.rounds):
             order = checkouts[turn % len(checkouts) :] + checkouts[: turn % len(checkouts)]
             for checkout in order if turn % 2 == 0 else order[::-1]:
-                rate, cpu = measure(checkout, version.parent.parent, body, args.seconds)
+                rate, cpu = measure(
+                    checkout, version.parent.parent, body, args.seconds, args.constant_model
+                )
                 results[checkout].append((rate, cpu))
                 print(f"{checkout}: {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request", flush=True)
     medians = {
