@@ -307,14 +307,18 @@ async def read_body(
             chunks.append(chunk)
     except asyncio.CancelledError:
         # Ours only when nothing else cancelled the task meanwhile (asyncio.timeout's rule).
-        if late and task.uncancel() <= cancelling:
-            raise RequestTimeout(
-                f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
-                f"{size} bytes came"
-            ) from None
+        if late:
+            late = False
+            if task.uncancel() <= cancelling:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {timeout:g} s "
+                    f"(BODY_TIMEOUT_SECONDS); {size} bytes came"
+                ) from None
         raise
     finally:
         timer.cancel()
+        if late:  # it fired, but its cancellation never came through: take it back
+            task.uncancel()
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -223,9 +223,10 @@ class BatchingBackend(DelegatingBackend):
         return sum(r.rows for r in self._queue if not r.dropped)
 
     def _run_batch(self, batch: list[_Request]) -> None:
-        images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
         prediction, error = None, None
         try:
+            # Inside the try: inputs that cannot be joined fail their own batch, not the batcher.
+            images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
             prediction = batch[0].reservation.run(images)
             if not prediction.checked and not output_problems(
                 prediction.outputs, finite_rows_only=True

@@ -314,6 +314,8 @@ def test_requests_join_only_with_the_same_inner_shapes_and_never_without_a_batch
         pytest.param([np.array([[True, False]]), np.array([[False, True]] * 2)], id="bool"),
         pytest.param([np.array([b"a", b"bc"], object), np.array([b"d"], object)], id="bytes"),
         pytest.param([np.arange(12.0).reshape(6, 2)[::2], np.ones((1, 2))], id="strided"),
+        pytest.param([np.zeros((1, 0), np.float32), np.zeros((2, 0), np.float32)], id="empty rows"),
+        pytest.param([np.zeros((0, 3)), np.ones((2, 3))], id="no rows first"),
     ],
 )
 def test_joined_inputs_are_what_numpy_concatenate_gives(parts):
@@ -389,3 +391,29 @@ def test_answers_are_checked_against_the_contract_once_per_batch(broken, monkeyp
     )
     assert checked_on_the_loop == ([1, 1, 1, 1] if broken else [])
     assert (violations or 0) == (4 if broken else 0)
+
+
+def test_empty_instances_join_and_a_bystander_is_answered_beside_them():
+    """Instances of zero width (a signature's [-1, -1] input sent `[[]]`) join like any
+    others; nothing about them fails another client's request."""
+    inner = _Recording()
+
+    async def scenario():
+        batcher = BatchingBackend(inner, 8, 0.0, 16)
+        await batcher.start()
+        busy = asyncio.ensure_future(batcher.predict("m", {"x": np.zeros((1, 3))}))
+        while not batcher._running:  # the model is busy with the first request
+            await asyncio.sleep(0.001)
+        inputs = [np.zeros((1, 0)), np.zeros((2, 0)), np.full((1, 3), 5.0)]
+        queued = [asyncio.ensure_future(batcher.predict("m", {"x": x})) for x in inputs]
+        while batcher.waiting < len(queued):
+            await asyncio.sleep(0.001)
+        inner.gate.set()
+        answers = await asyncio.gather(busy, *queued)
+        await batcher.close()
+        for x, answer in zip(inputs, answers[1:], strict=True):
+            np.testing.assert_array_equal(answer.outputs["y"], x * 2)
+
+    asyncio.run(scenario())
+    # The busy one; the two empty ones together; the bystander of another shape alone.
+    assert inner.batches == [1, 3, 1]
