@@ -145,6 +145,9 @@ class BatchingBackend(DelegatingBackend):
             if not request.future.done():
                 if error is not None:
                     request.future.set_exception(error)
+                elif not request.reservation.batchable:
+                    # Ran alone, and its outputs may have no batch dimension to slice.
+                    request.future.set_result(prediction)
                 else:
                     outputs = {k: v[start:end] for k, v in prediction.outputs.items()}
                     request.future.set_result(

@@ -417,3 +417,27 @@ def test_empty_instances_join_and_a_bystander_is_answered_beside_them():
     asyncio.run(scenario())
     # The busy one; the two empty ones together; the bystander of another shape alone.
     assert inner.batches == [1, 3, 1]
+
+
+def test_a_signature_without_a_batch_dimension_may_answer_a_scalar():
+    """A request of a signature that is never batched gets its outputs whole: a 0-d output
+    (a model's scalar summary, say) is not sliced, and the request is answered."""
+
+    class Scalar(_Recording):
+        async def reserve(self, name, version=None, signature_name="serving_default", label=None):
+            def run(inputs):
+                return Prediction(1, {"total": np.asarray(inputs["x"].sum())})
+
+            return Reservation((name, signature_name), run, batchable=False)
+
+    async def scenario():
+        batcher = BatchingBackend(Scalar(), 8, 0.0, 16)
+        await batcher.start()
+        answer = await asyncio.wait_for(
+            batcher.predict("m", {"x": np.arange(4.0)}, signature_name="fixed"), WAIT_SECONDS
+        )
+        await batcher.close()
+        return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.outputs["total"].shape == () and float(answer.outputs["total"]) == 6.0
