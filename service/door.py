@@ -360,6 +360,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         return await work
     except asyncio.CancelledError:
         if disconnected:
+            handler.uncancel()  # the cancellation was ours, and is answered as this error
             raise ClientClosedRequest(
                 "the client disconnected before the prediction was ready"
             ) from None
