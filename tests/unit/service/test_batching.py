@@ -271,15 +271,25 @@ class _Recording(FakeBackend):
         return Reservation((name, signature_name), run, batchable=signature_name != "fixed")
 
 
+async def answers_queued_behind_a_busy_one(batcher, gate, busy, calls):
+    """`busy` (a prediction's coroutine) holds the model behind `gate` while `calls` queue, in
+    their order; then the gate opens. Every answer, busy's first."""
+    running = asyncio.ensure_future(busy)
+    while not batcher._running:  # the model is busy with the first request
+        await asyncio.sleep(0.001)
+    queued = [asyncio.ensure_future(call) for call in calls]
+    while batcher.waiting < len(queued):
+        await asyncio.sleep(0.001)
+    gate.set()
+    return await asyncio.gather(running, *queued)
+
+
 def test_requests_join_only_with_the_same_inner_shapes_and_never_without_a_batch_dimension():
     inner = _Recording()
 
     async def scenario():
         batcher = BatchingBackend(inner, 8, 0.0, 16)
         await batcher.start()
-        busy = asyncio.ensure_future(batcher.predict("m", {"x": np.zeros((1, 2))}))
-        while not batcher._running:  # the model is busy with the first request
-            await asyncio.sleep(0.001)
         inputs = [
             ("fixed", np.arange(3.0)),
             ("fixed", np.arange(3.0) + 10),
@@ -287,14 +297,12 @@ def test_requests_join_only_with_the_same_inner_shapes_and_never_without_a_batch
             ("serving_default", np.full((2, 2), 2.0)),
             ("serving_default", np.full((1, 5), 3.0)),
         ]
-        queued = [
-            asyncio.ensure_future(batcher.predict("m", {"x": x}, signature_name=sig))
-            for sig, x in inputs
-        ]
-        while batcher.waiting < len(queued):
-            await asyncio.sleep(0.001)
-        inner.gate.set()
-        answers = await asyncio.gather(busy, *queued)
+        answers = await answers_queued_behind_a_busy_one(
+            batcher,
+            inner.gate,
+            batcher.predict("m", {"x": np.zeros((1, 2))}),
+            [batcher.predict("m", {"x": x}, signature_name=sig) for sig, x in inputs],
+        )
         await batcher.close()
         for (_, x), answer in zip(inputs, answers[1:], strict=True):
             np.testing.assert_array_equal(answer.outputs["y"], x * 2)
@@ -369,15 +377,12 @@ def test_answers_are_checked_against_the_contract_once_per_batch(broken, monkeyp
         batcher = BatchingBackend(inner, 8, 0.0, 16)
         plane = DataPlane(batcher, metrics, 8)
         await plane.start()
-        busy = asyncio.ensure_future(plane.predict(MODEL_NAME, pixels[:1]))
-        while not batcher._running:  # the model is busy with the first request
-            await asyncio.sleep(0.001)
-        queued = [asyncio.ensure_future(plane.predict(MODEL_NAME, pixels[i : i + 1]))
-                  for i in range(1, 4)]  # fmt: skip
-        while batcher.waiting < len(queued):
-            await asyncio.sleep(0.001)
-        inner.gate.set()
-        answers = await asyncio.gather(busy, *queued)
+        answers = await answers_queued_behind_a_busy_one(
+            batcher,
+            inner.gate,
+            plane.predict(MODEL_NAME, pixels[:1]),
+            [plane.predict(MODEL_NAME, pixels[i : i + 1]) for i in range(1, 4)],
+        )
         await plane.close()
         return answers
 
@@ -401,15 +406,13 @@ def test_empty_instances_join_and_a_bystander_is_answered_beside_them():
     async def scenario():
         batcher = BatchingBackend(inner, 8, 0.0, 16)
         await batcher.start()
-        busy = asyncio.ensure_future(batcher.predict("m", {"x": np.zeros((1, 3))}))
-        while not batcher._running:  # the model is busy with the first request
-            await asyncio.sleep(0.001)
         inputs = [np.zeros((1, 0)), np.zeros((2, 0)), np.full((1, 3), 5.0)]
-        queued = [asyncio.ensure_future(batcher.predict("m", {"x": x})) for x in inputs]
-        while batcher.waiting < len(queued):
-            await asyncio.sleep(0.001)
-        inner.gate.set()
-        answers = await asyncio.gather(busy, *queued)
+        answers = await answers_queued_behind_a_busy_one(
+            batcher,
+            inner.gate,
+            batcher.predict("m", {"x": np.zeros((1, 3))}),
+            [batcher.predict("m", {"x": x}) for x in inputs],
+        )
         await batcher.close()
         for x, answer in zip(inputs, answers[1:], strict=True):
             np.testing.assert_array_equal(answer.outputs["y"], x * 2)
