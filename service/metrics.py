@@ -13,6 +13,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+# The methods counted by name; any other a client makes up is counted as "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -27,6 +29,8 @@ class Metrics:
         # prometheus_client's labels() checks and locks on every call: the hot path looks each
         # child up once and keeps it (child()).
         self._children: dict[tuple, object] = {}
+        # (route template, method, status) -> its requests counter and latency histogram.
+        self._request_children: dict[tuple, tuple] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests by route template, method and status code.",
@@ -142,8 +146,17 @@ class Metrics:
             self.in_flight -= 1
         else:
             self.in_flight_gauge.dec()
-        self.child(self.requests, template, method, str(status)).inc()
-        self.child(self.latency, template).observe(time.perf_counter() - started)
+        if method not in HTTP_METHODS:
+            method = "other"  # a client's made-up method must not grow the label set
+        key = (template, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.child(self.requests, template, method, str(status)),
+                self.child(self.latency, template),
+            )
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     def child(self, metric, *labels):
         """The metric's child for these label values, looked up once."""

@@ -204,6 +204,17 @@ def test_metrics_count_requests_by_route_template(client, backend):
     assert metric(client, "model_version", model=MODEL_NAME, device="/CPU:0") == 2
 
 
+def test_metrics_count_made_up_methods_under_one_label(client):
+    # A client's own method names must not grow the label set without bound.
+    for method in ("BREW", "X-ONE", "X-TWO"):
+        client.request(method, f"{V1}:predict")
+    client.request("GET", f"{V1}:predict")
+    template = "/v1/models/{name}:predict"
+    assert metric(client, "http_requests_total", route=template, method="other") == 3
+    assert metric(client, "http_requests_total", route=template, method="GET") == 1
+    assert metric(client, "http_requests_total", method="BREW") == 0
+
+
 @pytest.mark.parametrize(
     "query, with_pixels",
     [
