@@ -37,15 +37,16 @@ its handler's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import re
 import threading
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -160,10 +161,7 @@ class Door:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", ()))
-                present = {name.lower() for name, _ in headers}
-                headers += [h for h in extra_headers if h[0] not in present]
-                message["headers"] = headers
+                message["headers"] = _with_headers(message.get("headers", ()), extra_headers)
             await send(message)
 
         try:
@@ -188,20 +186,39 @@ class Door:
                 response = await self._serve(request, compiled.route, params, decision.sender)
             except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
                 response = error_response(request, err)
-            await response(scope, receive, answer)
+            if type(response) is Response and response.background is None:
+                # What Response.__call__ sends, without its two trips through `answer`.
+                status = response.status_code
+                headers = _with_headers(response.raw_headers, extra_headers)
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": response.body})
+            else:
+                await response(scope, receive, answer)
         finally:
             metrics.request_finished(template, scope["method"], status, started)
 
     async def _serve(self, request: Request, route: CallRoute, params: dict[str, Any], sender: str):
         if request.method != route.method:
             raise StarletteHTTPException(405, headers={"Allow": route.method})
-        query = request.query_params
+        # Most requests have no query: one shared empty one, not a parse each.
+        query = request.query_params if request.scope["query_string"] else _NO_QUERY
         if route.before_body is not None:
             route.before_body(params, query)
         with self.body_budget.hold() as held:
             body = await read_body(request, self.max_body_bytes, self.body_timeout, held)
             call = Call(body, request.headers, query, held.reserve, sender)
             return await unless_disconnected(request, route.handler(call, **params))
+
+
+_NO_QUERY = QueryParams()
+
+
+def _with_headers(headers, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An answer's headers, then each of `extra` whose name they lack."""
+    headers = list(headers)
+    present = {name.lower() for name, _ in headers}
+    headers += [header for header in extra if header[0] not in present]
+    return headers
 
 
 class BodyBudget:
@@ -219,16 +236,15 @@ class BodyBudget:
         # Handlers reserve from worker threads too (a body decompressed off the loop).
         self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def hold(self):
-        """A request's share: `reserve(n)` on the yielded holder; all of it is given back
-        when the block ends (answered, failed or cancelled)."""
-        holder = _Held(self)
-        try:
-            yield holder
-        finally:
-            with self._lock:
-                self.held -= holder.bytes
+    def hold(self) -> _Held:
+        """A request's share, as a context manager: `reserve(n)` on the holder it yields; all
+        of it is given back when the block ends (answered, failed or cancelled)."""
+        return _Held(self)
+
+    def _give_back(self, holder: _Held) -> None:
+        with self._lock:
+            self.held -= holder.bytes
+            holder.bytes = 0
 
     def _reserve(self, holder: _Held, count: int) -> None:
         with self._lock:
@@ -242,11 +258,19 @@ class BodyBudget:
 
 
 class _Held:
+    # A plain class, not @contextlib.contextmanager: its generator cost a few microseconds per
+    # request on the loop.
     __slots__ = ("budget", "bytes")
 
     def __init__(self, budget: BodyBudget):
         self.budget = budget
         self.bytes = 0
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.budget._give_back(self)
 
     def reserve(self, count: int) -> None:
         self.budget._reserve(self, count)
