@@ -146,6 +146,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
         loop="uvloop",
         http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds, drain),
         log_level=settings.log_level,
+        # uvicorn builds each request's access line (client, path) before the logger drops
+        # it: off unless it would be written.
+        access_log=settings.log_level in ("debug", "info"),
         timeout_keep_alive=settings.keepalive_timeout_seconds,
         limit_concurrency=settings.max_connections,
         # After the drain, in-flight requests get this long before the models are closed.
