@@ -125,7 +125,7 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     from service.app import create_app
     from service.backends.device import DeviceError, configure_tensorflow
     from service.backends.factory import make_backend
-    from service.server import Drain, DrainingServer, guarded_protocol
+    from service.server import EVENT_LOOP, Drain, DrainingServer, guarded_protocol
 
     if settings.backend == "tensorflow":
         try:
@@ -143,7 +143,7 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     drain = Drain()
     config = uvicorn.Config(
         service,
-        loop="uvloop",
+        loop=EVENT_LOOP,
         http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds, drain),
         log_level=settings.log_level,
         # uvicorn builds each request's access line (client, path) before the logger drops

@@ -10,6 +10,8 @@ refuses to start without them; tests/.../test_server.py checks the pinned uvicor
 - **Bodies** are bounded by the door (MAX_BODY_BYTES, BODY_TIMEOUT_SECONDS: service/door.py);
   idle keep-alive connections close after KEEPALIVE_TIMEOUT_SECONDS; MAX_CONNECTIONS bounds
   connections and requests at once (uvicorn's limit_concurrency: 503 past it).
+- **Connections** are accepted by asyncio's event loop (EVENT_LOOP), every waiting one when
+  the listener is readable, so a new client is not left in the listen queue under load.
 - **Keep-alive** follows one rule, uvicorn's (HTTP/1.1 unless the client says close; HTTP/1.0
   only when it asks), which a drain turns off.
 - **SIGTERM**: /readyz turns 503 at once (a load balancer stops sending), the listener stays
@@ -37,6 +39,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 log = logging.getLogger("service.server")
+
+# The event loop uvicorn runs: asyncio's own, not uvloop. libuv, under uvloop, accepts one
+# connection per turn of the loop (since libuv 1.45), and under load a turn takes tens of
+# milliseconds: in a flood of 512 connections the listener's queue drained at about 20 a
+# second, and a new connection's first request (a Kubernetes probe's, say) waited 4-9 s.
+# asyncio accepts every waiting connection, up to the backlog, when the listener is
+# readable. At 64 clients it serves as many requests per second (docs/benchmarks.md).
+EVENT_LOOP = "asyncio"
 
 
 def _status_response(status: int, reason: str, message: str) -> bytes:

@@ -5,14 +5,22 @@ otherwise, naming what is missing)."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
+import socket
 
 import pytest
 import uvicorn
 from support.helpers import REPO_ROOT as ROOT
 
 from service import server
-from service.server import UVICORN_INTERNALS, Drain, guarded_protocol, missing_uvicorn_internals
+from service.server import (
+    EVENT_LOOP,
+    UVICORN_INTERNALS,
+    Drain,
+    guarded_protocol,
+    missing_uvicorn_internals,
+)
 
 
 def test_the_pinned_uvicorn_has_every_internal_the_server_uses():
@@ -80,3 +88,46 @@ def test_uvicorn_is_pinned_exactly_with_its_web_stack():
         assert len(pins) == 1 and "==" in pins[0], (package, pins)
         if version is not None:
             assert f"=={version}" in pins[0]
+
+
+def accepted_within_turns(loop_name: str, clients: int, turns: int) -> int:
+    """How many of `clients` connections waiting in the listen queue the named uvicorn event
+    loop has accepted after `turns` turns of it (counted in turns, not time)."""
+    accepted = []
+
+    class Counting(asyncio.Protocol):
+        def connection_made(self, transport):
+            accepted.append(transport)
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server(("127.0.0.1", 0), backlog=clients)
+        server = await loop.create_server(Counting, sock=listener, backlog=clients)
+        # Connected by the kernel, waiting in the listen queue: the loop has not turned yet.
+        sockets = [socket.create_connection(listener.getsockname()) for _ in range(clients)]
+        try:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return len(accepted)
+        finally:
+            for transport in accepted:
+                transport.close()
+            for sock in sockets:
+                sock.close()
+            server.close()
+
+    loop_factory = uvicorn.Config(app=None, loop=loop_name).get_loop_factory()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(run())
+
+
+def test_the_server_accepts_every_waiting_connection_in_a_few_turns_of_its_loop():
+    # Under load one turn of the loop takes tens of milliseconds: a loop that accepts one
+    # connection a turn (uvloop's) left new clients in the listen queue for seconds.
+    assert accepted_within_turns(EVENT_LOOP, clients=40, turns=10) == 40
+
+
+def test_uvloop_accepts_one_connection_a_turn():
+    # Why EVENT_LOOP is not uvloop; when this fails, uvloop accepts more per turn again.
+    pytest.importorskip("uvloop")
+    assert accepted_within_turns("uvloop", clients=40, turns=10) <= 10
