@@ -187,8 +187,7 @@ class DataPlane:
         if classes is not None and classes.dtype.kind in "iu" and classes.ndim == 1:
             # Counted in Python: a request holds a few images, where each numpy call costs
             # more than the counting.
-            ids = classes.tolist()
-            counts = {ids[0]: 1} if len(ids) == 1 else collections.Counter(ids)
+            counts = collections.Counter(classes.tolist())
             if all(0 <= class_id < len(class_labels) for class_id in counts):
                 for class_id, n in counts.items():
                     metrics.child(metrics.predictions, name, class_labels[class_id]).inc(n)

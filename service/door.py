@@ -46,7 +46,6 @@ from typing import Any, TypeVar
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -161,7 +160,10 @@ class Door:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = _with_headers(message.get("headers", ()), extra_headers)
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                headers += [h for h in extra_headers if h[0] not in present]
+                message["headers"] = headers
             await send(message)
 
         try:
@@ -186,14 +188,7 @@ class Door:
                 response = await self._serve(request, compiled.route, params, decision.sender)
             except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
                 response = error_response(request, err)
-            if type(response) is Response and response.background is None:
-                # What Response.__call__ sends, without its two trips through `answer`.
-                status = response.status_code
-                headers = _with_headers(response.raw_headers, extra_headers)
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": response.body})
-            else:
-                await response(scope, receive, answer)
+            await response(scope, receive, answer)
         finally:
             metrics.request_finished(template, scope["method"], status, started)
 
@@ -211,14 +206,6 @@ class Door:
 
 
 _NO_QUERY = QueryParams()
-
-
-def _with_headers(headers, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """An answer's headers, then each of `extra` whose name they lack."""
-    headers = list(headers)
-    present = {name.lower() for name, _ in headers}
-    headers += [header for header in extra if header[0] not in present]
-    return headers
 
 
 class BodyBudget:

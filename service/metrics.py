@@ -29,8 +29,6 @@ class Metrics:
         # prometheus_client's labels() checks and locks on every call: the hot path looks each
         # child up once and keeps it (child()).
         self._children: dict[tuple, object] = {}
-        # (route template, method, status) -> its requests counter and latency histogram.
-        self._request_children: dict[tuple, tuple] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests by route template, method and status code.",
@@ -148,15 +146,8 @@ class Metrics:
             self.in_flight_gauge.dec()
         if method not in HTTP_METHODS:
             method = "other"  # a client's made-up method must not grow the label set
-        key = (template, method, status)
-        children = self._request_children.get(key)
-        if children is None:
-            children = self._request_children[key] = (
-                self.child(self.requests, template, method, str(status)),
-                self.child(self.latency, template),
-            )
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+        self.child(self.requests, template, method, str(status)).inc()
+        self.child(self.latency, template).observe(time.perf_counter() - started)
 
     def child(self, metric, *labels):
         """The metric's child for these label values, looked up once."""
