@@ -144,7 +144,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     config = uvicorn.Config(
         service,
         loop=EVENT_LOOP,
-        http=guarded_protocol(settings.max_header_bytes, settings.header_timeout_seconds, drain),
+        http=guarded_protocol(
+            settings.max_header_bytes, settings.header_timeout_seconds, drain, service.door
+        ),
         log_level=settings.log_level,
         # uvicorn builds each request's access line (client, path) before the logger drops
         # it: off unless it would be written.

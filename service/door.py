@@ -40,12 +40,14 @@ import asyncio
 import dataclasses
 import re
 import threading
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -54,6 +56,7 @@ from service.errors import (
     ClientClosedRequest,
     PayloadTooLarge,
     RequestTimeout,
+    ServiceError,
     error_response,
 )
 from service.metrics import Metrics
@@ -160,10 +163,7 @@ class Door:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", ()))
-                present = {name.lower() for name, _ in headers}
-                headers += [h for h in extra_headers if h[0] not in present]
-                message["headers"] = headers
+                message["headers"] = with_headers(message.get("headers", ()), extra_headers)
             await send(message)
 
         try:
@@ -184,25 +184,167 @@ class Door:
             compiled, params = found
             template = compiled.template
             request = Request(scope, receive, send)
+            route = compiled.route
             try:
-                response = await self._serve(request, compiled.route, params, decision.sender)
+                query = self._admit(request, route, params)
+                watch = partial(unless_disconnected, request)
+                with self.body_budget.hold() as held:
+                    response = await self._serve(
+                        request, route, params, query, decision.sender, held, None, watch
+                    )
             except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
                 response = error_response(request, err)
             await response(scope, receive, answer)
         finally:
             metrics.request_finished(template, scope["method"], status, started)
 
-    async def _serve(self, request: Request, route: CallRoute, params: dict[str, Any], sender: str):
+    @staticmethod
+    def _admit(request: Request, route: CallRoute, params: dict[str, Any]) -> QueryParams:
+        # Before the body: the method, then the route's own check (a full queue...).
         if request.method != route.method:
             raise StarletteHTTPException(405, headers={"Allow": route.method})
         # Most requests have no query: one shared empty one, not a parse each.
         query = request.query_params if request.scope["query_string"] else _NO_QUERY
         if route.before_body is not None:
             route.before_body(params, query)
-        with self.body_budget.hold() as held:
+        return query
+
+    async def _serve(
+        self,
+        request: Request,
+        route: CallRoute,
+        params: dict[str, Any],
+        query: QueryParams,
+        sender: str,
+        held: _Held,
+        body: bytes | None,
+        watch: Callable[[Awaitable[Response]], Awaitable[Response]],
+    ) -> Response:
+        # The body and the handler, for both transports: `body` is None when it is still to
+        # be read (ASGI); `watch` cancels the handler when the client leaves.
+        if body is None:
             body = await read_body(request, self.max_body_bytes, self.body_timeout, held)
-            call = Call(body, request.headers, query, held.reserve, sender)
-            return await unless_disconnected(request, route.handler(call, **params))
+        call = Call(body, request.headers, query, held.reserve, sender)
+        return await watch(route.handler(call, **params))
+
+    # --- the direct transport's half (service/server.py reads the body and writes bytes) ----
+
+    def take(self, scope: Scope, declared: int) -> Taken | None:
+        """The direct transport's request (service/server.py), at its headers: taken when it
+        is a Call route's that the access rules, the method and the route's before_body check
+        let through, and whose declared body (`declared` bytes, the whole body: the server
+        frames it by its Content-Length) is within MAX_BODY_BYTES and the process's budget,
+        which it is reserved from now. Counted in flight from now. None leaves the request to
+        the ASGI app, which meets the same checks in the same order and answers it.
+        """
+        decision = self.access.check(scope)
+        if decision.refusal is not None or declared > self.max_body_bytes:
+            return None
+        path = canonical_v1_path(scope["path"])
+        found = self.match(path)
+        if found is None:
+            return None
+        compiled, params = found
+        scope["path"] = path
+        request = Request(scope)
+        held = self.body_budget.hold()
+        try:
+            query = self._admit(request, compiled.route, params)
+            held.reserve(declared)
+        except Exception:  # noqa: BLE001 - a refusal: the ASGI app meets it again, and answers
+            return None
+        started = self.metrics.request_started()
+        return Taken(request, compiled, params, query, decision, held, started)
+
+    async def answer_taken(self, taken: Taken, body: bytes) -> Answer:
+        """A taken request's answer, from its whole body: the handler's response or its
+        error's, with the door's headers; counted and timed. A client that leaves meanwhile
+        (`Taken.client_left`) cancels the handler (answered 499, to nobody)."""
+        status = 500  # cancelled for another reason: the server is stopping
+        try:
+            try:
+                with taken.held:
+                    response = await self._serve(taken.request, taken.compiled.route,
+                                                 taken.params, taken.query, taken.decision.sender,
+                                                 taken.held, body, taken.unless_left)  # fmt: skip
+            except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
+                response = error_response(taken.request, err)
+            status = response.status_code
+        finally:
+            self.metrics.request_finished(taken.compiled.template, "POST", status, taken.started)
+        return self._answer(taken, response)
+
+    def refuse_taken(self, taken: Taken, err: ServiceError) -> Answer:
+        """A taken request that ends before its body is whole (a body too slow, a client gone
+        mid-body): the error's answer, with the door's headers; counted and timed."""
+        taken.held.__exit__(None, None, None)
+        response = error_response(taken.request, err)
+        self.metrics.request_finished(taken.compiled.template, "POST", response.status_code,
+                                      taken.started)  # fmt: skip
+        return self._answer(taken, response)
+
+    @staticmethod
+    def _answer(taken: Taken, response: Response) -> Answer:
+        headers = with_headers(response.raw_headers, [NOSNIFF, *taken.decision.headers])
+        return Answer(response.status_code, headers, response.body)
+
+
+class Answer(NamedTuple):
+    """What the direct transport writes: a Response's status, headers and body, the door's
+    headers among them."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+def with_headers(headers, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An answer's headers and the door's own (nosniff, CORS's), those it set not repeated."""
+    headers = list(headers)
+    present = {name.lower() for name, _ in headers}
+    return headers + [h for h in extra if h[0] not in present]
+
+
+class Taken:
+    """A request the direct transport took (Door.take): its route and what the access rules
+    found, its share of the body budget; `client_left()` when its connection closes."""
+
+    __slots__ = (
+        "request", "compiled", "params", "query", "decision", "held", "started", "left", "task",
+    )  # fmt: skip
+
+    def __init__(self, request, compiled, params, query, decision, held, started):
+        self.request = request
+        self.compiled = compiled
+        self.params = params
+        self.query = query
+        self.decision = decision
+        self.held = held
+        self.started = started
+        self.left = False
+        self.task: asyncio.Task | None = None
+
+    def client_left(self) -> None:
+        """The client closed the connection: its handler, if running, is cancelled."""
+        self.left = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def unless_left(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await the handler's `work`, cancelled if the client leaves (ClientClosedRequest)."""
+        if self.left:  # it left between its body and its handler's start
+            work.close()
+            raise ClientClosedRequest(LEFT_BEFORE_ANSWER)
+        self.task = asyncio.current_task()
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self.left:
+                self.task.uncancel()  # the cancellation was ours, and is answered as this error
+                raise ClientClosedRequest(LEFT_BEFORE_ANSWER) from None
+            raise
+        finally:
+            self.task = None
 
 
 _NO_QUERY = QueryParams()
@@ -263,6 +405,18 @@ class _Held:
         self.budget._reserve(self, count)
 
 
+LEFT_MID_BODY = "the client disconnected while sending the body"
+LEFT_BEFORE_ANSWER = "the client disconnected before the prediction was ready"
+
+
+def body_too_slow(timeout: float, size: int) -> RequestTimeout:
+    """The error of a body not whole within BODY_TIMEOUT_SECONDS, `size` bytes of it come."""
+    return RequestTimeout(
+        f"the request body did not arrive within {timeout:g} s (BODY_TIMEOUT_SECONDS); "
+        f"{size} bytes came"
+    )
+
+
 async def read_body(
     request: Request, limit: int, timeout: float = 30.0, held: _Held | None = None
 ) -> bytes:
@@ -302,7 +456,7 @@ async def read_body(
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                raise ClientClosedRequest("the client disconnected while sending the body")
+                raise ClientClosedRequest(LEFT_MID_BODY)
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -321,10 +475,7 @@ async def read_body(
         if late:
             late = False
             if task.uncancel() <= cancelling:
-                raise RequestTimeout(
-                    f"the request body did not arrive within {timeout:g} s "
-                    f"(BODY_TIMEOUT_SECONDS); {size} bytes came"
-                ) from None
+                raise body_too_slow(timeout, size) from None
         raise
     finally:
         timer.cancel()
@@ -372,9 +523,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     except asyncio.CancelledError:
         if disconnected:
             handler.uncancel()  # the cancellation was ours, and is answered as this error
-            raise ClientClosedRequest(
-                "the client disconnected before the prediction was ready"
-            ) from None
+            raise ClientClosedRequest(LEFT_BEFORE_ANSWER) from None
         raise
     finally:
         timer.cancel()

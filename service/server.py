@@ -26,17 +26,24 @@ refuses to start without them; tests/.../test_server.py checks the pinned uvicor
 
 from __future__ import annotations
 
+import asyncio
+import http
 import inspect
 import logging
 import re
 import signal
 import time
+import urllib.parse
 from collections.abc import Callable
 
+import httptools
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
+
+from service.door import LEFT_MID_BODY, Answer, Door, Taken, body_too_slow
+from service.errors import ClientClosedRequest
 
 log = logging.getLogger("service.server")
 
@@ -77,6 +84,12 @@ class CoalescingTransport:
             self._loop.call_soon(self.flush)
         self._pending.append(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write a whole answer at once (after anything pending): no turn to wait for."""
+        self.flush()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
     def flush(self) -> None:
         if self._pending:
             data = b"".join(self._pending)
@@ -104,6 +117,48 @@ class Drain:
         self.on = False
 
 
+# Headers that some part of the ASGI path must see: requests with one are not taken direct.
+ASGI_ONLY_HEADERS = frozenset({
+    b"expect",  # 100-continue: uvicorn's cycle answers it when the body is first read
+    b"transfer-encoding",  # no length known up front: read by the door's read_body
+    b"upgrade",  # a WebSocket's (refused by uvicorn)
+    b"x-forwarded-for",  # uvicorn's proxy headers rewrite the client and scheme
+    b"x-forwarded-proto",
+})  # fmt: skip
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
+
+
+# Each status's line, as uvicorn writes it.
+STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+
+
+class _DirectCycle:
+    """A request the direct transport answers, as uvicorn's protocol and the drain see it (the
+    protocol's `cycle`): not complete until answered; keep-alive turned off by a drain.
+    `chunks` holds its body while it comes, and is None once it is whole."""
+
+    __slots__ = ("taken", "keep_alive", "response_complete", "chunks", "timer")
+
+    def __init__(self, taken: Taken, keep_alive: bool):
+        self.taken = taken
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.chunks: list[bytes] | None = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    class message_event:  # noqa: N801 - what uvicorn's connection_lost sets on the last cycle
+        @staticmethod
+        def set() -> None:
+            pass
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header size limit, a header timeout, coalesced
     writes, and keep-alive turned off by a drain.
@@ -115,9 +170,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 32 * 1024
     header_timeout = 10.0
     drain = Drain()
+    door: Door | None = None  # None: every request goes to the ASGI app
 
     def connection_made(self, transport) -> None:
         super().connection_made(CoalescingTransport(transport, self.loop))
+        self._direct: _DirectCycle | None = None
         self._header_bytes = 0
         self._in_headers = True
         self._message_open = False
@@ -151,6 +208,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.close()
                 return
         super().data_received(data)
+        direct = self._direct
+        if direct is not None and direct.chunks is not None and direct.timer is None:
+            # Its body is still coming: it has BODY_TIMEOUT_SECONDS from now, as in the door.
+            direct.timer = self.loop.call_later(self.door.body_timeout, self._body_too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -164,8 +225,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # The next request on a kept-alive connection: its headers get the same time.
             self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
+    def on_body(self, body: bytes) -> None:
+        direct = self._direct
+        if direct is not None and direct.chunks is not None:
+            direct.chunks.append(body)
+            return
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._message_open = False
+        direct = self._direct
+        if direct is not None and direct.chunks is not None:
+            self._start_direct(direct)
+            return
         # Answered before its body was all read (refused at the door, before the body).
         answered = self.cycle is not None and self.cycle.response_complete
         if answered:
@@ -199,6 +271,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         if self.transport.is_closing():
             return  # a request pipelined behind one whose answer closed the connection
+        if self.door is not None and self._take_direct():
+            return
         super().on_headers_complete()
         if self.drain.on and self.cycle is not None:
             self.cycle.keep_alive = False
@@ -217,13 +291,125 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
+        direct = self._direct
+        if direct is not None:
+            self._direct = None
+            if self.cycle is direct:
+                self.cycle = None  # uvicorn's own cycle, if one follows, is told; not ours
+            if direct.chunks is None:
+                direct.taken.client_left()  # its handler is cancelled: 499, to nobody
+            else:
+                self._cancel_body_timer(direct)
+                self.door.refuse_taken(direct.taken, ClientClosedRequest(LEFT_MID_BODY))
         super().connection_lost(exc)
+
+    # --- the direct transport: a Call route's request, answered past uvicorn's ASGI cycle ---
+
+    def _take_direct(self) -> bool:
+        # At a request's headers: the door takes it (service/door.py: Door.take), or uvicorn's
+        # cycle runs the ASGI app for it, as for every request the door does not take.
+        if self.parser.get_method() != b"POST" or (
+            self.cycle is not None and not self.cycle.response_complete
+        ):
+            return False  # pipelined behind one not yet answered: uvicorn queues it
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            return False  # uvicorn answers 503
+        declared = None
+        for name, value in self.headers:
+            if name in ASGI_ONLY_HEADERS or (name == b"content-length" and declared is not None):
+                return False
+            if name == b"content-length":
+                declared = value
+        if declared is None or not declared.isdigit() or len(declared) > 18:
+            return False
+        scope = self.scope
+        scope["method"] = "POST"
+        http_version = self.parser.get_http_version()
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + url.path
+        scope["query_string"] = url.query or b""
+        taken = self.door.take(scope, int(declared))
+        if taken is None:
+            return False
+        keep_alive = http_version != "1.0" and self.parser.should_keep_alive()
+        self._direct = self.cycle = _DirectCycle(taken, keep_alive and not self.drain.on)
+        return True
+
+    def _start_direct(self, direct: _DirectCycle) -> None:
+        self._cancel_body_timer(direct)
+        body = b"".join(direct.chunks) if len(direct.chunks) != 1 else direct.chunks[0]
+        direct.chunks = None
+        task = self.loop.create_task(self._answer_direct(direct, body))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _answer_direct(self, direct: _DirectCycle, body: bytes) -> None:
+        answer = await self.door.answer_taken(direct.taken, body)
+        if self._direct is direct:
+            self._write_direct(direct, answer)
+
+    def _body_too_slow(self) -> None:
+        direct = self._direct
+        direct.timer = None
+        size = sum(len(chunk) for chunk in direct.chunks)
+        direct.chunks = None
+        error = body_too_slow(self.door.body_timeout, size)
+        self._write_direct(direct, self.door.refuse_taken(direct.taken, error))
+
+    @staticmethod
+    def _cancel_body_timer(direct: _DirectCycle) -> None:
+        if direct.timer is not None:
+            direct.timer.cancel()
+            direct.timer = None
+
+    def _write_direct(self, direct: _DirectCycle, answer: Answer) -> None:
+        # As uvicorn's cycle writes an app's answer (`send`): the status line, the server's
+        # default headers, the answer's, `connection: close` when the connection ends.
+        self._direct = None
+        direct.response_complete = True
+        if self.transport.is_closing():
+            return
+        keep_alive = direct.keep_alive and not self.drain.on
+        if self.access_log:
+            self._log_access(direct.taken.request.scope, answer.status)
+        parts = [STATUS_LINES[answer.status]]
+        says_close = False
+        for name, value in (*self.server_state.default_headers, *answer.headers):
+            name = name.lower()
+            if name == b"connection" and b"close" in [t.strip().lower() for t in value.split(b",")]:
+                keep_alive = False
+                says_close = True
+            parts += (name, b": ", value, b"\r\n")
+        if not keep_alive and not says_close:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", answer.body)
+        self.transport.write_now(b"".join(parts))
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _log_access(self, scope, status: int) -> None:
+        # uvicorn's access line, word for word.
+        client = "{}:{}".format(*scope["client"]) if scope.get("client") else ""
+        path = urllib.parse.quote(scope["path"])
+        if scope["query_string"]:
+            path += "?" + scope["query_string"].decode("ascii")
+        line = '%s - "%s %s HTTP/%s" %d'
+        self.access_logger.info(line, client, scope["method"], path, scope["http_version"], status)
 
 
 def guarded_protocol(
-    max_header_bytes: int, header_timeout: float, drain: Drain
+    max_header_bytes: int, header_timeout: float, drain: Drain, door: Door | None = None
 ) -> type[HttpToolsProtocol]:
-    """The protocol class uvicorn should use, with these limits and this drain's flag.
+    """The protocol class uvicorn should use, with these limits and this drain's flag; with
+    the service's `door`, the direct transport answers the requests the door takes.
 
     Raises:
         RuntimeError: the installed uvicorn lacks something this module uses (the message
@@ -239,7 +425,7 @@ def guarded_protocol(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
         {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout,
-         "drain": drain},
+         "drain": drain, "door": door},
     )  # fmt: skip
 
 
@@ -310,17 +496,19 @@ class DrainingServer(uvicorn.Server):
 # What this module uses of uvicorn beyond its documented API (uvicorn.Config, Server.run):
 # methods it overrides or calls, and attributes it reads or writes, by the class that has
 # them. An instance attribute is found where the class's __init__ (or, for the protocol's
-# per-connection state, connection_made) assigns it.
+# per-connection and per-request state, connection_made or on_message_begin) assigns it.
 UVICORN_INTERNALS: dict[type, dict[str, tuple[str, ...]]] = {
     HttpToolsProtocol: {
         "methods": (
-            "connection_made", "data_received", "on_message_begin", "on_message_complete",
-            "on_headers_complete", "on_response_complete", "shutdown", "connection_lost",
-            "timeout_keep_alive_handler",
+            "connection_made", "data_received", "on_message_begin", "on_body",
+            "on_message_complete", "on_headers_complete", "on_response_complete", "shutdown",
+            "connection_lost", "timeout_keep_alive_handler",
         ),
         "attributes": (
             "loop", "transport", "client", "cycle", "server_state", "pipeline",
-            "timeout_keep_alive_task", "timeout_keep_alive",
+            "timeout_keep_alive_task", "timeout_keep_alive", "parser", "url", "headers",
+            "scope", "root_path", "limit_concurrency", "connections", "tasks", "access_log",
+            "access_logger",
         ),
     },
     RequestResponseCycle: {"methods": (), "attributes": ("keep_alive", "response_complete")},
@@ -328,14 +516,15 @@ UVICORN_INTERNALS: dict[type, dict[str, tuple[str, ...]]] = {
         "methods": ("handle_exit", "shutdown", "on_tick"),
         "attributes": ("should_exit", "server_state"),
     },
-    ServerState: {"methods": (), "attributes": ("connections",)},
+    ServerState: {"methods": (), "attributes": ("connections", "default_headers")},
 }  # fmt: skip
 
 
 def _assigned(cls: type, name: str) -> bool:
-    """Whether `self.<name> = ...` appears in the class's __init__ or connection_made."""
+    """Whether `self.<name> = ...` appears in the class's __init__, connection_made or
+    on_message_begin (where each request's state starts)."""
     pattern = re.compile(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]+)?=[^=]")
-    for method in ("__init__", "connection_made"):
+    for method in ("__init__", "connection_made", "on_message_begin"):
         function = cls.__dict__.get(method)
         if function is not None and pattern.search(inspect.getsource(function)):
             return True

@@ -117,7 +117,9 @@ class CallRoute:
     Args:
         method: the one HTTP method it takes (others get 405).
         path: its template with Starlette's convertors (`/v1/models/{name:name}:predict`).
-        handler: `await handler(call, **path_params)` -> Response; raises ServiceError.
+        handler: `await handler(call, **path_params)` -> Response, its body whole (the
+            server's direct transport writes it as bytes, never as a stream); raises
+            ServiceError.
         summary, tags, openapi_extra: what the OpenAPI schema says of it.
         before_body: `before_body(path_params, query)`, run before the body is read; raises
             to refuse (Overloaded for a full queue, Forbidden for feedback that is off...).

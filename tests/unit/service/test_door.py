@@ -1,14 +1,17 @@
 """Every request kind through every way into the service (service/door.py), as uvicorn runs
 one suite over each of its protocols: the ASGI app called in-process (Starlette's
-TestClient) and a real uvicorn server on loopback with the service's own protocol
-(service/server.py). Each kind is sent through both; the answers must be equal (status,
-headers, body) and what the table says, so the server adds nothing a client could tell
+TestClient), a real uvicorn server on loopback with the service's own protocol
+(service/server.py) running the ASGI app for every request, and the same with its direct
+transport, which answers the requests the door takes past uvicorn's ASGI cycle. Each kind is
+sent through all three; the answers must be equal (status, headers, body) and what the table
+says, so neither the server nor its direct transport adds anything a client could tell
 apart, and the door's prelude is the one place each check happens."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import socket
 
 import httpx
@@ -102,16 +105,23 @@ def in_process(settings: Settings):
 
 
 @contextlib.contextmanager
-def over_loopback(settings: Settings):
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+def over_loopback(settings: Settings, direct: bool = False):
+    service = create_app(settings, FakeBackend())
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door if direct else None)
     with (
-        threaded_server(create_app(settings, FakeBackend()), http=protocol) as (url, _),
+        threaded_server(service, http=protocol) as (url, _),
         httpx.Client(base_url=url, timeout=30) as client,
     ):
         yield client
 
 
-DOORS = {"asgi": in_process, "uvicorn": over_loopback}
+@contextlib.contextmanager
+def direct_over_loopback(settings: Settings):
+    with over_loopback(settings, direct=True) as client:
+        yield client
+
+
+DOORS = {"asgi": in_process, "uvicorn": over_loopback, "direct": direct_over_loopback}
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +228,56 @@ def metric_value(url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+# --- the direct transport -------------------------------------------------------------------
+
+
+def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(settings):
+    service = create_app(settings, FakeBackend())
+    asked = []
+    take = service.door.take
+
+    def recorded(scope, declared):
+        taken = take(scope, declared)
+        asked.append((scope["path"], declared, taken is not None))
+        return taken
+
+    service.door.take = recorded
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door)
+    body = orjson.dumps({"instances": [IMAGE.tolist()]})
+    with (
+        threaded_server(service, http=protocol) as (url, _),
+        httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
+    ):
+        assert client.post(f"{V1}:predict", content=body).status_code == 200
+        anonymous = {"Authorization": ""}
+        assert client.post(f"{V1}:predict", content=body, headers=anonymous).status_code == 401
+        assert client.post(f"{V1}:predict", content=iter([body])).status_code == 200  # chunked
+        assert client.get(V1).status_code == 200
+        assert client.post("/V1/MODELS/fashion_mnist:PREDICT", content=body).status_code == 200
+    assert asked == [
+        (f"{V1}:predict", len(body), True),
+        (f"{V1}:predict", len(body), False),  # refused by the access rules: answered by the app
+        (f"{V1}:predict", len(body), True),  # the canonical path, as the app matches it
+    ]
+
+
+def test_the_direct_transport_writes_uvicorns_access_line(settings):
+    body = orjson.dumps({"instances": [IMAGE.tolist()]})
+    lines = {}
+    for direct in (False, True):
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        access = logging.getLogger("uvicorn.access")
+        with over_loopback(settings, direct) as client:
+            # After uvicorn configured its loggers (at warning, the threaded server's level).
+            access.addHandler(handler)
+            access.setLevel(logging.INFO)
+            try:
+                client.post(f"{V1}:predict?x=%20y", content=body, headers=BEARER)
+            finally:
+                access.removeHandler(handler)
+        lines[direct] = [r.getMessage().split(" - ", 1)[1] for r in records]
+    assert lines[True] == lines[False] == [f'"POST {V1}%3Apredict?x=%20y HTTP/1.1" 200'], lines

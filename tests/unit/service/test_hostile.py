@@ -58,6 +58,19 @@ def client():
         yield c
 
 
+@pytest.fixture(params=["asgi", "direct"])
+def transport(request) -> str:
+    """The server's two ways to the door: uvicorn's ASGI cycle for every request, or its
+    direct transport for the requests the door takes (service/server.py)."""
+    return request.param
+
+
+def service_protocol(service, transport: str, header_timeout: float = 10.0):
+    """The service's protocol class for uvicorn, with or without its direct transport."""
+    door = service.door if transport == "direct" else None
+    return guarded_protocol(16 * 1024, header_timeout, Drain(), door)
+
+
 # --- the body: shapes the JSON reader accepts and the contract does not -----------------------
 
 
@@ -324,14 +337,10 @@ def response_complete(data: bytes) -> bool:
 
 
 @pytest.fixture
-def guarded():
+def guarded(transport):
     app = create_app(Settings(max_body_bytes=200_000, body_timeout_seconds=1.0), FakeBackend())
-    with threaded_server(
-        app, http=guarded_protocol(16 * 1024, 1.0, Drain()), timeout_keep_alive=1
-    ) as (
-        url,
-        _,
-    ):
+    protocol = service_protocol(app, transport, header_timeout=1.0)
+    with threaded_server(app, http=protocol, timeout_keep_alive=1) as (url, _):
         yield url
 
 
@@ -372,9 +381,10 @@ def test_a_body_sent_too_slowly_gets_408(guarded):
     assert b"BODY_TIMEOUT_SECONDS" in answer
 
 
-def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog):
+def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog, transport):
     app = create_app(Settings(), FakeBackend())
-    with caplog.at_level(logging.INFO), threaded_server(app) as (url, _):
+    protocol = service_protocol(app, transport)
+    with caplog.at_level(logging.INFO), threaded_server(app, http=protocol) as (url, _):
         host, port = url.split("//")[1].split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(
@@ -389,13 +399,17 @@ def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_a_full_queue_refuses_before_reading_the_body():
+def test_a_full_queue_refuses_before_reading_the_body(transport):
     gated = GatedFakeBackend()
     batcher = BatchingBackend(gated, max_batch_size=1, timeout_ms=0, max_queue=1)
     app = create_app(Settings(), batcher)
     statuses = []
+    protocol = service_protocol(app, transport)
 
-    with threaded_server(app) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+    with (
+        threaded_server(app, http=protocol) as (url, _),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
 
         def post():
             statuses.append(client.post(PREDICT, json={"instances": ZEROS}).status_code)
@@ -460,10 +474,10 @@ def http_answers(data: bytes) -> list[tuple[bytes, bytes]]:
 
 
 @pytest.fixture
-def refusing():
+def refusing(transport):
     backend = AlwaysFull()
     app = create_app(Settings(model_name=MODEL_NAME), backend)
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+    protocol = service_protocol(app, transport)
     with threaded_server(app, http=protocol) as (url, _):
         yield url, backend
 
@@ -488,9 +502,9 @@ def test_a_full_queue_is_refused_at_the_door_and_the_connection_lives_on(refusin
     assert f"{counted} 1.0".encode() in metrics
 
 
-def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog):
+def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog, transport):
     app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+    protocol = service_protocol(app, transport)
     caplog.set_level(logging.ERROR)
     with threaded_server(app, http=protocol) as (url, server):
         body = orjson.dumps({"instances": ZEROS})
@@ -574,14 +588,10 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(gua
         # EOF: the server closed it (a recv that timed out would have raised).
 
 
-def test_connections_past_max_connections_get_503_and_the_rest_are_served():
+def test_connections_past_max_connections_get_503_and_the_rest_are_served(transport):
     app = create_app(Settings(), FakeBackend())
-    with threaded_server(
-        app, http=guarded_protocol(16 * 1024, 10.0, Drain()), limit_concurrency=2
-    ) as (
-        url,
-        _,
-    ):
+    protocol = service_protocol(app, transport)
+    with threaded_server(app, http=protocol, limit_concurrency=2) as (url, _):
         host, port = url.split("//")[1].split(":")
         held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
         try:
@@ -601,7 +611,7 @@ def test_connections_past_max_connections_get_503_and_the_rest_are_served():
         )
 
 
-def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypatch):
+def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypatch, transport):
     """A real disconnect (the socket closed while the first of five uploads decodes): the
     service notices, and the four files left are never decoded."""
     decoded: list[str] = []
@@ -626,7 +636,7 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
     monkeypatch.setattr(codec, "decode_image_files", decode_image_files)
     monkeypatch.setattr(codec, "image_file_pixels", image_file_pixels)
     app = create_app(Settings(), FakeBackend())
-    with threaded_server(app) as (url, _):
+    with threaded_server(app, http=service_protocol(app, transport)) as (url, _):
         png = png_bytes(np.zeros((28, 28), np.uint8))
         files = [("files", (f"{i}.png", png, "image/png")) for i in range(5)]
         request = httpx.Request("POST", url + "/predict", files=files)
@@ -645,9 +655,11 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
     assert decoded == ["files[0] (0.png)"]  # and not files[1] to files[4]
 
 
-def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_closed():
+def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_closed(
+    transport,
+):
     app = create_app(Settings(model_name=MODEL_NAME), AlwaysFull())
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
+    protocol = service_protocol(app, transport)
     with threaded_server(app, http=protocol, timeout_keep_alive=1) as (url, server):
         host, port = url.split("//")[1].split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -698,3 +710,21 @@ def test_headers_of_a_request_pipelined_behind_a_body_are_counted_too(guarded):
     second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
     answer = raw_exchange(guarded, first + second)
     assert b"HTTP/1.1 431 " in answer and b"MAX_HEADER_BYTES" in answer
+
+
+def test_pipelined_requests_are_answered_in_order(transport):
+    """Three requests in one write: a prediction (the direct transport takes it), a second
+    one queued behind it, a status request; answered in the order they came."""
+    app = create_app(Settings(model_name=MODEL_NAME), FakeBackend())
+    body = orjson.dumps({"instances": ZEROS})
+    predict = (
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    bad = f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with threaded_server(app, http=service_protocol(app, transport)) as (url, _):
+        answers = http_answers(raw_exchange(url, predict + bad + predict + last))
+    statuses = [head.split(b" ")[1] for head, _ in answers]
+    assert statuses == [b"200", b"400", b"200", b"200"], answers
+    assert orjson.loads(answers[0][1])["predictions"][0]["classes"] is not None
+    assert b"connection: close" in answers[3][0]
