@@ -25,6 +25,14 @@ Every request the service answers passes here first, in this order:
 7. **Answer**: errors rendered by the one renderer (service/errors.py: error_response);
    every answer gets `X-Content-Type-Options: nosniff` and, for allowed origins, CORS headers.
 
+Two HTTP transports feed it: the ASGI app (`Door.__call__`, through uvicorn's request cycle)
+and the server's direct transport (service/server.py), which reads a Call route's body and
+writes its answer itself: `Door.take` runs steps 1-5 at the request's headers, except for
+reading the body, and returns None for anything it would refuse (the ASGI app then answers
+it); `answer_taken` runs steps 6 and 7 on the whole body; `refuse_taken` answers a body
+that came too slowly or not at all. Both share `_admit` and `_serve`; tests/unit/service/
+test_door.py sends every kind of request through each transport and compares the bytes.
+
 gRPC (service/protocols/grpc_server.py) is the other transport: it asks the same access
 rule (security.bearer_problem, from the call's metadata) and the same admission
 (DataPlane.admit), and counts its own metrics.

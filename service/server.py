@@ -10,6 +10,15 @@ refuses to start without them; tests/.../test_server.py checks the pinned uvicor
 - **Bodies** are bounded by the door (MAX_BODY_BYTES, BODY_TIMEOUT_SECONDS: service/door.py);
   idle keep-alive connections close after KEEPALIVE_TIMEOUT_SECONDS; MAX_CONNECTIONS bounds
   connections and requests at once (uvicorn's limit_concurrency: 503 past it).
+- **The direct transport**: a POST with a Content-Length (and none of ASGI_ONLY_HEADERS) is
+  offered to the door at its headers (service/door.py: `Door.take`, which asks the same
+  access rules, route, method, admission and body budget as for any request). A request the
+  door takes has its body gathered here, within BODY_TIMEOUT_SECONDS, and its answer written
+  as bytes, exactly as uvicorn's cycle would write it; a client that leaves cancels its
+  handler. It skips uvicorn's ASGI cycle (the scope's copy, an event, the `send` messages and
+  their checks), about a fifth of the server's CPU per one-image prediction
+  (docs/benchmarks.md). Everything else, a refusal included, goes through uvicorn's cycle to
+  the ASGI app, and so through the same door.
 - **Connections** are accepted by asyncio's event loop (EVENT_LOOP), every waiting one when
   the listener is readable, so a new client is not left in the listen queue under load.
 - **Keep-alive** follows one rule, uvicorn's (HTTP/1.1 unless the client says close; HTTP/1.0
