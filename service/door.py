@@ -253,7 +253,8 @@ class Door:
         if found is None:
             return None
         compiled, params = found
-        scope["path"] = path
+        if path != scope["path"]:
+            scope = {**scope, "path": path}  # the server's scope keeps the path as sent
         request = Request(scope)
         held = self.body_budget.hold()
         try:
@@ -269,6 +270,7 @@ class Door:
         error's, with the door's headers; counted and timed. A client that leaves meanwhile
         (`Taken.client_left`) cancels the handler (answered 499, to nobody)."""
         status = 500  # cancelled for another reason: the server is stopping
+        taken.finished = True
         try:
             try:
                 with taken.held:
@@ -285,11 +287,21 @@ class Door:
     def refuse_taken(self, taken: Taken, err: ServiceError) -> Answer:
         """A taken request that ends before its body is whole (a body too slow, a client gone
         mid-body): the error's answer, with the door's headers; counted and timed."""
+        taken.finished = True
         taken.held.__exit__(None, None, None)
         response = error_response(taken.request, err)
         self.metrics.request_finished(taken.compiled.template, "POST", response.status_code,
                                       taken.started)  # fmt: skip
         return self._answer(taken, response)
+
+    def abandon_taken(self, taken: Taken) -> None:
+        """A taken request whose answer never began (its task cancelled at shutdown before it
+        ran): counted as the ASGI app counts a request that ends without an answer (500),
+        its bytes given back. Nothing when it was answered or refused already."""
+        if not taken.finished:
+            taken.finished = True
+            taken.held.__exit__(None, None, None)
+            self.metrics.request_finished(taken.compiled.template, "POST", 500, taken.started)
 
     @staticmethod
     def _answer(taken: Taken, response: Response) -> Answer:
@@ -319,6 +331,7 @@ class Taken:
 
     __slots__ = (
         "request", "compiled", "params", "query", "decision", "held", "started", "left", "task",
+        "finished",
     )  # fmt: skip
 
     def __init__(self, request, compiled, params, query, decision, held, started):
@@ -331,6 +344,7 @@ class Taken:
         self.started = started
         self.left = False
         self.task: asyncio.Task | None = None
+        self.finished = False  # counted in the metrics as answered (or abandoned)
 
     def client_left(self) -> None:
         """The client closed the connection: its handler, if running, is cancelled."""
@@ -382,9 +396,14 @@ class BodyBudget:
         with self._lock:
             self.held -= holder.bytes
             holder.bytes = 0
+            holder.over = True
 
     def _reserve(self, holder: _Held, count: int) -> None:
         with self._lock:
+            if holder.over:
+                # Its request was answered or abandoned while a worker thread still read its
+                # body (a decompression, say): that work stops here, nothing more is held.
+                raise ClientClosedRequest("the request ended before its body was read")
             if self.held + count > self.limit:
                 raise BodiesInFlight(
                     f"the service holds {self.held} bytes of request bodies already; another "
@@ -397,11 +416,12 @@ class BodyBudget:
 class _Held:
     # A plain class, not @contextlib.contextmanager: its generator cost a few microseconds per
     # request on the loop.
-    __slots__ = ("budget", "bytes")
+    __slots__ = ("budget", "bytes", "over")
 
     def __init__(self, budget: BodyBudget):
         self.budget = budget
         self.bytes = 0
+        self.over = False
 
     def __enter__(self) -> _Held:
         return self

@@ -44,10 +44,12 @@ import signal
 import time
 import urllib.parse
 from collections.abc import Callable
+from functools import partial
 
 import httptools
 import orjson
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
@@ -153,10 +155,11 @@ class _DirectCycle:
     protocol's `cycle`): not complete until answered; keep-alive turned off by a drain.
     `chunks` holds its body while it comes, and is None once it is whole."""
 
-    __slots__ = ("taken", "keep_alive", "response_complete", "chunks", "timer")
+    __slots__ = ("taken", "scope", "keep_alive", "response_complete", "chunks", "timer")
 
-    def __init__(self, taken: Taken, keep_alive: bool):
+    def __init__(self, taken: Taken, scope: dict, keep_alive: bool):
         self.taken = taken
+        self.scope = scope  # as uvicorn made it: the path as sent, for the access line
         self.keep_alive = keep_alive
         self.response_complete = False
         self.chunks: list[bytes] | None = []
@@ -321,6 +324,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle is not None and not self.cycle.response_complete
         ):
             return False  # pipelined behind one not yet answered: uvicorn queues it
+        if self.flow.write_paused:
+            return False  # a client not reading its answers: uvicorn's cycle waits for it
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             return False  # uvicorn answers 503
@@ -348,7 +353,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if taken is None:
             return False
         keep_alive = http_version != "1.0" and self.parser.should_keep_alive()
-        self._direct = self.cycle = _DirectCycle(taken, keep_alive and not self.drain.on)
+        self._direct = self.cycle = _DirectCycle(taken, scope, keep_alive and not self.drain.on)
         return True
 
     def _start_direct(self, direct: _DirectCycle) -> None:
@@ -356,7 +361,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         body = b"".join(direct.chunks) if len(direct.chunks) != 1 else direct.chunks[0]
         direct.chunks = None
         task = self.loop.create_task(self._answer_direct(direct, body))
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(partial(self._direct_done, direct))
         self.tasks.add(task)
 
     async def _answer_direct(self, direct: _DirectCycle, body: bytes) -> None:
@@ -364,13 +369,32 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._direct is direct:
             self._write_direct(direct, answer)
 
+    def _direct_done(self, direct: _DirectCycle, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            return
+        # Cancelled (the server's shutdown timeout, even before it started) or failed: as
+        # uvicorn's cycle does, the connection is closed rather than left waiting for an
+        # answer, and the request is counted and its bytes given back if it was not yet.
+        if not task.cancelled():
+            log.error("The direct transport failed", exc_info=task.exception())
+        self.door.abandon_taken(direct.taken)
+        if self._direct is direct:
+            self._direct = None
+            direct.response_complete = True
+        self.transport.close()
+
     def _body_too_slow(self) -> None:
         direct = self._direct
         direct.timer = None
         size = sum(len(chunk) for chunk in direct.chunks)
         direct.chunks = None
         error = body_too_slow(self.door.body_timeout, size)
-        self._write_direct(direct, self.door.refuse_taken(direct.taken, error))
+        try:
+            self._write_direct(direct, self.door.refuse_taken(direct.taken, error))
+        except Exception:
+            log.exception("The direct transport failed")
+            self.transport.close()
 
     @staticmethod
     def _cancel_body_timer(direct: _DirectCycle) -> None:
@@ -387,7 +411,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         keep_alive = direct.keep_alive and not self.drain.on
         if self.access_log:
-            self._log_access(direct.taken.request.scope, answer.status)
+            self._log_access(direct.scope, answer.status)
         parts = [STATUS_LINES[answer.status]]
         says_close = False
         for name, value in (*self.server_state.default_headers, *answer.headers):
@@ -517,10 +541,11 @@ UVICORN_INTERNALS: dict[type, dict[str, tuple[str, ...]]] = {
             "loop", "transport", "client", "cycle", "server_state", "pipeline",
             "timeout_keep_alive_task", "timeout_keep_alive", "parser", "url", "headers",
             "scope", "root_path", "limit_concurrency", "connections", "tasks", "access_log",
-            "access_logger",
+            "access_logger", "flow",
         ),
     },
     RequestResponseCycle: {"methods": (), "attributes": ("keep_alive", "response_complete")},
+    FlowControl: {"methods": (), "attributes": ("write_paused",)},
     uvicorn.Server: {
         "methods": ("handle_exit", "shutdown", "on_tick"),
         "attributes": ("should_exit", "server_state"),

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import logging
 import socket
+import threading
 
 import httpx
 import numpy as np
@@ -24,7 +25,7 @@ from support.helpers import open_upload, png_bytes
 
 from service.app import create_app
 from service.door import BodyBudget
-from service.errors import BodiesInFlight
+from service.errors import BodiesInFlight, ClientClosedRequest
 from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
@@ -259,7 +260,7 @@ def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(s
     assert asked == [
         (f"{V1}:predict", len(body), True),
         (f"{V1}:predict", len(body), False),  # refused by the access rules: answered by the app
-        (f"{V1}:predict", len(body), True),  # the canonical path, as the app matches it
+        ("/V1/MODELS/fashion_mnist:PREDICT", len(body), True),  # matched as TF Serving does
     ]
 
 
@@ -277,7 +278,73 @@ def test_the_direct_transport_writes_uvicorns_access_line(settings):
             access.setLevel(logging.INFO)
             try:
                 client.post(f"{V1}:predict?x=%20y", content=body, headers=BEARER)
+                client.post("/V1/MODELS/fashion_mnist:PREDICT", content=body, headers=BEARER)
             finally:
                 access.removeHandler(handler)
         lines[direct] = [r.getMessage().split(" - ", 1)[1] for r in records]
-    assert lines[True] == lines[False] == [f'"POST {V1}%3Apredict?x=%20y HTTP/1.1" 200'], lines
+    expected = [
+        f'"POST {V1}%3Apredict?x=%20y HTTP/1.1" 200',
+        '"POST /V1/MODELS/fashion_mnist%3APREDICT HTTP/1.1" 200',  # the path as it was sent
+    ]
+    assert lines[True] == lines[False] == expected, lines
+
+
+def test_a_client_not_reading_its_answers_is_left_to_uvicorns_cycle(settings):
+    """While the connection's writes are paused (the client does not read), its next request
+    goes through uvicorn's cycle, which waits for the client before answering, rather than
+    past it into a buffer that grows without bound."""
+    service = create_app(settings, FakeBackend())
+    asked = []
+    take = service.door.take
+    service.door.take = lambda scope, declared: asked.append(declared) or take(scope, declared)
+    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door)
+    body = orjson.dumps({"instances": [IMAGE.tolist()]})
+    with (
+        threaded_server(service, http=protocol) as (url, server),
+        httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
+    ):
+        assert client.post(f"{V1}:predict", content=body).status_code == 200
+        assert asked == [len(body)]
+        (connection,) = server.server_state.connections
+        # As the transport pauses it past its high-water mark.
+        connection.loop.call_soon_threadsafe(connection.flow.pause_writing)
+        wait_until(lambda: connection.flow.write_paused, "writing to pause")
+        answered = []
+        thread = threading.Thread(
+            target=lambda: answered.append(client.post(f"{V1}:predict", content=body))
+        )
+        thread.start()
+        wait_until(lambda: server.server_state.tasks, "the request to reach uvicorn's cycle")
+        assert asked == [len(body)] and not answered  # not taken, and held until writable
+        connection.loop.call_soon_threadsafe(connection.flow.resume_writing)
+        thread.join(30)
+    assert [r.status_code for r in answered] == [200]
+
+
+def test_a_taken_request_abandoned_at_shutdown_is_counted_once_and_gives_its_bytes_back():
+    service = create_app(Settings(model_name=MODEL_NAME), FakeBackend())
+    door = service.door
+    scope = {
+        "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": f"{V1}:predict", "raw_path": f"{V1}:predict".encode(), "query_string": b"",
+        "root_path": "", "headers": [(b"host", b"x"), (b"content-length", b"10")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    taken = door.take(scope, 10)
+    assert taken is not None
+    assert door.body_budget.held == 10 and door.metrics.in_flight == 1
+    door.abandon_taken(taken)
+    door.abandon_taken(taken)
+    assert door.body_budget.held == 0 and door.metrics.in_flight == 0
+    assert b'status="500"' in door.metrics.exposition()
+
+
+def test_a_request_over_holds_no_more_bytes():
+    """A worker thread still reading an answered request's body (a decompression, say) can
+    reserve nothing more: it stops, and the budget is not left holding its bytes."""
+    budget = BodyBudget(100)
+    with budget.hold() as held:
+        held.reserve(10)
+    with pytest.raises(ClientClosedRequest):
+        held.reserve(5)
+    assert budget.held == 0
