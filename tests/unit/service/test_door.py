@@ -234,7 +234,10 @@ def metric_value(url: str, name: str) -> float:
 # --- the direct transport -------------------------------------------------------------------
 
 
-def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(settings):
+@contextlib.contextmanager
+def direct_server(settings: Settings):
+    """The service over loopback with its direct transport, each request the door was asked
+    to take recorded: (asked, server, client), asked holding (path, declared, taken)."""
     service = create_app(settings, FakeBackend())
     asked = []
     take = service.door.take
@@ -246,11 +249,16 @@ def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(s
 
     service.door.take = recorded
     protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door)
-    body = orjson.dumps({"instances": [IMAGE.tolist()]})
     with (
-        threaded_server(service, http=protocol) as (url, _),
+        threaded_server(service, http=protocol) as (url, server),
         httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
     ):
+        yield asked, server, client
+
+
+def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(settings):
+    body = orjson.dumps({"instances": [IMAGE.tolist()]})
+    with direct_server(settings) as (asked, _, client):
         assert client.post(f"{V1}:predict", content=body).status_code == 200
         anonymous = {"Authorization": ""}
         assert client.post(f"{V1}:predict", content=body, headers=anonymous).status_code == 401
@@ -293,18 +301,10 @@ def test_a_client_not_reading_its_answers_is_left_to_uvicorns_cycle(settings):
     """While the connection's writes are paused (the client does not read), its next request
     goes through uvicorn's cycle, which waits for the client before answering, rather than
     past it into a buffer that grows without bound."""
-    service = create_app(settings, FakeBackend())
-    asked = []
-    take = service.door.take
-    service.door.take = lambda scope, declared: asked.append(declared) or take(scope, declared)
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door)
     body = orjson.dumps({"instances": [IMAGE.tolist()]})
-    with (
-        threaded_server(service, http=protocol) as (url, server),
-        httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
-    ):
+    with direct_server(settings) as (asked, server, client):
         assert client.post(f"{V1}:predict", content=body).status_code == 200
-        assert asked == [len(body)]
+        assert len(asked) == 1
         (connection,) = server.server_state.connections
         # As the transport pauses it past its high-water mark.
         connection.loop.call_soon_threadsafe(connection.flow.pause_writing)
@@ -315,7 +315,7 @@ def test_a_client_not_reading_its_answers_is_left_to_uvicorns_cycle(settings):
         )
         thread.start()
         wait_until(lambda: server.server_state.tasks, "the request to reach uvicorn's cycle")
-        assert asked == [len(body)] and not answered  # not taken, and held until writable
+        assert len(asked) == 1 and not answered  # not offered, and held until writable
         connection.loop.call_soon_threadsafe(connection.flow.resume_writing)
         thread.join(30)
     assert [r.status_code for r in answered] == [200]
