@@ -264,9 +264,14 @@ def test_an_image_folder_model_is_blessed_on_new_images_and_not_on_mislabeled_on
     baselines, tmp_path, capsys
 ):
     good = tmp_path / "good"
+    # The reference slice is 13 images, and training on two cores is not bit-for-bit
+    # repeatable: the clean retrain may get one of them wrong that the baseline got right
+    # (0.077 less), while gaining 0.1 or more overall (seen in a fresh-clone run). It may
+    # lose up to 0.1; the mislabeled retrain below is judged at the default, no drop at all.
     code, model = retrain(
-        baselines, good, "shapes", "--extra-data", baselines.new["images"], steps=160, batch=16
-    )
+        baselines, good, "shapes", "--extra-data", baselines.new["images"],
+        "--max-accuracy-drop", "0.1", steps=160, batch=16,
+    )  # fmt: skip
     assert code == 0, capsys.readouterr().out
     blessing = json.loads((model / "2" / ASSETS_EXTRA / BLESSING_FILE).read_text())
     sources = {s["source"]: s for s in blessing["data"]["sources"]}
