@@ -36,7 +36,6 @@ refuses to start without them; tests/.../test_server.py checks the pinned uvicor
 from __future__ import annotations
 
 import asyncio
-import http
 import inspect
 import logging
 import re
@@ -50,7 +49,12 @@ import httptools
 import orjson
 import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import ServerState
 
 from service.door import LEFT_MID_BODY, Answer, Door, Taken, body_too_slow
@@ -138,18 +142,6 @@ ASGI_ONLY_HEADERS = frozenset({
 })  # fmt: skip
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
-
-
-# Each status's line, as uvicorn writes it.
-STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
-
-
 class _DirectCycle:
     """A request the direct transport answers, as uvicorn's protocol and the drain see it (the
     protocol's `cycle`): not complete until answered; keep-alive turned off by a drain.
@@ -164,11 +156,6 @@ class _DirectCycle:
         self.response_complete = False
         self.chunks: list[bytes] | None = []
         self.timer: asyncio.TimerHandle | None = None
-
-    class message_event:  # noqa: N801 - what uvicorn's connection_lost sets on the last cycle
-        @staticmethod
-        def set() -> None:
-            pass
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -303,11 +290,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
+        if isinstance(self.cycle, _DirectCycle):
+            self.cycle = None  # uvicorn's connection_lost tells only a cycle of its own
         direct = self._direct
         if direct is not None:
             self._direct = None
-            if self.cycle is direct:
-                self.cycle = None  # uvicorn's own cycle, if one follows, is told; not ours
             if direct.chunks is None:
                 direct.taken.client_left()  # its handler is cancelled: 499, to nobody
             else:
@@ -411,8 +398,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         keep_alive = direct.keep_alive and not self.drain.on
         if self.access_log:
-            self._log_access(direct.scope, answer.status)
-        parts = [STATUS_LINES[answer.status]]
+            scope = direct.scope
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), "POST",
+                                    get_path_with_query_string(scope), scope["http_version"],
+                                    answer.status)  # fmt: skip
+        parts = [STATUS_LINE[answer.status]]
         says_close = False
         for name, value in (*self.server_state.default_headers, *answer.headers):
             name = name.lower()
@@ -427,15 +417,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not keep_alive:
             self.transport.close()
         self.on_response_complete()
-
-    def _log_access(self, scope, status: int) -> None:
-        # uvicorn's access line, word for word.
-        client = "{}:{}".format(*scope["client"]) if scope.get("client") else ""
-        path = urllib.parse.quote(scope["path"])
-        if scope["query_string"]:
-            path += "?" + scope["query_string"].decode("ascii")
-        line = '%s - "%s %s HTTP/%s" %d'
-        self.access_logger.info(line, client, scope["method"], path, scope["http_version"], status)
 
 
 def guarded_protocol(

@@ -36,6 +36,7 @@ from service.app import create_app
 from service.backends.base import Backend
 from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, SignatureNotFound, UpstreamError
+from service.server import Drain, guarded_protocol
 from service.settings import Settings
 from service.types import (
     ModelMetadata,
@@ -341,6 +342,12 @@ def wait_until(condition, what: str, timeout: float = WAIT_SECONDS) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def service_protocol(service, direct: bool, header_timeout: float = 10.0):
+    """The service's protocol class for uvicorn (service/server.py), with its direct
+    transport into the door or with every request going through uvicorn's ASGI cycle."""
+    return guarded_protocol(16 * 1024, header_timeout, Drain(), service.door if direct else None)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,14 @@ import numpy as np
 import orjson
 import pytest
 from starlette.testclient import TestClient
-from support.fakes import MODEL_NAME, FakeBackend, app_client, threaded_server, wait_until
+from support.fakes import (
+    MODEL_NAME,
+    FakeBackend,
+    app_client,
+    service_protocol,
+    threaded_server,
+    wait_until,
+)
 from support.helpers import open_upload, png_bytes
 
 from service.app import create_app
@@ -108,9 +115,8 @@ def in_process(settings: Settings):
 @contextlib.contextmanager
 def over_loopback(settings: Settings, direct: bool = False):
     service = create_app(settings, FakeBackend())
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door if direct else None)
     with (
-        threaded_server(service, http=protocol) as (url, _),
+        threaded_server(service, http=service_protocol(service, direct)) as (url, _),
         httpx.Client(base_url=url, timeout=30) as client,
     ):
         yield client
@@ -248,9 +254,8 @@ def direct_server(settings: Settings):
         return taken
 
     service.door.take = recorded
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain(), service.door)
     with (
-        threaded_server(service, http=protocol) as (url, server),
+        threaded_server(service, http=service_protocol(service, True)) as (url, server),
         httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
     ):
         yield asked, server, client

@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from support import fakes
 from support.fakes import (
     MODEL_NAME,
     FakeBackend,
@@ -34,7 +35,6 @@ from artifact.images import MAX_PIXELS
 from service import codec, errors, protocols
 from service.app import create_app
 from service.backends.batching import BatchingBackend
-from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
@@ -67,8 +67,7 @@ def transport(request) -> str:
 
 def service_protocol(service, transport: str, header_timeout: float = 10.0):
     """The service's protocol class for uvicorn, with or without its direct transport."""
-    door = service.door if transport == "direct" else None
-    return guarded_protocol(16 * 1024, header_timeout, Drain(), door)
+    return fakes.service_protocol(service, transport == "direct", header_timeout)
 
 
 # --- the body: shapes the JSON reader accepts and the contract does not -----------------------
