@@ -511,6 +511,8 @@ class DrainingServer(uvicorn.Server):
 # methods it overrides or calls, and attributes it reads or writes, by the class that has
 # them. An instance attribute is found where the class's __init__ (or, for the protocol's
 # per-connection and per-request state, connection_made or on_message_begin) assigns it.
+# Module-level names (STATUS_LINE, get_client_addr, get_path_with_query_string) are
+# imported above: a uvicorn without one fails at the import, naming it.
 UVICORN_INTERNALS: dict[type, dict[str, tuple[str, ...]]] = {
     HttpToolsProtocol: {
         "methods": (
