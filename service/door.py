@@ -163,6 +163,11 @@ class Door:
         started = metrics.request_started()
         status = 500  # what a request that ends without an answer (a shutdown) counts as
         template = "unmatched"
+        # The access rules see the path the request is routed by: `/V1/MODELS/m/FEEDBACK`
+        # is feedback's route, and needs feedback's scope.
+        path = canonical_v1_path(scope["path"])
+        if path != scope["path"]:
+            scope = {**scope, "path": path}  # FastAPI's routes are matched on it too
         decision = self.access.check(scope)
         # Every answer: nosniff, and CORS's headers for an allowed origin.
         extra_headers = [NOSNIFF, *decision.headers]
@@ -178,9 +183,6 @@ class Door:
             if decision.refusal is not None:
                 await decision.refusal(scope, receive, answer)
                 return
-            path = canonical_v1_path(scope["path"])
-            if path != scope["path"]:
-                scope = {**scope, "path": path}  # FastAPI's routes are matched on it too
             found = self.match(path)
             if found is None:
                 try:
@@ -245,16 +247,16 @@ class Door:
         which it is reserved from now. Counted in flight from now. None leaves the request to
         the ASGI app, which meets the same checks in the same order and answers it.
         """
-        decision = self.access.check(scope)
+        path = canonical_v1_path(scope["path"])
+        if path != scope["path"]:
+            scope = {**scope, "path": path}  # the server's scope keeps the path as sent
+        decision = self.access.check(scope)  # on the path it is routed by, as in __call__
         if decision.refusal is not None or declared > self.max_body_bytes:
             return None
-        path = canonical_v1_path(scope["path"])
         found = self.match(path)
         if found is None:
             return None
         compiled, params = found
-        if path != scope["path"]:
-            scope = {**scope, "path": path}  # the server's scope keeps the path as sent
         request = Request(scope)
         held = self.body_budget.hold()
         try:

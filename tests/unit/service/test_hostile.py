@@ -727,3 +727,73 @@ def test_pipelined_requests_are_answered_in_order(transport):
     assert statuses == [b"200", b"400", b"200", b"200"], answers
     assert orjson.loads(answers[0][1])["predictions"][0]["classes"] is not None
     assert b"connection: close" in answers[3][0]
+
+
+# --- scopes hold for every spelling of a path -------------------------------------------------
+
+SCOPE_TOKENS = {
+    "predict": "predictor-token-0123456789",
+    "feedback": "labeler-token-0123456789",
+    "status": "watcher-token-0123456789",
+}
+# TF Serving matches its URL words in any case: every spelling is the same route, and needs
+# the same scope.
+CASED_ROUTES = [
+    pytest.param("POST", f"/v1/models/{MODEL_NAME}/FEEDBACK", "feedback", id="FEEDBACK"),
+    pytest.param("POST", f"/V1/models/{MODEL_NAME}/feedback", "feedback", id="V1"),
+    pytest.param("POST", f"/v1/MODELS/{MODEL_NAME}/Feedback", "feedback", id="MODELS-Feedback"),
+    pytest.param("POST", f"/V1/Models/{MODEL_NAME}/fEEDBACK", "feedback", id="mixed"),
+    pytest.param("POST", f"/V1/MODELS/{MODEL_NAME}:PREDICT", "predict", id="PREDICT"),
+    pytest.param("POST", f"/v1/models/{MODEL_NAME}/Versions/1:Predict", "predict",
+                 id="Versions-Predict"),
+    pytest.param("GET", f"/V1/MODELS/{MODEL_NAME}", "status", id="GET-MODELS"),
+    pytest.param("GET", f"/v1/Models/{MODEL_NAME}/METADATA", "status", id="GET-METADATA"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def scoped(transport, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{token} {scope}\n" for scope, token in SCOPE_TOKENS.items()))
+    settings = Settings(
+        model_name=MODEL_NAME, auth_tokens_file=str(tokens), feedback_dir=str(tmp_path / "fb")
+    )
+    app = create_app(settings, FakeBackend())
+    with threaded_server(app, http=service_protocol(app, transport)) as (url, _):
+        yield url
+
+
+def scoped_request(method: str, path: str, token: str, chunked: bool = False) -> bytes:
+    body = orjson.dumps({"instances": ZEROS, "labels": [1]}) if method == "POST" else b""
+    framing = (
+        f"Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        if chunked
+        else f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+    )
+    return head.encode() + framing
+
+
+@pytest.mark.parametrize(
+    "method, path, needed, chunked",
+    [
+        *(pytest.param(*p.values, False, id=f"{p.id}-length") for p in CASED_ROUTES),
+        *(pytest.param(*p.values, True, id=f"{p.id}-chunked") for p in CASED_ROUTES
+          if p.values[0] == "POST"),
+    ],
+)  # fmt: skip
+def test_every_spelling_of_a_route_needs_its_scope(scoped, method, path, needed, chunked):
+    for scope, token in SCOPE_TOKENS.items():
+        ((head, body),) = http_answers(raw_exchange(scoped, scoped_request(method, path, token,
+                                                                            chunked)))  # fmt: skip
+        status = int(head.split(b" ", 2)[1])
+        if scope == needed:
+            assert status == 200, (scope, head, body)
+        else:
+            assert status == 403, (scope, head, body)
+            assert orjson.loads(body) == {
+                "error": f"the bearer token does not have the {needed!r} scope"
+            }
