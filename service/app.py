@@ -20,10 +20,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
+from service.budgets import BodyBudget
 from service.codec import PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
-from service.door import BodyBudget, Door
+from service.door import Door
 from service.errors import ServiceError, error_response
 from service.metrics import Metrics
 from service.openapi import document_responses
@@ -117,7 +118,9 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         settings.feedback_sender_share,
         SenderRates(settings.feedback_rate_per_minute, settings.feedback_burst_images),
     )
-    grpc_server = _grpc_server(settings, dataplane, tokens) if serve_grpc else None
+    # Request bytes held at once, HTTP and gRPC together (MAX_BODY_BYTES_IN_FLIGHT).
+    body_budget = BodyBudget(settings.max_body_bytes_in_flight)
+    grpc_server = _grpc_server(settings, dataplane, tokens, body_budget) if serve_grpc else None
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)
     service = Service(dataplane, grpc_server)
     app = FastAPI(
@@ -160,7 +163,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         access,
         settings.max_body_bytes,
         settings.body_timeout_seconds,
-        BodyBudget(settings.max_body_bytes_in_flight),
+        body_budget,
     )
     return service
 
@@ -185,7 +188,7 @@ def _dataplane(settings: Settings, backend: Backend, metrics: Metrics):
     return dataplane, prediction_log
 
 
-def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
+def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: BodyBudget):
     # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
     from service.protocols.grpc_server import GRPCServer
     from service.protocols.v2_grpc import OpenInferenceGRPC
@@ -204,6 +207,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         tls=_tls_pair(settings),
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        body_budget=body_budget,
     )
 
 

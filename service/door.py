@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -59,8 +58,8 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.budgets import BodyBudget, Held
 from service.errors import (
-    BodiesInFlight,
     ClientClosedRequest,
     PayloadTooLarge,
     RequestTimeout,
@@ -226,7 +225,7 @@ class Door:
         params: dict[str, Any],
         query: QueryParams,
         sender: str,
-        held: _Held,
+        held: Held,
         body: bytes | None,
         watch: Callable[[Awaitable[Response]], Awaitable[Response]],
     ) -> Response:
@@ -374,67 +373,6 @@ class Taken:
 _NO_QUERY = QueryParams()
 
 
-class BodyBudget:
-    """Request-body bytes held at once, process-wide (MAX_BODY_BYTES_IN_FLIGHT): each body's
-    bytes count from when they are reserved (its declared length, before any is read; a
-    chunked body's chunks as they come) until its request is answered.
-
-    Args:
-        limit: the most bytes held at once.
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held = 0
-        # Handlers reserve from worker threads too (a body decompressed off the loop).
-        self._lock = threading.Lock()
-
-    def hold(self) -> _Held:
-        """A request's share, as a context manager: `reserve(n)` on the holder it yields; all
-        of it is given back when the block ends (answered, failed or cancelled)."""
-        return _Held(self)
-
-    def _give_back(self, holder: _Held) -> None:
-        with self._lock:
-            self.held -= holder.bytes
-            holder.bytes = 0
-            holder.over = True
-
-    def _reserve(self, holder: _Held, count: int) -> None:
-        with self._lock:
-            if holder.over:
-                # Its request was answered or abandoned while a worker thread still read its
-                # body (a decompression, say): that work stops here, nothing more is held.
-                raise ClientClosedRequest("the request ended before its body was read")
-            if self.held + count > self.limit:
-                raise BodiesInFlight(
-                    f"the service holds {self.held} bytes of request bodies already; another "
-                    f"{count} would pass MAX_BODY_BYTES_IN_FLIGHT={self.limit}; retry shortly"
-                )
-            self.held += count
-            holder.bytes += count
-
-
-class _Held:
-    # A plain class, not @contextlib.contextmanager: its generator cost a few microseconds per
-    # request on the loop.
-    __slots__ = ("budget", "bytes", "over")
-
-    def __init__(self, budget: BodyBudget):
-        self.budget = budget
-        self.bytes = 0
-        self.over = False
-
-    def __enter__(self) -> _Held:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.budget._give_back(self)
-
-    def reserve(self, count: int) -> None:
-        self.budget._reserve(self, count)
-
-
 LEFT_MID_BODY = "the client disconnected while sending the body"
 LEFT_BEFORE_ANSWER = "the client disconnected before the prediction was ready"
 
@@ -448,7 +386,7 @@ def body_too_slow(timeout: float, size: int) -> RequestTimeout:
 
 
 async def read_body(
-    request: Request, limit: int, timeout: float = 30.0, held: _Held | None = None
+    request: Request, limit: int, timeout: float = 30.0, held: Held | None = None
 ) -> bytes:
     """The whole body, refusing more than `limit` bytes (MAX_BODY_BYTES) before reading it all,
     each byte reserved first from the process's budget (`held`, from BodyBudget.hold).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -86,12 +87,45 @@ def example_of_json(features: Any, where: str) -> bytes:
     return encode_example(_features_of_json(features, where))
 
 
-def examples_from_json(request: dict, max_examples: int) -> list[bytes]:
-    """A REST :classify or :regress body's `examples` (and `context`, merged into each) as
-    serialized tf.Examples.
+@dataclasses.dataclass(frozen=True)
+class JSONExamples:
+    """A REST :classify or :regress body's examples, counted and their context encoded, not
+    yet serialized (`serialize`): what building them will hold is known first
+    (`serialized_bytes`), so a small body cannot make the service build gigabytes.
+
+    Attributes:
+        context: the context's features as one serialized tf.Example (b"" without one).
+        examples: the examples' JSON objects.
+    """
+
+    context: bytes
+    examples: list
+
+    def serialized_bytes(self) -> int:
+        """A bound on what the context adds to the examples' own bytes: its copy in each."""
+        return len(self.context) * len(self.examples)
+
+    def serialize(self) -> list[bytes]:
+        """Each example as a serialized tf.Example, after the context's bytes, as TF Serving
+        builds them (servables/tensorflow/util.cc: the serialized context and the
+        serialized example, concatenated): parsed, the example's own features win.
+
+        Raises:
+            BadInput: a feature no tf.Example can hold (named by its place).
+        """
+        context = self.context
+        return [
+            context + example_of_json(example, f"examples[{i}]")
+            for i, example in enumerate(self.examples)
+        ]
+
+
+def json_examples(request: dict, max_examples: int) -> JSONExamples:
+    """A REST :classify or :regress body's `examples` and `context`, counted and checked
+    before any example is built.
 
     Raises:
-        BadInput: no `examples` list, or a feature no tf.Example can hold.
+        BadInput: no `examples` list, or a context no tf.Example can hold.
         PayloadTooLarge: more than max_examples examples.
     """
     examples = request.get("examples")
@@ -104,11 +138,26 @@ def examples_from_json(request: dict, max_examples: int) -> list[bytes]:
         raise BadInput("'examples' is empty; send at least one example")
     check_image_count(len(examples), max_examples)
     context = request.get("context")
-    shared = _features_of_json(context, "context") if context is not None else {}
-    return [
-        encode_example({**shared, **_features_of_json(example, f"examples[{i}]")})
-        for i, example in enumerate(examples)
-    ]
+    return JSONExamples(
+        example_of_json(context, "context") if context is not None else b"", examples
+    )
+
+
+def examples_from_json(request: dict, max_examples: int) -> list[bytes]:
+    """A REST :classify or :regress body's `examples` (and `context`, merged into each) as
+    serialized tf.Examples (json_examples, then serialize).
+
+    Raises:
+        BadInput: no `examples` list, or a feature no tf.Example can hold.
+        PayloadTooLarge: more than max_examples examples.
+    """
+    return json_examples(request, max_examples).serialize()
+
+
+def with_context(context: bytes, examples: list[bytes]) -> list[bytes]:
+    """Serialized tf.Examples, each after a serialized context (gRPC's
+    example_list_with_context), as TF Serving joins them."""
+    return [context + example for example in examples]
 
 
 # --- the signature and its outputs --------------------------------------------------------

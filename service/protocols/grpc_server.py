@@ -42,6 +42,7 @@ from tensorflow_serving.apis import (
 
 from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
 from service import examples
+from service.budgets import BodyBudget, Held
 from service.dataplane import DataPlane
 from service.errors import (
     GRPC_ERRORS,
@@ -209,11 +210,16 @@ class _Servicer(
     model_service_pb2_grpc.ModelServiceServicer,
 ):
     def __init__(
-        self, dataplane: DataPlane, tensor_content: bool = False, strict_numbers: bool = False
+        self,
+        dataplane: DataPlane,
+        tensor_content: bool = False,
+        strict_numbers: bool = False,
+        body_budget: BodyBudget | None = None,
     ):
         self.dataplane = dataplane
         self.tensor_content = tensor_content
         self.strict_numbers = strict_numbers
+        self.body_budget = body_budget or BodyBudget(1 << 62)
 
     # --- model specs --------------------------------------------------------------------
     def servable(self, spec) -> tuple[str, int | None, str | None]:
@@ -381,38 +387,43 @@ class _Servicer(
             kind,
             lambda: _debug_string(metadata, signature_name),
         )
-        serialized = self._serialized_examples(request.input)
-        result = await self.dataplane.predict(
-            name, examples.example_inputs(serialized), version, signature_name, label
-        )
+        with self.body_budget.hold() as held:
+            serialized = await self._serialized_examples(request.input, held)
+            result = await self.dataplane.predict(
+                name, examples.example_inputs(serialized), version, signature_name, label
+            )
         return name, version, label, signature_name, result, len(serialized)
 
-    def _serialized_examples(self, input_) -> list[bytes]:
-        """A request's Input as serialized tf.Examples, each merged over the context when it
-        has one (TF Serving's util.cc, InputToSerializedExampleTensor), counted against
-        MAX_IMAGES.
+    async def _serialized_examples(self, input_, held: Held) -> list[bytes]:
+        """A request's Input as serialized tf.Examples, each after the context when it has
+        one, as TF Serving joins them (util.cc, InputToSerializedExampleTensor): counted
+        against MAX_IMAGES first, the context's copies then held in the body budget, and
+        made off the event loop.
 
         Raises:
             BadInput: no example.
-            PayloadTooLarge: more than MAX_IMAGES.
+            PayloadTooLarge: more than MAX_IMAGES, or copies past MAX_BODY_BYTES_IN_FLIGHT.
+            BodiesInFlight: the budget has no room for the copies now.
         """
         choice = input_.WhichOneof("kind")
         if choice == "example_list":
-            serialized = [e.SerializeToString() for e in input_.example_list.examples]
+            listed, context = input_.example_list.examples, None
         elif choice == "example_list_with_context":
-            with_context = input_.example_list_with_context
-            serialized = []
-            for example in with_context.examples:
-                merged = type(example)()
-                merged.CopyFrom(with_context.context)
-                merged.MergeFrom(example)
-                serialized.append(merged.SerializeToString())
+            listed = input_.example_list_with_context.examples
+            context = input_.example_list_with_context.context
         else:
             raise BadInput("Input is empty")
-        if not serialized:
+        if not listed:
             raise BadInput("Input is empty")
-        self.dataplane.check_image_count(len(serialized))
-        return serialized
+        self.dataplane.check_image_count(len(listed))
+        if context is None:
+            return [example.SerializeToString() for example in listed]
+        held.reserve(context.ByteSize() * len(listed))
+        return await asyncio.to_thread(
+            lambda: examples.with_context(
+                context.SerializeToString(), [e.SerializeToString() for e in listed]
+            )
+        )
 
     @_rpc
     async def MultiInference(self, request, context):  # noqa: N802
@@ -452,7 +463,12 @@ class _Servicer(
                 kind,
                 functools.partial(_debug_string, metadata, signature_name),
             )
-        serialized = self._serialized_examples(request.input)
+        with self.body_budget.hold() as held:
+            serialized = await self._serialized_examples(request.input, held)
+            return await self._multi_inference(request, name, metadata, signature_names,
+                                               serialized)  # fmt: skip
+
+    async def _multi_inference(self, request, name, metadata, signature_names, serialized):
         response = inference_pb2.MultiInferenceResponse()
         for task, signature_name in zip(request.tasks, signature_names, strict=True):
             # The version the first task found, for every task: one model, one version.
@@ -533,6 +549,8 @@ class GRPCServer:
             anyone on the path could.
         max_concurrent_rpcs: GRPC_MAX_CONCURRENT_RPCS: most calls served at once; gRPC
             itself answers those past it RESOURCE_EXHAUSTED.
+        body_budget: the bytes the process holds for requests (MAX_BODY_BYTES_IN_FLIGHT),
+            shared with HTTP: the tf.Examples a call's context is copied into count in it.
     """
 
     def __init__(
@@ -550,7 +568,9 @@ class GRPCServer:
         tls: tuple[bytes, bytes] | None = None,
         allow_plaintext_tokens: bool = False,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+        body_budget: BodyBudget | None = None,
     ):
+        self.body_budget = body_budget
         self.tls = tls
         self.allow_plaintext_tokens = allow_plaintext_tokens
         self.max_concurrent_rpcs = max_concurrent_rpcs
@@ -598,7 +618,9 @@ class GRPCServer:
                 ("grpc.so_reuseport", int(self.share_port)),
             ],
         )
-        servicer = _Servicer(self.dataplane, self.tensor_content, self.strict_numbers)
+        servicer = _Servicer(
+            self.dataplane, self.tensor_content, self.strict_numbers, self.body_budget
+        )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:

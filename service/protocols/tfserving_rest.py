@@ -285,16 +285,25 @@ class TFServingREST:
         """TF Serving's REST regress: `{"results": [value, ...]}`."""
         return await self._examples(call, name, version, label, "regression")
 
-    async def _examples(self, call: Call, name, version, label, kind: str) -> Response:
-        parsed_version = version_in_url(version)
-        label_in_url(label)
+    def _read_json(self, body: bytes) -> tuple[str, dict]:
+        """(signature_name, the whole request) of a :classify or :regress body."""
         parsed = codec.read_predict_body(
-            call.body, self.dataplane.max_images, self.strict_numbers, False
+            body, self.dataplane.max_images, self.strict_numbers, False
         )
         request = parsed.request
         if request is None:
-            request = codec.loads(call.body, non_finite=not self.strict_numbers)
-        signature_name = parsed.signature_name
+            request = codec.loads(body, non_finite=not self.strict_numbers)
+        return parsed.signature_name, request
+
+    async def _examples(self, call: Call, name, version, label, kind: str) -> Response:
+        parsed_version = version_in_url(version)
+        label_in_url(label)
+        body = call.body
+        large = len(body) > INLINE_PARSE_BYTES
+        if large:
+            signature_name, request = await asyncio.to_thread(self._read_json, body)
+        else:
+            signature_name, request = self._read_json(body)
         metadata = await self.dataplane.metadata(name, parsed_version, label)
         signature = metadata.signatures.get(signature_name)
         examples.check_example_signature(
@@ -303,7 +312,15 @@ class TFServingREST:
             kind,
             lambda: str(metadata.signature_defs.signature_def.get(signature_name, "")),
         )
-        serialized = examples.examples_from_json(request, self.dataplane.max_images)
+        batch = examples.json_examples(request, self.dataplane.max_images)
+        # The context is copied into every example: counted, and held in the body budget,
+        # before any copy is made; many copies are made off the event loop.
+        copies = batch.serialized_bytes()
+        call.reserve(copies)
+        if large or copies > INLINE_PARSE_BYTES:
+            serialized = await asyncio.to_thread(batch.serialize)
+        else:
+            serialized = batch.serialize()
         result = await self.dataplane.predict(
             name, examples.example_inputs(serialized), parsed_version, signature_name, label
         )

@@ -25,7 +25,7 @@ sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, not whatever is
 import uvicorn
 from support.fakes import FakeBackend
 from service.app import create_app
-from service.door import BodyBudget
+from service.budgets import BodyBudget
 from service.errors import BodiesInFlight
 from service.server import Drain, guarded_protocol
 from service.settings import Settings

@@ -38,13 +38,29 @@ def test_a_body_that_fits_as_sent_is_served(client):
     assert client.post(INFER, content=BODY).status_code == 200
 
 
-def test_a_small_gzip_body_that_decompresses_past_the_budget_is_refused(client):
+def test_a_small_gzip_body_that_decompresses_past_the_whole_budget_is_too_large(client):
     squeezed = gzip.compress(BODY)
     assert len(squeezed) < LIMIT // 100
     answer = client.post(INFER, content=squeezed, headers={"content-encoding": "gzip"})
+    # More than the whole budget for one request: it would never fit, so no Retry-After.
+    assert answer.status_code == 413, answer.text
+    assert "MAX_BODY_BYTES_IN_FLIGHT" in answer.json()["error"]
+    assert "retry-after" not in answer.headers
+
+
+def test_a_gzip_body_past_what_others_leave_of_the_budget_is_refused_for_now(client):
+    half = BODY[:-300_000]  # counted twice decompressed: more than half the budget
+    with client.app.door.body_budget.hold() as others:
+        others.reserve(LIMIT // 2)
+        answer = client.post(
+            INFER, content=gzip.compress(half), headers={"content-encoding": "gzip"}
+        )
     assert answer.status_code == 503, answer.text
     assert "MAX_BODY_BYTES_IN_FLIGHT" in answer.json()["error"]
     assert answer.headers["retry-after"]
+    # Once the others' bytes are given back, the same request is served.
+    again = client.post(INFER, content=gzip.compress(half), headers={"content-encoding": "gzip"})
+    assert again.status_code == 200, again.text
 
 
 def test_the_decompressed_bytes_are_given_back_when_answered(client):

@@ -31,8 +31,8 @@ from support.fakes import (
 from support.helpers import open_upload, png_bytes
 
 from service.app import create_app
-from service.door import BodyBudget
-from service.errors import BodiesInFlight, ClientClosedRequest
+from service.budgets import BodyBudget
+from service.errors import BodiesInFlight, ClientClosedRequest, PayloadTooLarge
 from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
@@ -195,6 +195,17 @@ def test_the_body_budget_reserves_and_gives_back():
             second.reserve(30)
             second.reserve(20)  # 110 in all: refused, and its 30 are given back
         assert budget.held == 60
+    assert budget.held == 0
+
+
+def test_a_request_needing_more_than_the_whole_body_budget_is_too_large():
+    budget = BodyBudget(100)
+    with budget.hold() as alone:
+        alone.reserve(70)
+        # It could never fit, whatever others hold: 413, not a 503 to retry.
+        with pytest.raises(PayloadTooLarge, match="needs 101 bytes held at once"):
+            alone.reserve(31)
+        assert budget.held == 70
     assert budget.held == 0
 
 

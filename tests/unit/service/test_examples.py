@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from artifact.tf_example import decode_example
 from service import examples
 from service.errors import BadInput, PayloadTooLarge
 from service.types import SignatureSpec, TensorSpec
@@ -32,12 +33,21 @@ def test_an_example_in_protobufs_wire_format():
 def test_json_examples_take_their_kinds_and_the_context():
     body = {"context": {"city": "a", "rooms": 2}, "examples": [{"x": 1.5}, {"x": 2, "rooms": 3}]}
     first, second = examples.examples_from_json(body, 10)
-    assert first == examples.encode_example(
-        {"city": ("bytes", [b"a"]), "rooms": ("int64", [2]), "x": ("float", [1.5])}
-    )
+    assert decode_example(first) == {
+        "city": ("bytes", [b"a"]),
+        "rooms": ("int64", [2]),
+        "x": ("float", [1.5]),
+    }
     # The example's own feature wins over the context's; 2 stays an integer.
-    assert second == examples.encode_example(
-        {"city": ("bytes", [b"a"]), "rooms": ("int64", [3]), "x": ("int64", [2])}
+    assert decode_example(second) == {
+        "city": ("bytes", [b"a"]),
+        "rooms": ("int64", [3]),
+        "x": ("int64", [2]),
+    }
+    # As TF Serving builds them: the serialized context, then the serialized example.
+    context = examples.encode_example({"city": ("bytes", [b"a"]), "rooms": ("int64", [2])})
+    assert second == context + examples.encode_example(
+        {"rooms": ("int64", [3]), "x": ("int64", [2])}
     )
     (b64,) = examples.examples_from_json({"examples": [{"img": {"b64": "/w=="}}]}, 10)
     assert b64 == examples.encode_example({"img": ("bytes", [b"\xff"])})

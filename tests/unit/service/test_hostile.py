@@ -8,6 +8,7 @@ log injection, paths in error bodies, MIME sniffing, the docs' assets, TLS.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -32,10 +33,11 @@ from support.fakes import (
 from support.helpers import error_message, png_bytes, self_signed
 
 from artifact.images import MAX_PIXELS
-from service import codec, errors, protocols
+from service import codec, errors, examples, protocols
 from service.app import create_app
 from service.backends.batching import BatchingBackend
 from service.settings import Settings
+from service.types import SignatureSpec, TensorSpec
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
 OVERLOADED_WORDS = (
@@ -797,3 +799,63 @@ def test_every_spelling_of_a_route_needs_its_scope(scoped, method, path, needed,
             assert orjson.loads(body) == {
                 "error": f"the bearer token does not have the {needed!r} scope"
             }
+
+
+# --- tf.Example context amplification -----------------------------------------------------
+
+EXAMPLES_SIGNATURE = SignatureSpec(
+    "serving_default",
+    "tensorflow/serving/classify",
+    (TensorSpec("inputs", np.dtype(object), (-1,)),),
+    (TensorSpec("classes", np.dtype(object), (-1, 2)), TensorSpec("scores", np.float32, (-1, 2))),
+)
+
+
+def two_scores(signature_name, inputs):
+    n = len(inputs["inputs"])
+    classes = np.array([[b"neg", b"pos"]] * n, dtype=object)
+    return {"classes": classes, "scores": np.tile(np.float32([[0.25, 0.75]]), (n, 1))}
+
+
+@pytest.fixture
+def examples_client():
+    backend = fakes.AnyFakeBackend(
+        {"parsing": fakes.FakeModel({"serving_default": EXAMPLES_SIGNATURE}, two_scores)}
+    )
+    with app_client(backend, max_images=1024, max_body_bytes=200_000,
+                    max_body_bytes_in_flight=4_000_000) as client:  # fmt: skip
+        yield client
+
+
+def test_many_context_copies_are_made_off_the_event_loop(examples_client, monkeypatch):
+    made_on = []
+    serialize = examples.JSONExamples.serialize
+
+    def recording(self):
+        try:
+            asyncio.get_running_loop()
+            made_on.append("the event loop")
+        except RuntimeError:
+            made_on.append("a worker thread")
+        return serialize(self)
+
+    monkeypatch.setattr(examples.JSONExamples, "serialize", recording)
+    # A 3 KB body: 2 KB of context copied into 1,000 examples, 2 MB in all.
+    body = {"context": {"pad": "x" * 2_000}, "examples": [{"x": 1.0}] * 1_000}
+    answer = examples_client.post("/v1/models/parsing:classify", json=body)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["results"]) == 1_000
+    assert made_on == ["a worker thread"]
+
+
+def test_context_copies_past_the_body_budget_are_refused_before_any_is_made(
+    examples_client, monkeypatch
+):
+    made = []
+    monkeypatch.setattr(examples.JSONExamples, "serialize", lambda self: made.append(1) or [])
+    # 5 KB of context into 1,000 examples: 5 MB, past the 4 MB MAX_BODY_BYTES_IN_FLIGHT.
+    body = {"context": {"pad": "x" * 5_000}, "examples": [{"x": 1.0}] * 1_000}
+    answer = examples_client.post("/v1/models/parsing:classify", json=body)
+    assert "MAX_BODY_BYTES_IN_FLIGHT" in error_message(answer, 413)
+    assert made == []
+    assert examples_client.app.door.body_budget.held == 0
