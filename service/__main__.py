@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
-from service.errors import printable
 from service.security import TokenFileError, open_access_notice, read_tokens
 from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
@@ -86,8 +85,6 @@ def main() -> int:
         # Stopping: each worker's drain and shutdown, and a margin before it is killed.
         stop_seconds = settings.drain_seconds + settings.shutdown_timeout_seconds + 10
         return supervise(settings.workers, stop_seconds)
-    # A URL can carry a newline (%0A): uvicorn's access log writes it escaped, one line each.
-    logging.getLogger("uvicorn.access").addFilter(EscapeControlCharacters())
     # TensorFlow is imported here, quietly, before any module that needs it, without Keras.
     from artifact.quiet import quiet_tensorflow
 
@@ -117,19 +114,17 @@ def announce_access(settings: Settings) -> None:
 
 
 def serve(settings: Settings, models, sock: socket.socket, announce: bool = True) -> int:
-    """Build the backend and the service, and run uvicorn on the bound socket until stopped.
+    """Build the backend and the service, and serve on the bound socket until stopped.
     With `announce`, say at start when every endpoint is open (a worker leaves that to its
     supervisor)."""
-    import uvicorn
-
     from service.app import create_app
     from service.backends.device import DeviceError, configure_tensorflow
     from service.backends.factory import make_backend
-    from service.server import EVENT_LOOP, Drain, DrainingServer, guarded_protocol
+    from service.server import run
 
     if settings.backend == "tensorflow":
         try:
-            # Before uvicorn starts, so a missing GPU is one clear line and exit code 2.
+            # Before the server starts, so a missing GPU is one clear line and exit code 2.
             configure_tensorflow(settings.device, *settings.tensorflow_threads(os.cpu_count()))
         except DeviceError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -140,58 +135,16 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     service = create_app(
         settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0
     )
-    drain = Drain()
-    config = uvicorn.Config(
-        service,
-        loop=EVENT_LOOP,
-        http=guarded_protocol(
-            settings.max_header_bytes, settings.header_timeout_seconds, drain, service.door
-        ),
-        log_level=settings.log_level,
-        # uvicorn builds each request's access line (client, path) before the logger drops
-        # it: off unless it would be written.
-        access_log=settings.log_level in ("debug", "info"),
-        timeout_keep_alive=settings.keepalive_timeout_seconds,
-        limit_concurrency=settings.max_connections,
-        # After the drain, in-flight requests get this long before the models are closed.
-        timeout_graceful_shutdown=settings.shutdown_timeout_seconds,
-        ssl_certfile=settings.tls_cert_file,
-        ssl_keyfile=settings.tls_key_file,
-    )
-    grpc_server = service.grpc_server
-    server = DrainingServer(
-        config,
-        drain,
-        settings.drain_seconds,
-        service.dataplane.start_draining,
-        on_shutdown=grpc_server.begin_stop if grpc_server is not None else None,
-    )
-
-    def stop_at_start(problem: str) -> None:
-        server.should_exit = True
-
-    service.on_startup_error = stop_at_start
     scheme = "https" if settings.tls_cert_file else "http"
     logging.getLogger("service").info(
         "Listening on %s://%s:%s", scheme, settings.host, settings.port
     )
-    server.run(sockets=[sock])
+    run(service, settings, sock)
     if service.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
         print(f"error: MODEL_CONFIG_FILE: {service.startup_error}", file=sys.stderr)
         return 2
     return 0
-
-
-class EscapeControlCharacters(logging.Filter):
-    """Escapes control characters in a record's arguments (request paths, names)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                printable(arg) if isinstance(arg, str) else arg for arg in record.args
-            )
-        return True
 
 
 def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:

@@ -1,5 +1,5 @@
-"""The app factory: settings and a backend in, a `Service` out: the ASGI app (the door in front
-of FastAPI) with its data plane, protocol adapters, metrics and error handling.
+"""The app factory: settings and a backend in, a `Service` out: the ASGI app (the ingress over
+every protocol's routes) with its data plane, protocol adapters, metrics and budgets.
 
 It knows nothing of the server that runs it (service/server.py, started by
 service/__main__.py): the runner takes what it needs from the `Service` it is handed.
@@ -14,28 +14,23 @@ import gc
 from collections.abc import Callable
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
 from service.budgets import BodyBudget
 from service.codec import PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
-from service.door import Door
-from service.errors import ServiceError, error_response
+from service.ingress import Ingress
 from service.metrics import Metrics
-from service.openapi import document_responses
+from service.openapi import openapi_document
 from service.protocols.docs import DocsAPI
 from service.protocols.feedback import FeedbackAPI, SenderRates
-from service.protocols.http import CallRoute
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
+from service.routes import RouteTable
 from service.security import Access, TokenFile, allowed_hosts
 from service.settings import Settings
 from service.traffic import Traffic
@@ -44,9 +39,9 @@ SERVER_NAME = "estimator-serving"
 TITLE = "Estimator serving"
 VERSION = "0.1.0"
 DESCRIPTION = (
-    "Classify 28x28 grayscale images with an exported TensorFlow Estimator. TensorFlow "
-    "Serving's REST API under /v1, the Open Inference Protocol (KServe V2) under /v2, a "
-    "friendlier /predict for people."
+    "Serve TensorFlow Estimator exports (any SavedModel signature). TensorFlow Serving's REST "
+    "API under /v1, the Open Inference Protocol (KServe V2) under /v2, a friendlier /predict "
+    "for people."
 )
 
 
@@ -55,7 +50,7 @@ class Service:
     """What `create_app` builds: an ASGI app (call it as one), and what its runner needs.
 
     Attributes:
-        door: the ASGI app the server runs (service/door.py), FastAPI behind it.
+        ingress: the ASGI app the server runs (service/ingress.py).
         dataplane: the data plane every protocol calls (the drain turns its readiness off).
         grpc_server: TF Serving's gRPC API, started and stopped with the app; None when off.
         on_startup_error: called with the problem when the models' config cannot be realized
@@ -65,12 +60,19 @@ class Service:
 
     dataplane: DataPlane
     grpc_server: object | None = None
-    door: Door = dataclasses.field(init=False)
+    ingress: Ingress = dataclasses.field(init=False)
     on_startup_error: Callable[[str], None] | None = None
     startup_error: str | None = None
 
     async def __call__(self, scope, receive, send) -> None:
-        await self.door(scope, receive, send)
+        await self.ingress(scope, receive, send)
+
+    def start_draining(self) -> None:
+        """The process is about to stop: readiness turns false at once, and every answer from
+        now on closes its connection (requests are still served until the listener
+        closes)."""
+        self.dataplane.start_draining()
+        self.ingress.draining = True
 
 
 @dataclasses.dataclass
@@ -123,15 +125,6 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     grpc_server = _grpc_server(settings, dataplane, tokens, body_budget) if serve_grpc else None
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)
     service = Service(dataplane, grpc_server)
-    app = FastAPI(
-        title=TITLE,
-        description=DESCRIPTION,
-        version=VERSION,
-        lifespan=_lifespan(parts, service),
-        # Served from local files instead (DocsAPI): FastAPI's own pages load a CDN's scripts.
-        docs_url=None,
-        redoc_url=None,
-    )
     tf_serving = TFServingREST(
         dataplane, watcher, settings.strict_numbers, settings.tfserving_extra_keys
     )
@@ -139,16 +132,11 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         dataplane, settings.max_body_bytes, settings.max_request_pixels, pixels_in_flight
     )
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
-    routes: list[CallRoute] = [
-        *tf_serving.call_routes(),
-        *v2.call_routes(),
-        *people.call_routes(),
-        *feedback.call_routes(),
-    ]
-    # Everything else is FastAPI's to route (the door still stands in front of it).
-    adapters = (Operations(dataplane), tf_serving, v2, PageAPI(dataplane))
-    _route_fastapi(app, [*adapters, DocsAPI(app.openapi_url, app.title)])
-    document_responses(app, routes)
+    protocols = [tf_serving, v2, people, feedback, Operations(dataplane), PageAPI(dataplane)]
+    routes = [route for protocol in protocols for route in protocol.routes()]
+    # Written from the same routes the ingress dispatches on, the docs' own included.
+    docs = DocsAPI(lambda: openapi_document(table, TITLE, VERSION, DESCRIPTION), TITLE)
+    table = RouteTable([*routes, *docs.routes()])
     hosts = settings.allowed_host_names()
     access = Access(
         tokens,
@@ -156,14 +144,15 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         allowed_hosts(settings.host, hosts),
         enforce_hosts=bool(hosts),
     )
-    service.door = Door(
-        app,
-        routes,
+    service.ingress = Ingress(
+        table,
         metrics,
         access,
         settings.max_body_bytes,
         settings.body_timeout_seconds,
         body_budget,
+        lifespan=_lifespan(parts, service),
+        unmatched={"/v1": tf_serving.malformed_url},
     )
     return service
 
@@ -223,7 +212,7 @@ def _lifespan(parts: _Parts, service: Service):
     (in that order), and stop them in reverse."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan():
         try:
             await parts.dataplane.start()
         except ConfigError as err:
@@ -261,16 +250,3 @@ def _lifespan(parts: _Parts, service: Service):
                 await asyncio.to_thread(parts.prediction_log.close)
 
     return lifespan
-
-
-def _route_fastapi(app: FastAPI, adapters) -> None:
-    """The adapters' FastAPI routes, and the one error renderer for all of them."""
-    for adapter in adapters:
-        app.include_router(adapter.router)
-
-    async def handle_error(request: Request, err: Exception):
-        return error_response(request, err)
-
-    # The specific classes are handled inside the app; Exception only at its outermost layer.
-    for error_class in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
-        app.add_exception_handler(error_class, handle_error)

@@ -7,9 +7,6 @@ import re
 import time
 
 import orjson
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
 from starlette.responses import Response
 
 from artifact.model_config import LABEL_PATTERN
@@ -267,20 +264,22 @@ def _error_body(status: int, message: str, headers: dict[str, str] | None = None
     )
 
 
-def error_response(request: Request, err: Exception) -> Response:
-    """Any exception as TF Serving's {"error": "..."} body with the right status.
+def error_response(method: str, path: str, err: Exception) -> Response:
+    """Any exception as TF Serving's {"error": "..."} body with the right status, for a
+    request of `method` on `path`.
 
     A client's mistake is routine: logged at INFO, never ERROR; a bug is logged with its
     traceback and answered 500 without details. Logged values are escaped, so one request
     writes one line; bodies name no server folder.
     """
-    path = printable(request.scope["path"])
     if isinstance(err, Overloaded):
         overload_log.refused(err.message)
         return _error_body(err.status, err.message, {"Retry-After": RETRY_AFTER_SECONDS})
     if isinstance(err, ServiceError):
         level = logging.INFO if err.status < 500 else logging.WARNING
-        log.log(level, "%s %s -> %s: %s", request.method, path, err.status, printable(err.message))
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s -> %s: %s", printable(method), printable(path), err.status,
+                    printable(err.message))  # fmt: skip
         headers = None
         if isinstance(err, RateLimited):
             headers = {"Retry-After": str(err.retry_after)}
@@ -288,16 +287,5 @@ def error_response(request: Request, err: Exception) -> Response:
         # does not load, a reason it is not ready) may name its files: not their folders.
         message = err.message if err.status < 500 else redact_paths(err.message)
         return _error_body(err.status, message, headers)
-    if isinstance(err, RequestValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        return _error_body(400, problems)
-    if isinstance(err, StarletteHTTPException):
-        if err.status_code in (404, 405) and request.url.path.startswith("/v1/"):
-            # TF Serving answers any /v1 URL it cannot parse (a version and a label at once,
-            # a method a route does not take) with 400 and these words.
-            return _error_body(400, f"Malformed request: {request.method} {request.url.path}")
-        return _error_body(err.status_code, str(err.detail))
-    log.error("%s %s failed", request.method, path, exc_info=err)
+    log.error("%s %s failed", printable(method), printable(path), exc_info=err)
     return _error_body(500, f"internal error: {type(err).__name__}")

@@ -4,10 +4,12 @@ the headers every answer carries.
 - **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`; the scopes are
   `predict` (POST: predictions, inference), `feedback` (POST /v1/models/{name}/feedback:
   labels that train the next version) and `status` (GET: model status, metadata, metrics,
-  the page's views). Health and readiness probes, the page's own files and the API docs stay
-  open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`; a token without
-  the scope 403. Tokens are compared in constant time, every one of them. The file is read
-  again when it changes (`TokenFile`), so tokens rotate without a restart.
+  the page's views). Each route says which it needs (service/routes.py), so a path spelled in
+  another case (TF Serving's URL words match in any) needs its route's scope. Health and
+  readiness probes, the page's own files and the API docs stay open. A missing or unknown
+  token gets 401 with `WWW-Authenticate: Bearer`; a token without the scope 403. Tokens are
+  compared in constant time, every one of them. The file is read again when it changes
+  (`TokenFile`), so tokens rotate without a restart.
 - **Identity**: a request's sender is its token's name (`Decision.sender`), which the feedback
   store records with each image: the line's name, or `token-` and the first 8 hex digits of
   the token's sha256 when it has none; never the token. Two tokens may share a name (a
@@ -32,7 +34,6 @@ import hmac
 import ipaddress
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,17 +50,10 @@ PREDICT = "predict"
 FEEDBACK = "feedback"
 STATUS = "status"
 SCOPES = (PREDICT, FEEDBACK, STATUS)
-# POST here stores labels the retrain job learns from: its own scope, not `predict`'s.
-FEEDBACK_PATH = re.compile(r"/v1/models/[^/]+/feedback")
-# Probes answer whatever Host they are sent (kubelets and load balancers use addresses).
-PROBE_PATHS = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # How often, at most, AUTH_TOKENS_FILE is looked at for a change.
 TOKENS_CHECK_SECONDS = 2.0
-# Open without a token: probes, the page's own files and the API docs (no data in them).
-OPEN_PATHS = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/", "/favicon.ico")
-OPEN_PREFIXES = ("/static/", "/docs", "/openapi.json")
 REALM = "estimator-serving"
 CORS_HEADERS = "authorization, content-type, inference-header-content-length"
 CORS_MAX_AGE = "600"
@@ -238,13 +232,10 @@ def _bearer(
     return None, name
 
 
-def scope_of(method: str, path: str) -> str | None:
-    """The scope a request needs, or None when it is open."""
-    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
-        return None
-    if method != "POST":
-        return STATUS
-    return FEEDBACK if FEEDBACK_PATH.fullmatch(path) else PREDICT
+def scope_of(method: str) -> str:
+    """The scope a request no route answers needs: it is told 404 only once its token could
+    have read a route's answer (GET: status; any other method: predict)."""
+    return STATUS if method in ("GET", "HEAD") else PREDICT
 
 
 def is_loopback(host: str) -> bool:
@@ -341,8 +332,9 @@ class Access:
         self.hosts = None if hosts is None else frozenset(hosts)
         self.enforce_hosts = enforce_hosts and self.hosts is not None
 
-    def check(self, scope) -> Decision:
-        """The decision for an HTTP request's scope (its method, path and headers)."""
+    def check(self, scope, needed: str | None, probe: bool = False) -> Decision:
+        """The decision for an HTTP request (its ASGI scope: method and headers) to a route
+        needing the token scope `needed` (None: open); a `probe` answers any Host."""
         if (
             self.tokens is None
             and not self.enforce_hosts
@@ -350,7 +342,7 @@ class Access:
         ):
             return ALLOWED  # the usual case, decided without building a dict
         headers = dict(scope["headers"])
-        if self.enforce_hosts and scope["path"] not in PROBE_PATHS:
+        if self.enforce_hosts and not probe:
             host = headers.get(b"host", b"")
             if not _host_matches(host_name(host), self.hosts):
                 message = (
@@ -370,7 +362,9 @@ class Access:
             cors = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 return Decision(_preflight(), cors)
-        problem, sender = self._auth_problem(scope, headers)
+        if scope["method"] == "OPTIONS":
+            needed = None  # a preflight carries no token (the request it asks about will)
+        problem, sender = self._auth_problem(needed, headers)
         if problem is not None:
             status, message, challenge = problem
             return Decision(_error(status, message, [(b"www-authenticate", challenge)]), cors)
@@ -384,11 +378,12 @@ class Access:
         # this service answers for (else a rebound name of another site would pass).
         return self.hosts is None or _host_matches(host_name(host), self.hosts)
 
-    def _auth_problem(self, scope, headers) -> tuple[tuple[int, str, bytes] | None, str]:
+    def _auth_problem(
+        self, needed: str | None, headers
+    ) -> tuple[tuple[int, str, bytes] | None, str]:
         """(the refusal's status, message and challenge, or None; the sender)."""
         if self.tokens is None:
             return None, ANONYMOUS
-        needed = scope_of(scope["method"], scope["path"])
         if needed is None:
             return None, ANONYMOUS
         problem, name = _bearer(self.tokens, headers.get(b"authorization", b""), needed)

@@ -67,14 +67,14 @@ from service.errors import (
 )
 from service.protocols.http import (
     FILES_SCHEMA,
-    Call,
-    CallRoute,
     form_request,
     image_form,
     json_response,
     multipart_form,
     request_body,
 )
+from service.routes import MODEL_WRITE, Answers, Call, Route
+from service.security import FEEDBACK
 from service.tensors import is_image_signature
 from service.types import SignatureSpec
 from service.v2_codec import v2_signature_name
@@ -131,6 +131,16 @@ FEEDBACK_DOC = request_body(
         )
     },
 )
+
+FEEDBACK_ANSWER = {
+    "type": "object",
+    "properties": {
+        "model_name": {"type": "string"},
+        "stored": {"type": "integer"},
+        "labels": {"type": "array"},
+        "model_version": {"type": ["string", "null"]},
+    },
+}
 
 QUERY = (
     {
@@ -274,20 +284,24 @@ class FeedbackAPI:
             multiprocess_mode="livemostrecent",
         )
 
-    def call_routes(self) -> list[CallRoute]:
-        """The feedback route, answered by the door (service/door.py): what needs no body
-        (feedback on, the model served, `invert`) is checked before the body is read."""
+    def routes(self) -> list[Route]:
+        """The feedback route: what needs no body (feedback on, the model served, `invert`)
+        is checked before the body is read. Its fixed words match in any case, as the /v1
+        routes' do."""
         return [
-            CallRoute(
+            Route(
                 "POST",
                 "/v1/models/{name:name}/feedback",
                 self.feedback,
                 "Store labeled examples (any signature's instances) for the retrain job "
                 "(FEEDBACK_DIR)",
+                FEEDBACK,
                 ("feedback",),
                 FEEDBACK_DOC,
-                self.refuse_early,
+                Answers(schema=FEEDBACK_ANSWER, errors=(*MODEL_WRITE, 403, 429, 507)),
                 QUERY,
+                self.refuse_early,
+                any_case=True,
             )
         ]
 

@@ -1,14 +1,11 @@
 """What the HTTP adapters share: JSON answers, versions and labels in URLs, multipart forms,
-and the Call every Call route's handler gets from the door (service/door.py)."""
+and the OpenAPI pieces of their bodies."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.convertors import Convertor, register_url_convertor
-from starlette.datastructures import FormData, Headers, QueryParams, UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,6 +17,7 @@ from service.errors import (
     check_image_count,
     check_label_name,
 )
+from service.routes import Body, Call
 
 JSON = "application/json"
 # An OpenAPI schema of uploaded files (multipart form fields).
@@ -31,28 +29,10 @@ def multipart_form(**properties: dict) -> dict:
     return {"schema": {"type": "object", "properties": properties}}
 
 
-def request_body(schema: dict, example: Any, more: dict[str, dict] | None = None) -> dict:
-    """A route's OpenAPI `requestBody`: a required JSON body of `schema` with its example, then
-    the other media types it takes (media type -> its entry)."""
-    content = {JSON: {"schema": schema, "example": example}, **(more or {})}
-    return {"requestBody": {"required": True, "content": content}}
-
-
-class NameConvertor(Convertor):
-    """A model name or a version label in a URL: TF Serving's `[^/:]+`, so that
-    `/v1/models/m:predict` never reads as a model named `m:predict`."""
-
-    regex = "[^/:]+"
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-# Routes write {name:name} and {label:name}.
-register_url_convertor("name", NameConvertor())
+def request_body(schema: dict, example: Any, more: dict[str, dict] | None = None) -> Body:
+    """A route's body: JSON of `schema` with its example, then the other media types it
+    takes (media type -> its OpenAPI media type object)."""
+    return Body(schema, example, more or {})
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:
@@ -81,68 +61,6 @@ def label_in_url(text: str | None) -> str | None:
     if text is not None:
         check_label_name(text)
     return text
-
-
-def _unbudgeted(count: int) -> None:
-    """A Call made outside the door (tests): nothing to reserve from."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Call:
-    """A request as its handler sees it: the body, read whole and within the limits by the
-    door (service/door.py), the headers and the query. A client that leaves cancels the
-    handler's task.
-
-    `reserve(n)` counts n more bytes the handler makes of the body (a decompressed copy) in
-    the process's budget of bodies in flight (MAX_BODY_BYTES_IN_FLIGHT), held until the
-    request is answered; it raises BodiesInFlight (503) past it. Safe from a worker thread.
-    `sender` is who sent it, as the access rules found (service/security.py: its token's
-    name, `anonymous` without tokens).
-    """
-
-    body: bytes
-    headers: Headers
-    query: QueryParams
-    reserve: Callable[[int], None] = _unbudgeted
-    sender: str = "anonymous"
-
-
-CallHandler = Callable[..., Awaitable[Response]]
-
-
-@dataclasses.dataclass(frozen=True)
-class CallRoute:
-    """A route answered by a handler of a Call.
-
-    Args:
-        method: the one HTTP method it takes (others get 405).
-        path: its template with Starlette's convertors (`/v1/models/{name:name}:predict`).
-        handler: `await handler(call, **path_params)` -> Response, its body whole (the
-            server's direct transport writes it as bytes, never as a stream); raises
-            ServiceError.
-        summary, tags, openapi_extra: what the OpenAPI schema says of it.
-        before_body: `before_body(path_params, query)`, run before the body is read; raises
-            to refuse (Overloaded for a full queue, Forbidden for feedback that is off...).
-        query: its query parameters, for the schema: OpenAPI parameter objects.
-    """
-
-    method: str
-    path: str
-    handler: CallHandler
-    summary: str
-    tags: tuple[str, ...] = ()
-    openapi_extra: dict | None = None
-    before_body: Callable[[dict[str, Any], QueryParams], None] | None = None
-    query: tuple[dict, ...] = ()
-
-
-def admit_always(call_admit: Callable[[], None]) -> Callable[[dict, QueryParams], None]:
-    """A before_body check that ignores the request: `call_admit()` alone (the queue)."""
-
-    def before_body(params: dict, query: QueryParams) -> None:
-        call_admit()
-
-    return before_body
 
 
 def form_request(call: Call) -> Request:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.responses import Response
 
 from service.dataplane import DataPlane
 from service.errors import redact_paths
 from service.protocols.http import json_response
+from service.routes import Answers, Call, Route
+from service.security import STATUS
 
 
 class Operations:
@@ -16,17 +17,23 @@ class Operations:
 
     def __init__(self, dataplane: DataPlane):
         self.dataplane = dataplane
-        self.router = APIRouter(tags=["operations"])
-        self.router.add_api_route("/healthz", self.healthz, summary="The process is alive")
-        self.router.add_api_route(
-            "/readyz", self.readyz, summary="200 once a model is loaded and answering"
-        )
-        self.router.add_api_route("/metrics", self.metrics, summary="Prometheus metrics")
 
-    async def healthz(self):
+    def routes(self) -> list[Route]:
+        """The probes (open to all, whatever Host they name) and the metrics."""
+        tags = ("operations",)
+        return [
+            Route("GET", "/healthz", self.healthz, "The process is alive", None, tags,
+                  probe=True),
+            Route("GET", "/readyz", self.readyz, "200 once a model is loaded and answering",
+                  None, tags, answers=Answers(errors=(503,)), probe=True),
+            Route("GET", "/metrics", self.metrics, "Prometheus metrics", STATUS, tags,
+                  answers=Answers(("text/plain",))),
+        ]  # fmt: skip
+
+    async def healthz(self, call: Call):
         return json_response({"status": "ok"})
 
-    async def readyz(self):
+    async def readyz(self, call: Call):
         readiness = self.dataplane.readiness()
         if not readiness.ready:
             return json_response({"error": f"not ready: {redact_paths(readiness.reason)}"}, 503)
@@ -39,8 +46,6 @@ class Operations:
             }
         )
 
-    async def metrics(self):
+    async def metrics(self, call: Call):
         self.dataplane.update_gauges()
-        return PlainTextResponse(
-            self.dataplane.metrics.exposition(), media_type=CONTENT_TYPE_LATEST
-        )
+        return Response(self.dataplane.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

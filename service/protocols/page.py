@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fastapi import APIRouter
 from starlette.responses import FileResponse
 
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_FILE
@@ -34,6 +33,8 @@ from service.dataplane import DataPlane
 from service.errors import BadInput, NotFound, NotReady, ServiceError, redact_paths
 from service.protocols.friendly import model_form
 from service.protocols.http import json_response, version_in_url
+from service.routes import Answers, Call, Route
+from service.security import STATUS
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 INDEX_FILE = "index.html"
@@ -150,34 +151,38 @@ class PageAPI:
         self.files = static_files(static_dir)
         if INDEX_FILE not in self.files:
             raise FileNotFoundError(f"{static_dir} has no {INDEX_FILE}")
-        self.router = APIRouter(tags=["page"])
-        r = self.router
-        r.add_api_route("/", self.index, summary="The page: try the model, inspect its versions")
-        r.add_api_route("/static/{file}", self.static, summary="The page's scripts and styles")
-        r.add_api_route(
-            "/page/models", self.models, summary="The models served, the default one first"
+
+    def routes(self) -> list[Route]:
+        """The page and its files (open to all: no data in them), and the repository's views
+        it reads (the `status` scope)."""
+        tags = ("page",)
+        html, png = Answers(("text/html",)), Answers(("image/png",), errors=(400, 404, 500))
+        files = Answers(
+            ("text/html", "text/javascript", "text/css", "image/svg+xml", "image/png"),
+            errors=(404,),
         )
-        r.add_api_route(
-            "/page/models/{name}",
-            self.model,
-            summary="What /predict/{name} takes (image, features, ...) and answers "
-            "(classification, regression, ...), or why the model is not ready",
-        )
-        r.add_api_route(
-            "/page/models/{name}/versions",
-            self.versions,
-            summary="Versions on disk, newest first: accuracy, reports and plots",
-        )
-        r.add_api_route(
-            "/page/models/{name}/versions/{version}/report",
-            self.report,
-            summary="A version's evaluation report, and its blessing report when it has one",
-        )
-        r.add_api_route(
-            "/page/models/{name}/versions/{version}/plots/{plot}",
-            self.plot,
-            summary=f"A plot the export drew: {', '.join(EXPORT_PLOTS)}",
-        )
+        views = Answers(errors=(400, 404, 500))
+        return [
+            Route("GET", "/", self.index, "The page: try the model, inspect its versions", None,
+                  tags, answers=html),
+            Route("GET", "/static/{file}", self.static, "The page's scripts and styles", None,
+                  tags, answers=files),
+            Route("GET", "/page/models", self.models,
+                  "The models served, the default one first", STATUS, tags, answers=views),
+            Route("GET", "/page/models/{name}", self.model,
+                  "What /predict/{name} takes (image, features, ...) and answers "
+                  "(classification, regression, ...), or why the model is not ready",
+                  STATUS, tags, answers=views),
+            Route("GET", "/page/models/{name}/versions", self.versions,
+                  "Versions on disk, newest first: accuracy, reports and plots", STATUS, tags,
+                  answers=views),
+            Route("GET", "/page/models/{name}/versions/{version}/report", self.report,
+                  "A version's evaluation report, and its blessing report when it has one",
+                  STATUS, tags, answers=views),
+            Route("GET", "/page/models/{name}/versions/{version}/plots/{plot}", self.plot,
+                  f"A plot the export drew: {', '.join(EXPORT_PLOTS)}", STATUS, tags,
+                  answers=png),
+        ]  # fmt: skip
 
     # --- the page itself ----------------------------------------------------------------
 
@@ -185,23 +190,23 @@ class PageAPI:
         path, media_type = self.files[name]
         return FileResponse(path, media_type=media_type, headers=SECURITY_HEADERS)
 
-    async def index(self):
+    async def index(self, call: Call):
         return self._file(INDEX_FILE)
 
-    async def static(self, file: str):
+    async def static(self, call: Call, file: str):
         if file not in self.files or file == INDEX_FILE:
             raise NotFound(f"no such file: /static/{file[:60]}")
         return self._file(file)
 
     # --- the repository, read-only --------------------------------------------------------
 
-    async def models(self):
+    async def models(self, call: Call):
         names = self.dataplane.model_names()
         default = self.dataplane.model_name
         # The model /predict serves first: the page tries that one.
         return json_response({"models": sorted(names, key=lambda n: n != default)})
 
-    async def model(self, name: str):
+    async def model(self, call: Call, name: str):
         """The page's form for a model: from its serving version's signature; while none
         serves, `ready` false and why (the page shows the upload, and /predict says why)."""
         readiness = self.dataplane.model_readiness(name)  # NotFound: no such model
@@ -230,7 +235,7 @@ class PageAPI:
             raise NotFound(f"Could not find version {number} of model {name} in the repository")
         return number, path
 
-    async def versions(self, name: str):
+    async def versions(self, call: Call, name: str):
         model_dir = self.dataplane.model_dir(name)  # NotFound: no such model
         labels = self.dataplane.version_labels(name)
 
@@ -242,7 +247,7 @@ class PageAPI:
 
         return json_response({"model_name": name, "versions": await asyncio.to_thread(summaries)})
 
-    async def report(self, name: str, version: str):
+    async def report(self, call: Call, name: str, version: str):
         number, path = self._version_path(name, version)
 
         def read() -> dict:
@@ -271,7 +276,7 @@ class PageAPI:
 
         return json_response(await asyncio.to_thread(read))
 
-    async def plot(self, name: str, version: str, plot: str):
+    async def plot(self, call: Call, name: str, version: str, plot: str):
         number, path = self._version_path(name, version)
         if plot not in EXPORT_PLOTS:
             raise NotFound(f"no plot named {plot[:60]!r}; the plots are {', '.join(EXPORT_PLOTS)}")

@@ -40,15 +40,14 @@ from service.protocols import friendly
 from service.protocols.friendly import ModelForm
 from service.protocols.http import (
     FILES_SCHEMA,
-    Call,
-    CallRoute,
-    admit_always,
     form_request,
     image_form,
     json_response,
     multipart_form,
     request_body,
 )
+from service.routes import MODEL_WRITE, Answers, Call, Route, admit_always
+from service.security import PREDICT
 
 # JSON bodies up to this size without image files are parsed on the event loop: a few pixel
 # arrays cost less than a thread hop.
@@ -90,6 +89,19 @@ def _predict_doc(example: dict) -> dict:
     )
 
 
+PREDICT_ANSWER = {
+    "type": "object",
+    "properties": {
+        "model_name": {"type": "string"},
+        "model_version": {"type": "string"},
+        "predictions": {
+            "type": "array",
+            "description": "Per instance: class_id, label and probabilities by label (a "
+            "classifier), value (a regressor), or the signature's outputs",
+            "items": {"type": "object"},
+        },
+    },
+}
 PREDICT_DOC = _predict_doc({"instances": [[[0] * 28] * 28]})
 PREDICT_MODEL_DOC = _predict_doc({"instances": [{"x1": 1.5, "rooms": 3, "color": "red"}]})
 
@@ -150,34 +162,20 @@ class PeopleAPI:
         self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
         self.decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
 
-    def call_routes(self) -> list[CallRoute]:
-        """`POST /predict` and `POST /predict/{model}`, answered by the door
-        (service/door.py)."""
+    def routes(self) -> list[Route]:
+        """`POST /predict` and `POST /predict/{model}`."""
         admit = admit_always(self.dataplane.admit)
+        answers = Answers(schema=PREDICT_ANSWER, errors=MODEL_WRITE)
         return [
-            CallRoute(
-                "POST",
-                "/predict",
-                self.predict,
-                "Predict with the default model: images, named features or any signature in; "
-                "labels and probabilities, or values, out",
-                ("predict",),
-                PREDICT_DOC,
-                admit,
-                QUERY,
-            ),
-            CallRoute(
-                "POST",
-                "/predict/{name:name}",
-                self.predict,
-                "Predict with a model: images, named features or any signature in; labels "
-                "and probabilities, or values, out",
-                ("predict",),
-                PREDICT_MODEL_DOC,
-                admit,
-                QUERY,
-            ),
-        ]
+            Route("POST", "/predict", self.predict,
+                  "Predict with the default model: images, named features or any signature in; "
+                  "labels and probabilities, or values, out",
+                  PREDICT, ("predict",), PREDICT_DOC, answers, QUERY, admit),
+            Route("POST", "/predict/{name:name}", self.predict,
+                  "Predict with a model: images, named features or any signature in; labels "
+                  "and probabilities, or values, out",
+                  PREDICT, ("predict",), PREDICT_MODEL_DOC, answers, QUERY, admit),
+        ]  # fmt: skip
 
     async def predict(self, call: Call, name: str | None = None):
         """The friendly prediction; its query read here (the last value of a repeated

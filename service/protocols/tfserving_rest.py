@@ -10,7 +10,6 @@ import asyncio
 import inspect
 from pathlib import Path
 
-from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
 
@@ -18,15 +17,9 @@ from artifact.contract import SIGNATURE_NAME
 from service import codec, examples, tensor_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
-from service.protocols.http import (
-    Call,
-    CallRoute,
-    admit_always,
-    json_response,
-    label_in_url,
-    request_body,
-    version_in_url,
-)
+from service.protocols.http import json_response, label_in_url, version_in_url
+from service.routes import MODEL_READ, MODEL_WRITE, Answers, Body, Call, Route, admit_always
+from service.security import PREDICT, STATUS
 from service.tensors import is_image_signature
 from service.types import ModelMetadata, VersionStatus
 
@@ -34,20 +27,94 @@ from service.types import ModelMetadata, VersionStatus
 # than they do.
 INLINE_PARSE_BYTES = 64 * 1024
 
-PREDICT_DOC = request_body(
+PREDICT_BODY = Body(
     {
         "type": "object",
         "properties": {
             "signature_name": {"type": "string", "default": SIGNATURE_NAME},
             "instances": {
                 "type": "array",
-                "description": "Row format: 28x28 float arrays, or {'image': array}",
+                "description": "Row format: one value per instance, or an object of the "
+                "signature's inputs by name",
             },
-            "inputs": {"description": "Columnar format: [n, 28, 28] or {'image': [n, 28, 28]}"},
+            "inputs": {
+                "description": "Columnar format: a tensor, or an object of tensors by input name"
+            },
         },
     },
     {"instances": [[[0.0] * 28] * 28]},
 )
+EXAMPLES_BODY = Body(
+    {
+        "type": "object",
+        "required": ["examples"],
+        "properties": {
+            "signature_name": {"type": "string", "default": SIGNATURE_NAME},
+            "context": {"type": "object", "description": "features for every example"},
+            "examples": {"type": "array", "items": {"type": "object"},
+                         "description": "features by name"},
+        },
+    },
+    {"examples": [{"x1": 0.5, "color": "red"}]},
+)  # fmt: skip
+PREDICT_ANSWER = {
+    "type": "object",
+    "properties": {
+        "predictions": {"description": "Row format: one entry per instance"},
+        "outputs": {"description": "Columnar format: the outputs by name"},
+        "model_version": {"type": "string", "description": "Not in TF Serving's answer"},
+    },
+}
+CLASSIFY_ANSWER = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "type": "array",
+            "description": "Per example: [label, score] pairs",
+            "items": {"type": "array", "items": {"type": "array"}},
+        },
+        "model_version": {"type": "string"},
+    },
+}
+REGRESS_ANSWER = {
+    "type": "object",
+    "properties": {
+        "results": {"type": "array", "items": {"type": "number"}},
+        "model_version": {"type": "string"},
+    },
+}
+STATUS_ANSWER = {
+    "type": "object",
+    "properties": {
+        "model_version_status": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "version": {"type": "string"},
+                    "state": {"type": "string"},
+                    "status": {"type": "object"},
+                },
+            },
+        }
+    },
+}
+METADATA_ANSWER = {
+    "type": "object",
+    "properties": {
+        "model_spec": {"type": "object"},
+        "metadata": {"type": "object", "properties": {"signature_def": {"type": "object"}}},
+        "device": {"type": "string", "description": "Not in TF Serving's answer"},
+    },
+}
+ROLLOUT_ANSWER = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string"},
+        "serving_version": {"type": ["integer", "null"]},
+        "labels": {"type": "object"},
+    },
+}
 
 # TF Serving prints a signature's empty fields too (a dim's size 0, an empty name). protobuf
 # 5.26 renamed the option; the service runs on protobuf 6, and on TF 2.15's protobuf 4 for the
@@ -56,19 +123,6 @@ PRINT_DEFAULT_VALUES = (
     {"always_print_fields_with_no_presence": True}
     if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
     else {"including_default_value_fields": True}
-)
-
-
-EXAMPLES_DOC = request_body(
-    {
-        "type": "object",
-        "properties": {
-            "signature_name": {"type": "string", "default": SIGNATURE_NAME},
-            "context": {"type": "object", "description": "features for every example"},
-            "examples": {"type": "array", "description": "features by name"},
-        },
-    },
-    {"examples": [{"x1": 0.5, "color": "red"}]},
 )
 
 
@@ -136,85 +190,95 @@ class TFServingREST:
         self.config = config
         self.strict_numbers = strict_numbers
         self.extra_keys = extra_keys
-        self.router = APIRouter(tags=["tf-serving"])
-        r = self.router
-        r.add_api_route("/v1/models", self.no_model_name, summary="Model status needs a model name")
-        r.add_api_route(
-            "/v1/models/{name:name}", self.model_status, summary="Model status (all versions)"
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/versions/{version}",
-            self.version_status,
-            summary="Version status",
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/labels/{label:name}",
-            self.label_status,
-            summary="Labeled version status",
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/metadata", self.model_metadata, summary="Signatures (serving)"
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/versions/{version}/metadata",
-            self.version_metadata,
-            summary="Signatures of a version",
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/labels/{label:name}/metadata",
-            self.label_metadata,
-            summary="Signatures of a labeled version",
-        )
-        r.add_api_route(
-            "/v1/models/{name:name}/rollout",
-            self.rollout,
-            summary="Serving version, labels, canary and shadow traffic (not in TF Serving)",
-            tags=["rollout"],
-        )
 
-    def call_routes(self) -> list[CallRoute]:
-        """The predict routes, answered by the door (service/door.py) with `predict`."""
-        before_body = admit_always(self.dataplane.admit)
+    def routes(self) -> list[Route]:
+        """The /v1 routes: TF Serving's, and the rollout status. Their fixed words match in
+        any case, as TF Serving's URL patterns do."""
+        tags = ("tf-serving",)
+
+        def status(path: str, handler, summary: str, **more) -> Route:
+            more.setdefault("answers", Answers(schema=STATUS_ANSWER, errors=MODEL_READ))
+            more.setdefault("tags", tags)
+            return Route("GET", path, handler, summary, STATUS, any_case=True, **more)
+
+        admit = admit_always(self.dataplane.admit)
         routes = []
-        for verb, handler, doc in (
-            ("predict", self.predict, PREDICT_DOC),
-            ("classify", self.classify, EXAMPLES_DOC),
-            ("regress", self.regress, EXAMPLES_DOC),
+        # The predictions first: the table tries a prefix's routes in this order.
+        for verb, handler, body, answer in (
+            ("predict", self.predict, PREDICT_BODY, PREDICT_ANSWER),
+            ("classify", self.classify, EXAMPLES_BODY, CLASSIFY_ANSWER),
+            ("regress", self.regress, EXAMPLES_BODY, REGRESS_ANSWER),
         ):
-            for path, summary in (
+            for path, which in (
                 (f"/v1/models/{{name:name}}:{verb}", "the serving version"),
                 (f"/v1/models/{{name:name}}/versions/{{version}}:{verb}", "one version"),
                 (f"/v1/models/{{name:name}}/labels/{{label:name}}:{verb}", "a labeled version"),
             ):
-                summary = f"{verb.capitalize()} with {summary}"
                 routes.append(
-                    CallRoute("POST", path, handler, summary, ("tf-serving",), doc, before_body)
+                    Route(
+                        "POST",
+                        path,
+                        handler,
+                        f"{verb.capitalize()} with {which}",
+                        PREDICT,
+                        tags,
+                        body,
+                        Answers(schema=answer, errors=MODEL_WRITE),
+                        before_body=admit,
+                        any_case=True,
+                    )  # fmt: skip
                 )
-        return routes
+        metadata = {"answers": Answers(schema=METADATA_ANSWER, errors=MODEL_READ)}
+        return [
+            *routes,
+            status("/v1/models/{name:name}", self.model_status, "Model status (all versions)"),
+            status("/v1/models/{name:name}/versions/{version}", self.version_status,
+                   "Version status"),
+            status("/v1/models/{name:name}/labels/{label:name}", self.label_status,
+                   "Labeled version status"),
+            status("/v1/models/{name:name}/metadata", self.model_metadata,
+                   "Signatures (serving)", **metadata),
+            status("/v1/models/{name:name}/versions/{version}/metadata", self.version_metadata,
+                   "Signatures of a version", **metadata),
+            status("/v1/models/{name:name}/labels/{label:name}/metadata", self.label_metadata,
+                   "Signatures of a labeled version", **metadata),
+            status("/v1/models/{name:name}/rollout", self.rollout,
+                   "Serving version, labels, canary and shadow traffic (not in TF Serving)",
+                   tags=("rollout",), answers=Answers(schema=ROLLOUT_ANSWER, errors=MODEL_READ)),
+            status("/v1/models", self.no_model_name, "Model status needs a model name",
+                   answers=Answers(errors=(400,))),
+        ]  # fmt: skip
 
-    async def no_model_name(self):
+    @staticmethod
+    def malformed_url(method: str, path: str) -> BadInput:
+        """TF Serving's answer to any /v1 URL it cannot parse (a version and a label at once,
+        a method a route does not take): 400, in its words
+        (model_servers/http_rest_api_handler.cc)."""
+        return BadInput(f"Malformed request: {method} {path}")
+
+    async def no_model_name(self, call: Call):
         # TF Serving's words (model_servers/http_rest_api_handler.cc): it does not list models.
         raise BadInput("Missing model name in request.")
 
-    async def model_status(self, name: str):
+    async def model_status(self, call: Call, name: str):
         return json_response(render_status(await self.dataplane.model_status(name, None)))
 
-    async def version_status(self, name: str, version: str):
+    async def version_status(self, call: Call, name: str, version: str):
         statuses = await self.dataplane.model_status(name, version_in_url(version))
         return json_response(render_status(statuses))
 
-    async def label_status(self, name: str, label: str):
+    async def label_status(self, call: Call, name: str, label: str):
         # TF Serving's GetModelStatus reads no label (model_servers/get_model_status_impl.cc):
         # every version is answered, whatever the label.
         return json_response(render_status(await self.dataplane.model_status(name, None)))
 
-    async def model_metadata(self, name: str):
+    async def model_metadata(self, call: Call, name: str):
         return self._metadata(await self.dataplane.metadata(name, None))
 
-    async def version_metadata(self, name: str, version: str):
+    async def version_metadata(self, call: Call, name: str, version: str):
         return self._metadata(await self.dataplane.metadata(name, version_in_url(version)))
 
-    async def label_metadata(self, name: str, label: str):
+    async def label_metadata(self, call: Call, name: str, label: str):
         label_in_url(label)
         return self._metadata(await self.dataplane.metadata(name, None, label))
 
@@ -222,7 +286,7 @@ class TFServingREST:
         device = self.dataplane.device() if self.extra_keys else None
         return json_response(render_metadata(metadata, device))
 
-    async def rollout(self, name: str):
+    async def rollout(self, call: Call, name: str):
         status = self.dataplane.rollout(name)
         config = self.config.status() if self.config is not None else None
         if config is not None:

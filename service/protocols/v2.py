@@ -21,20 +21,14 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from fastapi import APIRouter
 from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
 from service.dataplane import DataPlane
 from service.errors import NotReady, SignatureNotFound
-from service.protocols.http import (
-    Call,
-    CallRoute,
-    admit_always,
-    json_response,
-    request_body,
-    version_in_url,
-)
+from service.protocols.http import json_response, version_in_url
+from service.routes import MODEL_READ, MODEL_WRITE, Answers, Body, Call, Route, admit_always
+from service.security import PREDICT, STATUS
 from service.tensors import IMAGE_ELEMENTS
 from service.types import SignatureSpec, VersionState
 from service.v2_codec import (
@@ -50,7 +44,7 @@ from service.v2_codec import (
     serving_signature,
 )
 
-INFER_DOC = request_body(
+INFER_BODY = Body(
     {
         "type": "object",
         "required": ["inputs"],
@@ -89,6 +83,19 @@ INFER_DOC = request_body(
     },
 )
 
+INFER_ANSWERS = Answers(
+    ("application/json", OCTET_STREAM),
+    {
+        "type": "object",
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "outputs": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    MODEL_WRITE,
+)
 
 INLINE_PARSE_BYTES = 64 * 1024
 
@@ -112,64 +119,58 @@ class OpenInferenceREST:
             "version": server_version,
             "extensions": list(EXTENSIONS),
         }
-        self.router = APIRouter(tags=["open-inference-protocol"])
-        r = self.router
-        r.add_api_route("/v2", self.server_metadata, summary="Server metadata and extensions")
-        r.add_api_route("/v2/health/live", self.live, summary="200 while the process answers")
-        r.add_api_route("/v2/health/ready", self.ready, summary="200 once the model answers")
-        r.add_api_route("/v2/models/{name}", self.model_metadata_latest, summary="Model metadata")
-        r.add_api_route(
-            "/v2/models/{name}/versions/{version}",
-            self.model_metadata_version,
-            summary="Model metadata of one version",
-        )
-        r.add_api_route(
-            "/v2/models/{name}/ready", self.model_ready_latest, summary="200 once the model answers"
-        )
-        r.add_api_route(
-            "/v2/models/{name}/config",
-            self.model_config_latest,
-            summary="Model configuration (Triton's model configuration extension)",
-        )
-        r.add_api_route(
-            "/v2/models/{name}/versions/{version}/config",
-            self.model_config_version,
-            summary="Model configuration of one version",
-        )
-        r.add_api_route(
-            "/v2/models/{name}/versions/{version}/ready",
-            self.model_ready_version,
-            summary="200 once the version answers",
-        )
 
-    def call_routes(self) -> list[CallRoute]:
-        """The inference routes, answered by the door (service/door.py) with `infer`."""
-        before_body = admit_always(self.dataplane.admit)
+    def routes(self) -> list[Route]:
+        """The /v2 routes: health, server and model metadata, readiness, inference."""
         tags = ("open-inference-protocol",)
+
+        def get(path: str, handler, summary: str, scope: str | None = STATUS, **more) -> Route:
+            more.setdefault("answers", Answers(errors=MODEL_READ))
+            return Route("GET", path, handler, summary, scope, tags, **more)
+
+        admit = admit_always(self.dataplane.admit)
+        infer = {"body": INFER_BODY, "answers": INFER_ANSWERS, "before_body": admit}
+        probe = {"probe": True, "answers": Answers(errors=(503,))}
         return [
-            CallRoute("POST", "/v2/models/{name}/infer", self.infer,
-                      "Inference with the newest version", tags, INFER_DOC, before_body),
-            CallRoute("POST", "/v2/models/{name}/versions/{version}/infer", self.infer,
-                      "Inference with one version", tags, INFER_DOC, before_body),
+            Route("POST", "/v2/models/{name}/infer", self.infer,
+                  "Inference with the newest version", PREDICT, tags, **infer),
+            Route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer,
+                  "Inference with one version", PREDICT, tags, **infer),
+            get("/v2", self.server_metadata, "Server metadata and extensions",
+                answers=Answers()),
+            get("/v2/health/live", self.live, "200 while the process answers", None,
+                probe=True),
+            get("/v2/health/ready", self.ready, "200 once the model answers", None, **probe),
+            get("/v2/models/{name}", self.model_metadata_latest, "Model metadata"),
+            get("/v2/models/{name}/versions/{version}", self.model_metadata_version,
+                "Model metadata of one version"),
+            get("/v2/models/{name}/ready", self.model_ready_latest,
+                "200 once the model answers"),
+            get("/v2/models/{name}/config", self.model_config_latest,
+                "Model configuration (Triton's model configuration extension)"),
+            get("/v2/models/{name}/versions/{version}/config", self.model_config_version,
+                "Model configuration of one version"),
+            get("/v2/models/{name}/versions/{version}/ready", self.model_ready_version,
+                "200 once the version answers"),
         ]  # fmt: skip
 
     # --- health and metadata ------------------------------------------------------------
-    async def server_metadata(self):
+    async def server_metadata(self, call: Call):
         return json_response(self.server_metadata_body)
 
-    async def live(self):
+    async def live(self, call: Call):
         return json_response({"live": True})
 
-    async def ready(self):
+    async def ready(self, call: Call):
         readiness = self.dataplane.readiness()
         if not readiness.ready:
             raise NotReady(f"not ready: {readiness.reason}")
         return json_response({"ready": True})
 
-    async def model_metadata_latest(self, name: str):
+    async def model_metadata_latest(self, call: Call, name: str):
         return await self.model_metadata(name, None)
 
-    async def model_metadata_version(self, name: str, version: str):
+    async def model_metadata_version(self, call: Call, name: str, version: str):
         return await self.model_metadata(name, version_in_url(version))
 
     async def model_metadata(self, name: str, version: int | None):
@@ -178,10 +179,10 @@ class OpenInferenceREST:
         available = sorted(s.version for s in statuses if s.state == VersionState.AVAILABLE)
         return json_response(render_model_metadata(metadata, available))
 
-    async def model_config_latest(self, name: str):
+    async def model_config_latest(self, call: Call, name: str):
         return await self.model_config(name, None)
 
-    async def model_config_version(self, name: str, version: str):
+    async def model_config_version(self, call: Call, name: str, version: str):
         return await self.model_config(name, version_in_url(version))
 
     async def model_config(self, name: str, version: int | None):
@@ -191,13 +192,13 @@ class OpenInferenceREST:
         metadata = await self.dataplane.metadata(name, version)
         return json_response(render_model_config(metadata, self.dataplane.max_images))
 
-    async def model_ready_latest(self, name: str):
+    async def model_ready_latest(self, call: Call, name: str):
         readiness = self.dataplane.model_readiness(name)  # NotFound: no such model
         if not readiness.ready:
             raise NotReady(f"model {name} is not ready: {readiness.reason}")
         return json_response({"name": name, "ready": True})
 
-    async def model_ready_version(self, name: str, version: str):
+    async def model_ready_version(self, call: Call, name: str, version: str):
         number = version_in_url(version)
         (status,) = await self.dataplane.model_status(name, number)
         if status.state != VersionState.AVAILABLE:

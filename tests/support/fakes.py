@@ -36,7 +36,7 @@ from service.app import create_app
 from service.backends.base import Backend
 from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, SignatureNotFound, UpstreamError
-from service.server import Drain, guarded_protocol
+from service.server import uvicorn_config
 from service.settings import Settings
 from service.types import (
     ModelMetadata,
@@ -344,25 +344,19 @@ def wait_until(condition, what: str, timeout: float = WAIT_SECONDS) -> None:
         time.sleep(0.005)
 
 
-def service_protocol(service, direct: bool, header_timeout: float = 10.0):
-    """The service's protocol class for uvicorn (service/server.py), with its direct
-    transport into the door or with every request going through uvicorn's ASGI cycle."""
-    return guarded_protocol(16 * 1024, header_timeout, Drain(), service.door if direct else None)
-
-
 @contextlib.contextmanager
-def threaded_server(app, **config) -> Iterator[tuple[str, uvicorn.Server]]:
-    """A real uvicorn server for `app` in a thread of the test process; (url, server).
-
-    Args:
-        config: uvicorn.Config options (http=, timeout_keep_alive=, ssl_certfile=, ...).
+def threaded_server(app, settings: Settings | None = None) -> Iterator[tuple[str, uvicorn.Server]]:
+    """A real server for `app` in a thread of the test process, configured as the service
+    configures it (service/server.py) from `settings` (the app's, or the defaults);
+    (url, server).
     """
+    settings = settings or Settings()
     # The server gets the bound socket itself: no window for another process to take the port.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    scheme = "https" if config.get("ssl_certfile") else "http"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
+    scheme = "https" if settings.tls_cert_file else "http"
+    server = uvicorn.Server(uvicorn_config(app, settings, "warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -8,6 +8,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -88,6 +89,14 @@ def require_tool(command: str, package: str) -> None:
         pytest.fail(f"{command} not found: run `make setup` (it installs Debian's {package})")
     pytest.skip(f"{command} not found and this user cannot install it: run "
                 f"`sudo apt-get install {package}`")  # fmt: skip
+
+
+def response_complete(data: bytes) -> bool:
+    """Whether raw bytes hold a whole HTTP answer: its head, and the body its Content-Length
+    says."""
+    head, found, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    return bool(found and length and len(body) >= int(length.group(1)))
 
 
 def open_upload(url: str, path: str, length: int, first: bytes) -> socket.socket:

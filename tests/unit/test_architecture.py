@@ -146,13 +146,14 @@ def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
 # no arrow runs back up (a module not listed is on the floor of its longest listed prefix).
 SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("service.types", "service.settings", "service.errors", "service.metrics", "service.budgets",
+     "service.routes",
      "service.security", "service.codec", "service.tensors", "service.tensor_json",
      "service.examples", "service.v2_codec",
      "service.v2_proto"),
     ("service.backends",),
     ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),
     ("service.protocols", "service.openapi"),
-    ("service.door",),
+    ("service.ingress",),
     ("service.app",),
     ("service.server", "service.workers"),
     ("service.__main__",),

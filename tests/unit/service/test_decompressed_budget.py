@@ -50,7 +50,7 @@ def test_a_small_gzip_body_that_decompresses_past_the_whole_budget_is_too_large(
 
 def test_a_gzip_body_past_what_others_leave_of_the_budget_is_refused_for_now(client):
     half = BODY[:-300_000]  # counted twice decompressed: more than half the budget
-    with client.app.door.body_budget.hold() as others:
+    with client.app.ingress.body_budget.hold() as others:
         others.reserve(LIMIT // 2)
         answer = client.post(
             INFER, content=gzip.compress(half), headers={"content-encoding": "gzip"}

@@ -30,7 +30,7 @@ from support.fakes import (
     threaded_server,
     wait_until,
 )
-from support.helpers import error_message, png_bytes, self_signed
+from support.helpers import error_message, png_bytes, response_complete, self_signed
 
 from artifact.images import MAX_PIXELS
 from service import codec, errors, examples, protocols
@@ -329,12 +329,6 @@ def raw_exchange(
             if one_response and response_complete(b"".join(chunks)):
                 break
     return b"".join(chunks)
-
-
-def response_complete(data: bytes) -> bool:
-    head, found, body = data.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
-    return bool(found and length and len(body) >= int(length.group(1)))
 
 
 @pytest.fixture
@@ -858,4 +852,4 @@ def test_context_copies_past_the_body_budget_are_refused_before_any_is_made(
     answer = examples_client.post("/v1/models/parsing:classify", json=body)
     assert "MAX_BODY_BYTES_IN_FLIGHT" in error_message(answer, 413)
     assert made == []
-    assert examples_client.app.door.body_budget.held == 0
+    assert examples_client.app.ingress.body_budget.held == 0

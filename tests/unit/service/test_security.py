@@ -13,6 +13,7 @@ from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import error_message, logged
 
 from artifact.feedback import ANONYMOUS
+from service.app import create_app
 from service.security import (
     FEEDBACK,
     PREDICT,
@@ -28,6 +29,7 @@ from service.security import (
     scope_of,
     token_name,
 )
+from service.settings import Settings
 
 PREDICT_TOKEN = "predict-token-0123456789"
 FEEDBACK_TOKEN = "feedback-token-0123456789"
@@ -56,16 +58,30 @@ def tokens_file(tmp_path):
     "method, path, needed",
     [
         pytest.param("POST", FEEDBACK_URL, FEEDBACK, id="feedback"),
-        pytest.param("POST", "/v1/models/other/feedback", FEEDBACK, id="another-model"),
+        pytest.param("POST", "/V1/MODELS/other/FEEDBACK", FEEDBACK, id="feedback-any-case"),
         pytest.param("POST", PREDICT_URL, PREDICT, id="predict"),
         pytest.param("POST", "/predict", PREDICT, id="friendly"),
-        pytest.param("POST", "/v1/models/a/feedback/x", PREDICT, id="not-the-route"),
-        pytest.param("GET", FEEDBACK_URL, STATUS, id="get"),
+        pytest.param("POST", f"/v2/models/{MODEL_NAME}/infer", PREDICT, id="v2"),
+        pytest.param("GET", f"/v1/models/{MODEL_NAME}", STATUS, id="status"),
+        pytest.param("GET", "/metrics", STATUS, id="metrics"),
+        pytest.param("GET", "/page/models", STATUS, id="page-views"),
         pytest.param("GET", "/healthz", None, id="probe"),
+        pytest.param("GET", "/v2/health/ready", None, id="v2-probe"),
+        pytest.param("GET", "/", None, id="page"),
+        pytest.param("GET", "/static/app.js", None, id="page-files"),
+        pytest.param("GET", "/docs", None, id="docs"),
+        pytest.param("GET", "/openapi.json", None, id="openapi"),
     ],
 )
-def test_the_scope_each_request_needs(method, path, needed):
-    assert scope_of(method, path) == needed
+def test_the_scope_each_route_needs(method, path, needed):
+    table = create_app(Settings(), FakeBackend()).ingress.table
+    assert table.match(method, path).route.scope == needed
+
+
+@pytest.mark.parametrize("method, needed", [("GET", STATUS), ("HEAD", STATUS), ("POST", PREDICT),
+                                            ("DELETE", PREDICT)])  # fmt: skip
+def test_a_request_no_route_answers_needs_a_token_before_it_is_told_so(method, needed):
+    assert scope_of(method) == needed
 
 
 def test_a_predict_token_cannot_post_feedback_and_a_feedback_token_can(tokens_file, tmp_path):
@@ -140,10 +156,10 @@ def test_the_decision_names_the_sender_by_its_token_and_never_by_the_token():
             headers.append((b"authorization", authorization.encode()))
         return {"method": "POST", "path": path, "headers": headers}
 
-    assert access.check(request(f"Bearer {PREDICT_TOKEN}")).sender == "alice"
-    refused = access.check(request(f"Bearer {FEEDBACK_TOKEN}"))
+    assert access.check(request(f"Bearer {PREDICT_TOKEN}"), FEEDBACK).sender == "alice"
+    refused = access.check(request(f"Bearer {FEEDBACK_TOKEN}"), FEEDBACK)
     assert refused.refusal.status_code == 401 and refused.sender == ANONYMOUS
-    assert Access(None, []).check(request(None)).sender == ANONYMOUS  # no tokens at all
+    assert Access(None, []).check(request(None), FEEDBACK).sender == ANONYMOUS  # no tokens
 
 
 # --- hosts and origins ----------------------------------------------------------------------
@@ -173,20 +189,26 @@ def test_a_rebound_name_is_not_same_origin():
     """DNS rebinding: evil.example made to resolve to 127.0.0.1; the page's requests carry
     Origin and Host `evil.example`, which today's same-origin rule took for the service's."""
     access = Access(None, [], allowed_hosts("127.0.0.1", []))
-    rebound = access.check(scope_of_request("evil.example:8000", "http://evil.example:8000"))
+    rebound = access.check(
+        scope_of_request("evil.example:8000", "http://evil.example:8000"), PREDICT
+    )
     assert rebound.refusal is not None and rebound.refusal.status_code == 403
     for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000"):
-        own = access.check(scope_of_request(host, f"http://{host}"))
+        own = access.check(scope_of_request(host, f"http://{host}"), PREDICT)
         assert own.refusal is None, host
 
 
 def test_same_origin_for_the_names_the_service_answers_for():
     access = Access(None, [], allowed_hosts("0.0.0.0", ["api.example.com", ".corp.example"]))
     for host in ("api.example.com", "a.corp.example", "corp.example", "localhost:8000"):
-        assert access.check(scope_of_request(host, f"https://{host}")).refusal is None, host
+        assert access.check(scope_of_request(host, f"https://{host}"), PREDICT).refusal is None, (
+            host
+        )
     # A wildcard HOST is no name: it does not make every Host the service's own.
     for host in ("0.0.0.0:8000", "evil.example", "corp.example.evil"):
-        assert access.check(scope_of_request(host, f"http://{host}")).refusal is not None, host
+        assert (
+            access.check(scope_of_request(host, f"http://{host}"), PREDICT).refusal is not None
+        ), host
 
 
 def test_with_allowed_hosts_another_host_is_refused_but_probes_answer():

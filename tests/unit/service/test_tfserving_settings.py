@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from service.door import canonical_v1_path
 from support.fakes import MODEL_NAME, FakeBackend, FakeLoader, app_client, write_version
 
 from artifact.model_config import ModelEntry, Policy
 from service import codec
 from service.backends.registry import VersionRegistry
-from service.door import canonical_v1_path
 from service.errors import BadInput
 from service.types import VersionState, VersionStatus
 

@@ -1,11 +1,8 @@
-"""Every request kind through every way into the service (service/door.py), as uvicorn runs
-one suite over each of its protocols: the ASGI app called in-process (Starlette's
-TestClient), a real uvicorn server on loopback with the service's own protocol
-(service/server.py) running the ASGI app for every request, and the same with its direct
-transport, which answers the requests the door takes past uvicorn's ASGI cycle. Each kind is
-sent through all three; the answers must be equal (status, headers, body) and what the table
-says, so neither the server nor its direct transport adds anything a client could tell
-apart, and the door's prelude is the one place each check happens."""
+"""Every request kind through every way into the service (service/ingress.py): the ASGI app
+called in-process (Starlette's TestClient), and a real server on loopback configured as the
+service configures it (service/server.py). Each kind is sent through both; the answers must be
+equal (status, headers, body) and what the table says, so the server adds nothing a client
+could tell apart, and the ingress is the one place each check happens."""
 
 from __future__ import annotations
 
@@ -13,27 +10,18 @@ import base64
 import contextlib
 import logging
 import socket
-import threading
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 from starlette.testclient import TestClient
-from support.fakes import (
-    MODEL_NAME,
-    FakeBackend,
-    app_client,
-    service_protocol,
-    threaded_server,
-    wait_until,
-)
-from support.helpers import open_upload, png_bytes
+from support.fakes import MODEL_NAME, FakeBackend, app_client, threaded_server, wait_until
+from support.helpers import open_upload, png_bytes, response_complete
 
 from service.app import create_app
 from service.budgets import BodyBudget
 from service.errors import BodiesInFlight, ClientClosedRequest, PayloadTooLarge
-from service.server import Drain, guarded_protocol
 from service.settings import Settings
 
 FULL_TOKEN = "f" * 24
@@ -113,29 +101,23 @@ def in_process(settings: Settings):
 
 
 @contextlib.contextmanager
-def over_loopback(settings: Settings, direct: bool = False):
+def over_loopback(settings: Settings):
     service = create_app(settings, FakeBackend())
     with (
-        threaded_server(service, http=service_protocol(service, direct)) as (url, _),
+        threaded_server(service, settings) as (url, _),
         httpx.Client(base_url=url, timeout=30) as client,
     ):
         yield client
 
 
-@contextlib.contextmanager
-def direct_over_loopback(settings: Settings):
-    with over_loopback(settings, direct=True) as client:
-        yield client
-
-
-DOORS = {"asgi": in_process, "uvicorn": over_loopback, "direct": direct_over_loopback}
+WAYS_IN = {"asgi": in_process, "server": over_loopback}
 
 
 @pytest.fixture(scope="module")
-def doors(settings):
+def ways_in(settings):
     """A client of each way in, each over its own app (the same settings, a fresh fake)."""
     with contextlib.ExitStack() as stack:
-        yield {name: stack.enter_context(start(settings)) for name, start in DOORS.items()}
+        yield {name: stack.enter_context(start(settings)) for name, start in WAYS_IN.items()}
 
 
 def send(client, method: str, path: str, options: dict) -> tuple[int, dict, bytes]:
@@ -147,14 +129,14 @@ def send(client, method: str, path: str, options: dict) -> tuple[int, dict, byte
 
 
 @pytest.mark.parametrize("kind, method, path, options, status", KINDS, ids=[k[0] for k in KINDS])
-def test_every_door_answers_every_kind_the_same_and_as_the_table_says(
-    doors, kind, method, path, options, status
+def test_every_way_in_answers_every_kind_the_same_and_as_the_table_says(
+    ways_in, kind, method, path, options, status
 ):
-    answers = {name: send(client, method, path, options) for name, client in doors.items()}
+    answers = {name: send(client, method, path, options) for name, client in ways_in.items()}
     first = answers["asgi"]
     assert first[0] == status, first
     assert first[1].get("x-content-type-options") == "nosniff", first[1]
-    if status >= 400 and status != 405:
+    if status >= 400:
         assert set(orjson.loads(first[2])) == {"error"}, first[2]
     for name, answer in answers.items():
         assert answer == first, (name, answer, first)
@@ -166,7 +148,7 @@ def test_the_table_is_not_trivial():
     assert len({k[2].split("?")[0] for k in KINDS}) >= 10  # many routes, not one
 
 
-def test_the_door_refuses_a_full_queue_before_reading_the_body():
+def test_the_ingress_refuses_a_full_queue_before_reading_the_body():
     class AlwaysFull(FakeBackend):
         def overloaded(self) -> bool:
             return True
@@ -210,8 +192,9 @@ def test_a_request_needing_more_than_the_whole_body_budget_is_too_large():
 
 
 def read_answer(sock: socket.socket) -> bytes:
+    """One whole answer: its head, and the body its Content-Length says (or to the close)."""
     answer = b""
-    while b"\r\n\r\n" not in answer:
+    while not response_complete(answer):
         chunk = sock.recv(65536)
         if not chunk:
             break
@@ -221,8 +204,7 @@ def read_answer(sock: socket.socket) -> bytes:
 
 def test_a_body_past_the_process_budget_is_refused_before_it_is_read():
     settings = Settings(max_body_bytes=2_000_000, max_body_bytes_in_flight=3_000_000)
-    protocol = guarded_protocol(16 * 1024, 10.0, Drain())
-    with threaded_server(create_app(settings, FakeBackend()), http=protocol) as (url, _):
+    with threaded_server(create_app(settings, FakeBackend()), settings) as (url, _):
         held = open_upload(url, f"{V1}:predict", 2_000_000, b"{" * 1000)
         try:
             wait_until(lambda: metric_value(url, "http_requests_in_flight") >= 2, "the upload")
@@ -248,111 +230,31 @@ def metric_value(url: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-# --- the direct transport -------------------------------------------------------------------
+# --- the access line ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def direct_server(settings: Settings):
-    """The service over loopback with its direct transport, each request the door was asked
-    to take recorded: (asked, server, client), asked holding (path, declared, taken)."""
-    service = create_app(settings, FakeBackend())
-    asked = []
-    take = service.door.take
-
-    def recorded(scope, declared):
-        taken = take(scope, declared)
-        asked.append((scope["path"], declared, taken is not None))
-        return taken
-
-    service.door.take = recorded
-    with (
-        threaded_server(service, http=service_protocol(service, True)) as (url, server),
-        httpx.Client(base_url=url, timeout=30, headers=BEARER) as client,
-    ):
-        yield asked, server, client
-
-
-def test_the_direct_transport_takes_what_the_door_can_answer_from_a_whole_body(settings):
+def test_each_request_writes_one_access_line_with_the_path_as_sent(settings):
     body = orjson.dumps({"instances": [IMAGE.tolist()]})
-    with direct_server(settings) as (asked, _, client):
-        assert client.post(f"{V1}:predict", content=body).status_code == 200
-        anonymous = {"Authorization": ""}
-        assert client.post(f"{V1}:predict", content=body, headers=anonymous).status_code == 401
-        assert client.post(f"{V1}:predict", content=iter([body])).status_code == 200  # chunked
-        assert client.get(V1).status_code == 200
-        assert client.post("/V1/MODELS/fashion_mnist:PREDICT", content=body).status_code == 200
-    assert asked == [
-        (f"{V1}:predict", len(body), True),
-        (f"{V1}:predict", len(body), False),  # refused by the access rules: answered by the app
-        ("/V1/MODELS/fashion_mnist:PREDICT", len(body), True),  # matched as TF Serving does
-    ]
-
-
-def test_the_direct_transport_writes_uvicorns_access_line(settings):
-    body = orjson.dumps({"instances": [IMAGE.tolist()]})
-    lines = {}
-    for direct in (False, True):
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        access = logging.getLogger("uvicorn.access")
-        with over_loopback(settings, direct) as client:
-            # After uvicorn configured its loggers (at warning, the threaded server's level).
-            access.addHandler(handler)
-            access.setLevel(logging.INFO)
-            try:
-                client.post(f"{V1}:predict?x=%20y", content=body, headers=BEARER)
-                client.post("/V1/MODELS/fashion_mnist:PREDICT", content=body, headers=BEARER)
-            finally:
-                access.removeHandler(handler)
-        lines[direct] = [r.getMessage().split(" - ", 1)[1] for r in records]
-    expected = [
-        f'"POST {V1}%3Apredict?x=%20y HTTP/1.1" 200',
-        '"POST /V1/MODELS/fashion_mnist%3APREDICT HTTP/1.1" 200',  # the path as it was sent
-    ]
-    assert lines[True] == lines[False] == expected, lines
-
-
-def test_a_client_not_reading_its_answers_is_left_to_uvicorns_cycle(settings):
-    """While the connection's writes are paused (the client does not read), its next request
-    goes through uvicorn's cycle, which waits for the client before answering, rather than
-    past it into a buffer that grows without bound."""
-    body = orjson.dumps({"instances": [IMAGE.tolist()]})
-    with direct_server(settings) as (asked, server, client):
-        assert client.post(f"{V1}:predict", content=body).status_code == 200
-        assert len(asked) == 1
-        (connection,) = server.server_state.connections
-        # As the transport pauses it past its high-water mark.
-        connection.loop.call_soon_threadsafe(connection.flow.pause_writing)
-        wait_until(lambda: connection.flow.write_paused, "writing to pause")
-        answered = []
-        thread = threading.Thread(
-            target=lambda: answered.append(client.post(f"{V1}:predict", content=body))
-        )
-        thread.start()
-        wait_until(lambda: server.server_state.tasks, "the request to reach uvicorn's cycle")
-        assert len(asked) == 1 and not answered  # not offered, and held until writable
-        connection.loop.call_soon_threadsafe(connection.flow.resume_writing)
-        thread.join(30)
-    assert [r.status_code for r in answered] == [200]
-
-
-def test_a_taken_request_abandoned_at_shutdown_is_counted_once_and_gives_its_bytes_back():
-    service = create_app(Settings(model_name=MODEL_NAME), FakeBackend())
-    door = service.door
-    scope = {
-        "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": f"{V1}:predict", "raw_path": f"{V1}:predict".encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"x"), (b"content-length", b"10")],
-        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-    }  # fmt: skip
-    taken = door.take(scope, 10)
-    assert taken is not None
-    assert door.body_budget.held == 10 and door.metrics.in_flight == 1
-    door.abandon_taken(taken)
-    door.abandon_taken(taken)
-    assert door.body_budget.held == 0 and door.metrics.in_flight == 0
-    assert b'status="500"' in door.metrics.exposition()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    access = logging.getLogger("service.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        with over_loopback(settings) as client:
+            client.post(f"{V1}:predict?x=%20y", content=body, headers=BEARER)
+            client.post("/V1/MODELS/fashion_mnist:PREDICT", content=body, headers=BEARER)
+            client.get("/a%0Aline")
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(logging.NOTSET)
+    lines = [r.getMessage().split(" - ", 1)[1] for r in records]
+    assert lines == [
+        f'"POST {V1}:predict?x=%20y HTTP/1.1" 200',
+        '"POST /V1/MODELS/fashion_mnist:PREDICT HTTP/1.1" 200',  # the path as it was sent
+        '"GET /a\\x0aline HTTP/1.1" 401',  # one line, whatever the path holds
+    ], lines
 
 
 def test_a_request_over_holds_no_more_bytes():
