@@ -18,13 +18,16 @@ What it takes (`ModelForm.kind`):
 
 How it answers (`ModelForm.task`):
 - `classification`: a float [-1, K] `probabilities` output (or `scores`, a classify
-  signature's), or a signature's single float [-1, K] output (a Keras softmax through
-  model_to_estimator, shown so only while its rows are probabilities). Per instance the class
-  id, its label and every class's probability keyed by label. Labels come from a string
-  classes output (`all_classes`, or a classify signature's `classes`: a `label_vocabulary`),
-  else the version's labels.txt, else the class ids.
+  signature's), or a signature's single float [-1, K] output, K at least 2, shown as
+  probabilities only while its rows are ones (a Keras softmax through model_to_estimator's
+  are; a pre-made regressor's `predictions` with label_dimension K are not, and are shown as
+  `regression`'s values). Per instance the class id, its label and every class's
+  probability keyed by label. Labels come from a string classes output (`all_classes`, or a
+  classify signature's `classes`: a `label_vocabulary`), else the version's labels.txt, else
+  the class ids.
 - `regression`: a `predictions` output, a regress signature's `outputs`, or a single float
-  output of one value per instance: the value.
+  output of one value per instance: the value (a list, or nested lists, when an instance has
+  several values: a regressor with label_dimension 2, say).
 - `outputs`: anything else: the signature's outputs as TF Serving renders them.
 
 Pure numpy: nothing here imports TensorFlow.
@@ -145,6 +148,8 @@ class ModelForm:
             "method_name": self.signature.method_name,
             "kind": self.kind,
             "task": self.task,
+            # A single float [-1, K] output: probabilities only while its rows are ones.
+            "probabilities_guessed": self.softmax_guess,
             "image": image,
             "inputs": [
                 {"name": spec.name, "dtype": str(spec.dtype), "shape": spec.shape}
@@ -576,13 +581,20 @@ def answer_rows(
         guessed_wrong = form.softmax_guess and output_problems({PROBABILITIES_KEY: probabilities})
         if not guessed_wrong and probabilities.ndim == 2:
             return _classification_rows(form, outputs, probabilities, labels)
-    if form.task == REGRESSION:
-        value = outputs[form.value]
-        if value.ndim == 2 and value.shape[1] == 1:
-            value = value[:, 0]
-        if value.ndim >= 1:
-            return [{"value": item} for item in value]
+        if guessed_wrong:
+            # Not probabilities: values (a pre-made regressor's with label_dimension > 1).
+            return value_rows(probabilities)
+    if form.task == REGRESSION and outputs[form.value].ndim >= 1:
+        return value_rows(outputs[form.value])
     return render_outputs(outputs, columnar=False)[1]
+
+
+def value_rows(value: np.ndarray) -> list[dict]:
+    """A regressor's rows: per instance `value`, a number for one value ([-1] or [-1, 1]),
+    else the instance's values as a list (nested lists for more dimensions)."""
+    if value.ndim == 2 and value.shape[1] == 1:
+        value = value[:, 0]
+    return [{"value": item} for item in value]
 
 
 def _classification_rows(form, outputs, probabilities, labels) -> list:
