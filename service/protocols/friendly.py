@@ -8,6 +8,8 @@ What it takes (`ModelForm.kind`):
 - `image`: one float input [-1, H, W] or [-1, H, W, C] with C 1 or 3. Image files are
   prepared as the model's training data was (artifact.images); JSON pixel arrays of the
   instance's shape are integers 0-255 or floats in [0, 1].
+- `image_bytes`: one string input [-1] named `*_bytes`, image files the model decodes
+  itself: each file's bytes go to it unchanged (service/protocols/image_bytes.py).
 - `features`: named inputs of numbers, integers, strings or booleans, each with a batch
   dimension first: one JSON object per instance, each feature typed from the signature.
 - `examples`: serialized tf.Examples (a parsing receiver's one string input, `inputs` or
@@ -55,6 +57,7 @@ from artifact.images import ImageInput
 from service import examples
 from service.dataplane import DataPlane
 from service.errors import BadInput, SignatureNotFound, check_image_count
+from service.protocols.image_bytes import takes_image_bytes
 from service.tensor_json import render_outputs
 from service.tensors import is_image_signature
 from service.types import SignatureSpec, TensorSpec
@@ -63,7 +66,8 @@ PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 
-IMAGE, FEATURES, EXAMPLES, TENSORS = "image", "features", "examples", "tensors"
+IMAGE, IMAGE_BYTES, FEATURES = "image", "image_bytes", "features"
+EXAMPLES, TENSORS = "examples", "tensors"
 CLASSIFICATION, REGRESSION, OUTPUTS = "classification", "regression", "outputs"
 
 # Outputs pre-made heads write (tensorflow_estimator's head/base_head.py, prediction_keys.py).
@@ -106,7 +110,7 @@ class ModelForm:
 
     Attributes:
         signature: the signature /predict feeds.
-        kind: IMAGE, FEATURES, EXAMPLES or TENSORS (the module's docstring).
+        kind: IMAGE, IMAGE_BYTES, FEATURES, EXAMPLES or TENSORS (the module's docstring).
         task: CLASSIFICATION, REGRESSION or OUTPUTS.
         image: an image model's input; None for the other kinds.
         features: a features model's inputs, by name.
@@ -250,6 +254,8 @@ def _input_kind(signature: SignatureSpec) -> tuple[str, ImageInput | None, tuple
             and signature.method_name in (CLASSIFY_METHOD, REGRESS_METHOD, PREDICT_METHOD)
         ):
             return EXAMPLES, None, ()
+        if takes_image_bytes(spec):
+            return IMAGE_BYTES, None, ()
     features = []
     for spec in inputs:
         shape = spec.shape
