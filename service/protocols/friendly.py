@@ -8,7 +8,7 @@ What it takes (`ModelForm.kind`):
 - `image`: one float input [-1, H, W] or [-1, H, W, C] with C 1 or 3. Image files are
   prepared as the model's training data was (artifact.images); JSON pixel arrays of the
   instance's shape are integers 0-255 or floats in [0, 1].
-- `image_bytes`: one string input [-1] named `*_bytes`, image files the model decodes
+- `image_bytes`: one string input [-1] named `*image*_bytes`, image files the model decodes
   itself: each file's bytes go to it unchanged (service/protocols/image_bytes.py).
 - `features`: named inputs of numbers, integers, strings or booleans, each with a batch
   dimension first: one JSON object per instance, each feature typed from the signature.

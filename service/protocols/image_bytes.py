@@ -36,9 +36,15 @@ _TENSORFLOW_TRACE = re.compile(r"\{\{[^{}]*\}\}|\s*\[\[.*?\]\]|\s*\[Op:[^\]]*\]"
 
 
 def takes_image_bytes(spec: TensorSpec) -> bool:
-    """An input of encoded image files: a string [-1] named `*_bytes`."""
+    """An input of encoded image files: a string [-1] named as images' bytes (`image_bytes`,
+    `input_images_bytes`). Other `*_bytes` inputs (audio, say) keep TF Serving's row format:
+    the service could not tell their files apart."""
+    name = spec.name.lower()
     return (
-        spec.dtype == np.dtype(object) and spec.shape == (-1,) and spec.name.endswith(BYTES_SUFFIX)
+        spec.dtype == np.dtype(object)
+        and spec.shape == (-1,)
+        and name.endswith(BYTES_SUFFIX)
+        and "image" in name
     )
 
 

@@ -119,7 +119,8 @@ def b64(data: bytes) -> dict:
     "inputs, kind",
     [
         pytest.param((spec("image_bytes", STRING, -1),), "image_bytes", id="image_bytes"),
-        pytest.param((spec("jpeg_bytes", STRING, -1),), "image_bytes", id="any-bytes-suffix"),
+        pytest.param((spec("input_images_bytes", STRING, -1),), "image_bytes", id="images"),
+        pytest.param((spec("audio_bytes", STRING, -1),), "features", id="not-images"),
         pytest.param((spec("image", STRING, -1),), "features", id="no-suffix"),
         pytest.param((spec("image_bytes", STRING, -1, 1),), "features", id="not-one-per-instance"),
         pytest.param((spec("image_bytes", STRING, 1),), "tensors", id="no-batch-dimension"),
