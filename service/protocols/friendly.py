@@ -8,6 +8,8 @@ What it takes (`ModelForm.kind`):
 - `image`: one float input [-1, H, W] or [-1, H, W, C] with C 1 or 3. Image files are
   prepared as the model's training data was (artifact.images); JSON pixel arrays of the
   instance's shape are integers 0-255 or floats in [0, 1].
+- `image_bytes`: one string input [-1] named `*image*_bytes`, image files the model decodes
+  itself: each file's bytes go to it unchanged (service/protocols/image_bytes.py).
 - `features`: named inputs of numbers, integers, strings or booleans, each with a batch
   dimension first: one JSON object per instance, each feature typed from the signature.
 - `examples`: serialized tf.Examples (a parsing receiver's one string input, `inputs` or
@@ -18,13 +20,16 @@ What it takes (`ModelForm.kind`):
 
 How it answers (`ModelForm.task`):
 - `classification`: a float [-1, K] `probabilities` output (or `scores`, a classify
-  signature's), or a signature's single float [-1, K] output (a Keras softmax through
-  model_to_estimator, shown so only while its rows are probabilities). Per instance the class
-  id, its label and every class's probability keyed by label. Labels come from a string
-  classes output (`all_classes`, or a classify signature's `classes`: a `label_vocabulary`),
-  else the version's labels.txt, else the class ids.
+  signature's), or a signature's single float [-1, K] output, K at least 2, shown as
+  probabilities only while its rows are ones (a Keras softmax through model_to_estimator's
+  are; a pre-made regressor's `predictions` with label_dimension K are not, and are shown as
+  `regression`'s values). Per instance the class id, its label and every class's
+  probability keyed by label. Labels come from a string classes output (`all_classes`, or a
+  classify signature's `classes`: a `label_vocabulary`), else the version's labels.txt, else
+  the class ids.
 - `regression`: a `predictions` output, a regress signature's `outputs`, or a single float
-  output of one value per instance: the value.
+  output of one value per instance: the value (a list, or nested lists, when an instance has
+  several values: a regressor with label_dimension 2, say).
 - `outputs`: anything else: the signature's outputs as TF Serving renders them.
 
 Pure numpy: nothing here imports TensorFlow.
@@ -52,6 +57,7 @@ from artifact.images import ImageInput
 from service import examples
 from service.dataplane import DataPlane
 from service.errors import BadInput, SignatureNotFound, check_image_count
+from service.protocols.image_bytes import takes_image_bytes
 from service.tensor_json import render_outputs
 from service.tensors import is_image_signature
 from service.types import SignatureSpec, TensorSpec
@@ -60,7 +66,8 @@ PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 
-IMAGE, FEATURES, EXAMPLES, TENSORS = "image", "features", "examples", "tensors"
+IMAGE, IMAGE_BYTES, FEATURES = "image", "image_bytes", "features"
+EXAMPLES, TENSORS = "examples", "tensors"
 CLASSIFICATION, REGRESSION, OUTPUTS = "classification", "regression", "outputs"
 
 # Outputs pre-made heads write (tensorflow_estimator's head/base_head.py, prediction_keys.py).
@@ -103,7 +110,7 @@ class ModelForm:
 
     Attributes:
         signature: the signature /predict feeds.
-        kind: IMAGE, FEATURES, EXAMPLES or TENSORS (the module's docstring).
+        kind: IMAGE, IMAGE_BYTES, FEATURES, EXAMPLES or TENSORS (the module's docstring).
         task: CLASSIFICATION, REGRESSION or OUTPUTS.
         image: an image model's input; None for the other kinds.
         features: a features model's inputs, by name.
@@ -145,6 +152,8 @@ class ModelForm:
             "method_name": self.signature.method_name,
             "kind": self.kind,
             "task": self.task,
+            # A single float [-1, K] output: probabilities only while its rows are ones.
+            "probabilities_guessed": self.softmax_guess,
             "image": image,
             "inputs": [
                 {"name": spec.name, "dtype": str(spec.dtype), "shape": spec.shape}
@@ -245,6 +254,8 @@ def _input_kind(signature: SignatureSpec) -> tuple[str, ImageInput | None, tuple
             and signature.method_name in (CLASSIFY_METHOD, REGRESS_METHOD, PREDICT_METHOD)
         ):
             return EXAMPLES, None, ()
+        if takes_image_bytes(spec):
+            return IMAGE_BYTES, None, ()
     features = []
     for spec in inputs:
         shape = spec.shape
@@ -576,13 +587,20 @@ def answer_rows(
         guessed_wrong = form.softmax_guess and output_problems({PROBABILITIES_KEY: probabilities})
         if not guessed_wrong and probabilities.ndim == 2:
             return _classification_rows(form, outputs, probabilities, labels)
-    if form.task == REGRESSION:
-        value = outputs[form.value]
-        if value.ndim == 2 and value.shape[1] == 1:
-            value = value[:, 0]
-        if value.ndim >= 1:
-            return [{"value": item} for item in value]
+        if guessed_wrong:
+            # Not probabilities: values (a pre-made regressor's with label_dimension > 1).
+            return value_rows(probabilities)
+    if form.task == REGRESSION and outputs[form.value].ndim >= 1:
+        return value_rows(outputs[form.value])
     return render_outputs(outputs, columnar=False)[1]
+
+
+def value_rows(value: np.ndarray) -> list[dict]:
+    """A regressor's rows: per instance `value`, a number for one value ([-1] or [-1, 1]),
+    else the instance's values as a list (nested lists for more dimensions)."""
+    if value.ndim == 2 and value.shape[1] == 1:
+        value = value[:, 0]
+    return [{"value": item} for item in value]
 
 
 def _classification_rows(form, outputs, probabilities, labels) -> list:

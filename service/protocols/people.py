@@ -4,7 +4,9 @@ people: whatever the model takes in, labels and probabilities or values out.
 What each model takes and how its answer is shown follows from its signature
 (service/protocols/friendly.py): image models take JSON pixel arrays of their shape
 (integers 0-255 or floats in [0, 1]), base64 image files or a multipart upload of image files
-of any size, prepared as the model's training data was (artifact/images.py); models on named
+of any size, prepared as the model's training data was (artifact/images.py); models that
+decode their own images (one `*_bytes` string input) take the same files and base64 images,
+each file's bytes sent unchanged (service/protocols/image_bytes.py); models on named
 features take one JSON object per instance; classifiers answer each instance's class id, its
 label and every class's probability keyed by label, regressors the value.
 
@@ -35,8 +37,8 @@ from artifact.contract import (
 from artifact.images import INVERT_MODES, ImageError, image_to_input, input_to_pixels
 from service import codec, tensor_json
 from service.dataplane import DataPlane
-from service.errors import BadInput
-from service.protocols import friendly
+from service.errors import BadInput, SignatureNotFound
+from service.protocols import friendly, image_bytes
 from service.protocols.friendly import ModelForm
 from service.protocols.http import (
     FILES_SCHEMA,
@@ -63,10 +65,11 @@ EXAMPLE_TYPES_HINT = (
 
 _INSTANCES_TEXT = (
     "Image models: arrays of the model's input shape (integers 0-255 or floats in [0, 1]) "
-    "or {'b64': '<base64 PNG or JPEG>'}. Models on named features: one object per instance "
-    "naming every feature (numbers, integers, strings as the signature types them). Models "
-    "parsing tf.Examples: one object of features per instance. Any other: TF Serving's "
-    "row format."
+    "or {'b64': '<base64 PNG or JPEG>'}; models decoding their own images (one `*_bytes` "
+    "string input, such as `image_bytes`) the latter only, each file sent as it is. Models on "
+    "named features: one object per instance naming every feature (numbers, integers, "
+    "strings as the signature types them). Models parsing tf.Examples: one object of "
+    "features per instance. Any other: TF Serving's row format."
 )
 
 
@@ -82,7 +85,8 @@ def _predict_doc(example: dict) -> dict:
             "multipart/form-data": multipart_form(
                 files={
                     **FILES_SCHEMA,
-                    "description": "Image models: PNG or JPEG images of any size",
+                    "description": "Image models: PNG or JPEG images of any size (sent "
+                    "unchanged to a model that decodes them itself)",
                 }
             )
         },
@@ -194,6 +198,8 @@ class PeopleAPI:
         form = await friendly.model_form(self.dataplane, name)
         if form.image_contract:
             return await self._predict_images(call, name, form, invert, BOOLEAN_WORDS[include])
+        if form.kind == friendly.IMAGE_BYTES:
+            return await self._predict_image_bytes(call, name, form)
         return await self._predict_any(call, name, form, invert, BOOLEAN_WORDS[include])
 
     # --- the image contract's path ------------------------------------------------------
@@ -262,6 +268,49 @@ class PeopleAPI:
         decode = functools.partial(codec.decode_image_files, in_flight=self.pixels_in_flight)
         pixels = await self._decode(decode, files, invert, self.max_request_pixels)
         return normalize_pixels(pixels), [name for name, _ in uploads]
+
+    # --- models that decode their own images ---------------------------------------------
+
+    async def _predict_image_bytes(self, call: Call, name: str, form: ModelForm):
+        """Each image file's bytes to the model unchanged; `invert` and `include_pixels` do
+        not apply (the model prepares its images, and the service never sees their pixels)."""
+        uploaded: list[str] | None = None
+        if _is_multipart(call):
+            uploads = await self._uploads(call)
+            uploaded = [file for file, _ in uploads]
+            files = [(f"files[{i}] ({file})", data) for i, (file, data) in enumerate(uploads)]
+        elif len(call.body) <= INLINE_PARSE_BYTES:
+            files = self._image_bytes_files(form, call.body)
+        else:
+            files = await self._decode(self._image_bytes_files, form, call.body)
+        # Headers only: what is no image is refused, named, before it reaches the model.
+        pixels = await self._decode(self._header_pixels, files)
+        # The model decodes them while it runs: their pixels are held until it answers.
+        with self.pixels_in_flight.hold(pixels):
+            try:
+                result = await self.dataplane.predict(
+                    name,
+                    {form.signature.inputs[0].name: image_bytes.files_input(files)},
+                    None,
+                    form.signature.name,
+                )
+            except SignatureNotFound:
+                raise  # unloaded since the form was read: not the files' fault
+            except BadInput as err:
+                raise image_bytes.refused(name, err, files) from err
+        rows = friendly.answer_rows(form, result.outputs, result.labels)
+        if uploaded is not None:
+            rows = [{"file": file, **row} for file, row in zip(uploaded, rows, strict=True)]
+        return json_response(
+            {"model_name": name, "model_version": str(result.version), "predictions": rows}
+        )
+
+    def _image_bytes_files(self, form: ModelForm, body: bytes, cancelled=None) -> list:
+        instances = friendly.instances_of(codec.loads(body), self.dataplane.max_images)
+        return image_bytes.instance_files(instances, form.signature.inputs[0].name)
+
+    def _header_pixels(self, files: list, cancelled=None) -> int:
+        return codec.check_pixel_budget(files, self.max_request_pixels)
 
     # --- any other model ----------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 // (GET /page/models/{name}): an upload and a drawing pad for image models, a form of the
 // model's features, or a JSON box for anything else. It re-implements no preprocessing: the
 // service prepares every image (artifact.images) and answers, with include_pixels=true, the
-// image the model received.
+// image the model received; a model that decodes its own images (`image_bytes`) gets each
+// file, and the drawing as a PNG, as it is.
 
 const $ = (id) => document.getElementById(id);
 
@@ -91,8 +92,16 @@ const integer = (value) => (typeof value === 'number' ? value.toLocaleString('en
 const modelPath = () => `/page/models/${encodeURIComponent(state.modelName)}`;
 const predictPath = () => `/predict/${encodeURIComponent(state.modelName)}`;
 const plural = (count, word) => `${count} ${word}${count === 1 ? '' : 's'}`;
-// A value of the answer as text: numbers as they came, anything else as JSON.
-const shown = (value) => (typeof value === 'number' ? String(value) : JSON.stringify(value));
+// A value of the answer as text: numbers as they came, a list of numbers (a regressor's
+// several values) separated by commas, anything else as JSON.
+const shown = (value) => {
+  if (typeof value === 'number') return String(value);
+  if (Array.isArray(value) && value.every((item) => typeof item === 'number')) return value.join(', ');
+  return JSON.stringify(value);
+};
+// Whether the model takes images: prepared by the service, or decoded by the model itself. Until
+// the service can say (no version serves yet), the image inputs show.
+const takesImages = () => !state.form || state.form.kind === 'image' || state.form.kind === 'image_bytes';
 
 // --- readiness ---------------------------------------------------------------------------
 
@@ -143,11 +152,15 @@ async function loadForm(render = true) {
 
 function describeForm(description) {
   const form = description.form;
-  const task = { classification: 'a classifier', regression: 'a regressor', outputs: 'a model' }[form.task];
+  let task = { classification: 'a classifier', regression: 'a regressor', outputs: 'a model' }[form.task];
+  // One float output of several values per instance: probabilities only while its rows are.
+  if (form.probabilities_guessed) task = 'a classifier or a regressor';
   let takes = 'tensors in TF Serving\'s JSON format';
   if (form.kind === 'image') {
     const { height, width, channels } = form.image;
     takes = `${width}×${height} ${channels === 3 ? 'colour' : 'grayscale'} images`;
+  } else if (form.kind === 'image_bytes') {
+    takes = `image files it decodes itself from its input ${form.inputs[0].name}`;
   } else if (form.kind === 'features') {
     takes = plural(form.features.length, 'feature');
   } else if (form.kind === 'examples') {
@@ -158,23 +171,29 @@ function describeForm(description) {
 
 function showInputs() {
   const kind = state.form ? state.form.kind : 'image';
-  $('image-inputs').hidden = kind !== 'image';
+  $('image-inputs').hidden = !takesImages();
   $('features-form').hidden = kind !== 'features';
   $('json-form').hidden = kind !== 'examples' && kind !== 'tensors';
   if (kind === 'image') setUpImageInputs(state.form ? state.form.image : null);
+  if (kind === 'image_bytes') setUpImageInputs(null, state.form.inputs[0].name);
   if (kind === 'features') buildFeatureFields(state.form.features);
   if (kind === 'examples' || kind === 'tensors') fillJsonTemplate(state.form);
 }
 
 // The image contract's preparation (light on dark, centred) may invert; a model trained on an
-// image folder gets its images as they are, resized to its input.
-function setUpImageInputs(image) {
-  const centred = !image || image.preparation === 'centred';
+// image folder gets its images as they are, resized to its input; a model that decodes its own
+// images (`encodedInput`, its `image_bytes`) gets each file as it is.
+function setUpImageInputs(image, encodedInput = null) {
+  const centred = !encodedInput && (!image || image.preparation === 'centred');
   $('invert').value = 'auto';
   $('invert-choice').hidden = !centred;
-  $('image-hint').textContent = centred
-    ? 'The model was trained on light objects on a dark background, trimmed and centred; the service prepares every image that way and shows what the model received.'
-    : `The model was trained on images resized to ${image.width}×${image.height} ${image.channels === 3 ? 'in colour' : 'in grayscale'}; the service resizes every image the same way and shows what the model received.`;
+  if (encodedInput) {
+    $('image-hint').textContent = `The model decodes its images itself (its input ${encodedInput}): the service sends it each file as it is, and the drawing as a PNG.`;
+  } else {
+    $('image-hint').textContent = centred
+      ? 'The model was trained on light objects on a dark background, trimmed and centred; the service prepares every image that way and shows what the model received.'
+      : `The model was trained on images resized to ${image.width}×${image.height} ${image.channels === 3 ? 'in colour' : 'in grayscale'}; the service resizes every image the same way and shows what the model received.`;
+  }
   const pad = $('pad');
   const [width, height] = image ? [image.width, image.height] : [1, 1];
   const scale = 280 / Math.max(width, height);
@@ -279,7 +298,7 @@ async function predict(body, what, cards) {
     $('results').replaceChildren(...cards(answer));
     const where = state.device ? ` on ${state.device}` : '';
     const rows = Array.isArray(answer.predictions) ? answer.predictions.length : 1;
-    const noun = state.form && state.form.kind !== 'image' ? 'instance' : 'image';
+    const noun = takesImages() ? 'image' : 'instance';
     status.textContent =
       `${answer.model_name} version ${answer.model_version}${where} answered ${plural(rows, noun)} in ${ms} ms.`;
   } catch (err) {
@@ -295,8 +314,10 @@ function classify(files) {
   const form = new FormData();
   files.forEach((file, i) => form.append('files', file, file.name || `pasted-${i + 1}.png`));
   const invert = encodeURIComponent($('invert').value);
+  // A model that decodes its own images: the service never sees their pixels to show.
+  const encoded = state.form && state.form.kind === 'image_bytes';
   return predict(
-    { content: form, query: `include_pixels=true&invert=${invert}` },
+    { content: form, query: encoded ? '' : `include_pixels=true&invert=${invert}` },
     plural(files.length, 'image'),
     (answer) => answer.predictions.map((row, i) => resultCard(files[i], row, answer)),
   );
@@ -393,7 +414,12 @@ function answerCard(name, row, answer, ...before) {
     );
   } else if (row && typeof row === 'object' && 'value' in row) {
     parts.push(
-      el('p', { class: 'prediction' }, 'Predicted value: ', el('strong', { class: 'predicted-value', text: shown(row.value) })),
+      el(
+        'p',
+        { class: 'prediction' },
+        Array.isArray(row.value) ? 'Predicted values: ' : 'Predicted value: ',
+        el('strong', { class: 'predicted-value', text: shown(row.value) }),
+      ),
     );
   } else {
     parts.push(el('pre', { class: 'outputs', text: JSON.stringify(row, null, 2) }));
@@ -560,7 +586,7 @@ const VERSION_COLUMNS = [
   { title: 'Test accuracy', numeric: true, optional: true, cell: (v) => (typeof v.accuracy === 'number' ? percent(v.accuracy, 2) : '') },
   { title: 'Test RMSE', numeric: true, optional: true, cell: (v) => (typeof v.rmse === 'number' ? v.rmse.toPrecision(4) : '') },
   { title: 'Test MAE', numeric: true, optional: true, cell: (v) => (typeof v.mae === 'number' ? v.mae.toPrecision(4) : '') },
-  { title: () => (state.form && state.form.kind !== 'image' ? 'Test examples' : 'Test images'), numeric: true, cell: (v) => integer(v.examples) },
+  { title: () => (takesImages() ? 'Test images' : 'Test examples'), numeric: true, cell: (v) => integer(v.examples) },
   { title: 'Steps', numeric: true, cell: (v) => integer(v.global_step) },
   { title: 'Kind', cell: (v) => v.model || '–' },
   { title: 'Exported', cell: (v) => shortDate(v.date) },
@@ -689,7 +715,7 @@ function renderReport(report) {
         ['Largest error', evaluation.max_error],
         ['Label mean and spread', typeof evaluation.label_mean === 'number' ? `${evaluation.label_mean} ± ${evaluation.label_std}` : null],
       ]
-    : [['Test accuracy', `${percent(evaluation.accuracy, 2)} on ${integer(evaluation.examples)} ${split} ${state.form && state.form.kind !== 'image' ? 'examples' : 'images'}`]];
+    : [['Test accuracy', `${percent(evaluation.accuracy, 2)} on ${integer(evaluation.examples)} ${split} ${takesImages() ? 'images' : 'examples'}`]];
   const facts = [
     ...headline,
     ['Kind', params.model],
@@ -704,7 +730,7 @@ function renderReport(report) {
       .flatMap(([term, value]) => [el('dt', { text: term }), el('dd', { text: String(value) })]),
   );
   const perClass = Array.isArray(evaluation.per_class) ? evaluation.per_class : null;
-  $('per-class-support').textContent = state.form && state.form.kind !== 'image' ? 'Test examples' : 'Test images';
+  $('per-class-support').textContent = takesImages() ? 'Test images' : 'Test examples';
   $('classification-report').hidden = !perClass;
   if (perClass) {
     $('per-class').tBodies[0].replaceChildren(

@@ -666,3 +666,86 @@ def test_a_32x32_colour_image_is_resized_and_shown_as_the_model_received_it(
     assert rgb[:2] == [32, 32]
     np.testing.assert_array_equal(np.array(rgb[2]).reshape(32, 32, 3), expected["pixels"])
     assert page_errors(browser) == []
+
+
+# --- models as users export them (conftest's exports_server) ---------------------------------
+
+PAD_PNG = "return arguments[0].toDataURL('image/png').split(',')[1];"
+
+
+def test_an_image_bytes_model_gets_each_file_and_the_drawing_as_they_are(
+    browser, exports_server, tmp_path
+):
+    open_model(browser, exports_server, "resnet_bytes")
+    assert browser.find_element(By.ID, "image-inputs").is_displayed()
+    assert not browser.find_element(By.ID, "invert-choice").is_displayed()
+    assert "a classifier of image files it decodes itself from its input image_bytes (" in (
+        browser.find_element(By.ID, "model-status").text
+    )
+    photo = np.zeros((30, 50, 3), np.uint8)
+    photo[..., 2] = 230  # blue
+    path = tmp_path / "blue.png"
+    path.write_bytes(png_bytes(photo))
+    browser.find_element(By.ID, "file-input").send_keys(str(path))
+    wait(browser, lambda d: len(cards(d)) == 1, "the image's card")
+    screenshot(browser, "image-bytes")
+    (expected,) = ok_json(
+        httpx.post(
+            f"{exports_server.url}/predict/resnet_bytes",
+            files=[("files", ("blue.png", path.read_bytes()))],
+        )
+    )["predictions"]
+    (card,) = cards(browser)
+    assert card.find_element(By.CLASS_NAME, "predicted-label").text == expected["label"] == "blue"
+    assert bars(card) == [
+        (label, f"{100 * p:.1f}%") for label, p in expected["probabilities"].items()
+    ]
+    # The service never sees the pixels: no "what the model received".
+    assert card.find_elements(By.CSS_SELECTOR, "canvas.model-input") == []
+    pad = browser.find_element(By.ID, "pad")
+    (
+        ActionChains(browser)
+        .move_to_element_with_offset(pad, -60, -60)
+        .click_and_hold()
+        .move_by_offset(120, 120)
+        .release()
+        .perform()
+    )
+    wait(
+        browser,
+        lambda d: (
+            [c.find_element(By.CLASS_NAME, "card-title").text for c in cards(d)] == ["drawing.png"]
+        ),
+        "the drawing's card",
+    )
+    # The drawing's PNG, as the pad holds it, answered the same when sent by hand.
+    drawn = base64.b64decode(browser.execute_script(PAD_PNG, pad))
+    (expected,) = ok_json(
+        httpx.post(
+            f"{exports_server.url}/predict/resnet_bytes",
+            files=[("files", ("drawing.png", drawn))],
+        )
+    )["predictions"]
+    (card,) = cards(browser)
+    assert bars(card) == [
+        (label, f"{100 * p:.1f}%") for label, p in expected["probabilities"].items()
+    ]
+    assert visible_error(browser, "try-error") == ""
+    assert page_errors(browser) == []
+
+
+def test_a_regressor_of_two_values_shows_both(browser, exports_server):
+    open_model(browser, exports_server, "two_targets")
+    assert browser.find_element(By.ID, "model-status").text == (
+        "two_targets version 1 is a classifier or a regressor of 2 features (signature predict)."
+    )
+    card, _, expected = submit_features(
+        browser, exports_server, "two_targets", {"x1": "0.5", "x2": "-1.25"}
+    )
+    screenshot(browser, "two-targets")
+    prediction = card.find_element(By.CLASS_NAME, "prediction").text
+    assert prediction.startswith("Predicted values: ")
+    shown = card.find_element(By.CLASS_NAME, "predicted-value").text
+    assert [float(value) for value in shown.split(", ")] == expected["value"]
+    assert len(expected["value"]) == 2
+    assert page_errors(browser) == []

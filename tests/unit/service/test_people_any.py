@@ -373,8 +373,9 @@ def test_a_single_probability_vector_is_a_classifier_only_while_it_holds_probabi
     (row,) = answer(form, {"dense": probabilities}, ("a", "b", "c", "d"))
     assert row["label"] == "b" and row["class_id"] == 1
     logits = np.array([[-3.0, 4.0, 1.0, 0.0]], np.float32)
-    rendered = answer(form, {"dense": logits}, ("a", "b", "c", "d"))
-    assert np.asarray(rendered).tolist() == logits.tolist()
+    # Not probabilities: each instance's values (a regressor's of several values, say).
+    (row,) = answer(form, {"dense": logits}, ("a", "b", "c", "d"))
+    assert list(row) == ["value"] and row["value"].tolist() == logits[0].tolist()
 
 
 def test_regressors_answer_values_and_anything_else_as_tf_serving_renders_it():
