@@ -287,7 +287,7 @@ format: venv
 clean:
 	rm -rf runs .pytest_cache .ruff_cache site
 
-# The measured figures (docs/figures.md, the README's two commands) rendered again from
+# The measured figures (docs/figures.md, the README's three commands) rendered again from
 # benchmarks/results/latest.json and docs/measured.json; `make bench` runs it too.
 # Neither target sets anything up: they need the venv `make setup` made.
 figures:
