@@ -48,8 +48,8 @@ UV_SYNC := $(UV) pip sync --quiet --require-hashes --compile-bytecode
 # `-e`), built with the locked setuptools (no isolated build environment fetched unlocked).
 UV_PROJECT := $(UV) pip install --quiet --no-deps --no-build-isolation --compile-bytecode -e .
 
-.PHONY: setup data compose browser tools venv runtime train serve test test-fast k8s lint format bench \
-        bench-peers clean figures docs tokens tls containers test-containers serve-examples shipped-model
+.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
+        figures docs tokens tls containers test-containers serve-examples runtime shipped-model
 
 # Everything `make test` needs: both venvs with the tests' and docs' tools, the data, and the
 # Debian packages of the tests that drive other programs.
