@@ -1,15 +1,28 @@
-# Thin wrappers. `make serve` and `make test` set everything up from nothing.
+# Thin wrappers. `make serve` and `make test` set up from nothing what each needs: `make serve`
+# the two venvs' runtimes and the data, `make test` (`make setup`) everything.
 SHELL := /bin/bash
-PYTHON ?= python3
+# Python 3.11, the newest TensorFlow 2.15 (the trainer's) has wheels for: python3.11 where there
+# is one, else python3, which check_python then holds to 3.11.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
+endif
+# Stop with one line saying what to install, unless $(PYTHON) is Python 3.11.
+check_python = $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "Python 3.11 is needed, and $(PYTHON) is $$(command -v $(PYTHON) >/dev/null && $(PYTHON) -V 2>&1 || echo 'not found'): install python3.11 and python3.11-venv (Debian and Ubuntu: from your release or the deadsnakes PPA), or give one: make PYTHON=/path/to/python3.11"; \
+	  exit 1; }
 # Two sides, two venvs (docs/architecture.md, "Two TensorFlows"): the service on current
-# TensorFlow, with the tests' and docs' tools; the trainer on TensorFlow 2.15, the last with
-# tf.estimator.
+# TensorFlow, the trainer on TensorFlow 2.15, the last with tf.estimator. Each is installed in
+# two layers with a stamp each: its runtime (what `make serve` needs), then the tests' and
+# docs' tools on top (what `make test` needs). The tools' stamp depends on the runtime's, so
+# either order of `make serve` and `make test` installs each layer once.
 VENV := .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
+SERVICE_STAMP := $(VENV)/.installed-service
 STAMP := $(VENV)/.installed
 TRAINING_VENV := .venv-training
 TPY := $(TRAINING_VENV)/bin/python
+TRAINING_RUNTIME_STAMP := $(TRAINING_VENV)/.installed-runtime
 TRAINING_STAMP := $(TRAINING_VENV)/.installed
 # Wheels the Kubernetes manifest tests read the TFJob and InferenceService schemas from.
 CRD_SDKS := $(VENV)/crd-sdks
@@ -36,25 +49,42 @@ UV_SYNC := $(UV) pip sync --quiet --require-hashes --compile-bytecode
 UV_PROJECT := $(UV) pip install --quiet --no-deps --no-build-isolation --compile-bytecode -e .
 
 .PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
-        figures docs tokens tls containers test-containers serve-examples
+        figures docs tokens tls containers test-containers serve-examples runtime shipped-model
 
+# Everything `make test` needs: both venvs with the tests' and docs' tools, the data, and the
+# Debian packages of the tests that drive other programs.
 setup: venv data compose browser tools containers
 
 venv: $(STAMP) $(TRAINING_STAMP) $(CRD_SDKS_STAMP)
 
+# What serving and training need, and nothing of the tests: `make serve`, `make train`.
+runtime: $(SERVICE_STAMP) $(TRAINING_RUNTIME_STAMP)
+
 $(UV): requirements-uv.lock
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { $(check_python) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-uv.lock
 	@touch $@
 
-# Each venv is installed again only when its locks or the project metadata change.
-$(STAMP): requirements-service.lock requirements-dev.lock requirements-uv.lock pyproject.toml | $(UV)
+# Each layer is installed again only when its locks or the project metadata change. A sync
+# leaves exactly what it names, so the runtime's sync takes the tools away (when its locks
+# changed), and the tools' layer, older than it now, is synced again by the next `make test`.
+$(SERVICE_STAMP): requirements-service.lock requirements-uv.lock pyproject.toml | $(UV)
+	$(UV_SYNC) --python $(PY) requirements-service.lock requirements-uv.lock
+	$(UV_PROJECT) --python $(PY)
+	@touch $@
+
+$(STAMP): requirements-service.lock requirements-dev.lock requirements-uv.lock pyproject.toml $(SERVICE_STAMP)
 	$(UV_SYNC) --python $(PY) requirements-service.lock requirements-dev.lock requirements-uv.lock
 	$(UV_PROJECT) --python $(PY)
 	@touch $@
 
-$(TRAINING_STAMP): requirements-training.lock requirements-training-dev.lock pyproject.toml | $(UV)
-	@test -x $(TPY) || $(UV) venv --quiet --python $(PYTHON) $(TRAINING_VENV)
+$(TRAINING_RUNTIME_STAMP): requirements-training.lock pyproject.toml | $(UV)
+	@test -x $(TPY) || { $(check_python) && $(UV) venv --quiet --python $(PYTHON) $(TRAINING_VENV); }
+	$(UV_SYNC) --python $(TPY) requirements-training.lock
+	$(UV_PROJECT) --python $(TPY)
+	@touch $@
+
+$(TRAINING_STAMP): requirements-training.lock requirements-training-dev.lock pyproject.toml $(TRAINING_RUNTIME_STAMP)
 	$(UV_SYNC) --python $(TPY) requirements-training.lock requirements-training-dev.lock
 	$(UV_PROJECT) --python $(TPY)
 	@touch $@
@@ -122,14 +152,16 @@ containers:
 	    echo "podman is missing, so the container tier will be skipped: run 'sudo apt-get install $(CONTAINER_PACKAGES)'"; \
 	  fi; }
 
-train: setup
+# The full model (the CNN, 10 epochs: docs/training.md), exported as the next version: a
+# running `make serve` picks it up.
+train: $(TRAINING_RUNTIME_STAMP) data
 	$(TPY) -m training train --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME)
 
 # The gated retrain (docs/retraining.md): a new version only when it is not worse than the one
 # serving; exit code 3 when it is not blessed. FEEDBACK_DIR adds the service's feedback;
 # RETRAIN_ARGS adds options, e.g. RETRAIN_ARGS="--extra-data new-images/ --epochs 1".
 .PHONY: retrain
-retrain: venv data
+retrain: $(TRAINING_RUNTIME_STAMP) data
 	$(TPY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 
@@ -164,15 +196,37 @@ train_once = if ! ls -d $(1)/[0-9]* >/dev/null 2>&1; then \
 	  $(TPY) -m training train $(2) --export-dir $(1); \
 	fi
 
-# Train with the defaults only when no version is exported yet, then serve. On 127.0.0.1 with
-# no AUTH_TOKENS_FILE it is open to this machine only (the service says so at start).
-serve: setup
-	@$(call train_once,$(MODEL_BASE_PATH)/$(MODEL_NAME),--data-dir $(DATA_DIR))
+# The small Fashion-MNIST model the repository ships (models/README.md: the command that
+# trained it, its test accuracy), served at once by `make serve` while no version is exported.
+SHIPPED_MODEL := models/shipped/fashion_mnist/1
+# $(call place_shipped,EXPORT_DIR): the shipped model as EXPORT_DIR/1, only when no version is
+# exported there yet; copied to a hidden folder beside it, then renamed, as an export appears.
+place_shipped = if ! ls -d $(1)/[0-9]* >/dev/null 2>&1; then \
+	  echo "No version under $(1): serving the shipped model as version 1 (models/README.md); make train exports the full one as version 2."; \
+	  mkdir -p $(1) && staging=$(1)/.shipped-$$$$ && cp -R $(SHIPPED_MODEL) $$staging \
+	  && { mv -T $$staging $(1)/1 || { rm -rf $$staging; exit 1; }; }; \
+	fi
+# The shipped model is Fashion-MNIST's: for another model name or data, `make serve` trains one.
+DEFAULT_DATA_DIR := /usr/share/datasets/fashion-mnist
+fits_shipped = $(and $(filter fashion_mnist,$(1)),$(filter $(DEFAULT_DATA_DIR),$(DATA_DIR)))
+# $(call first_version,EXPORT_DIR): the shipped model, or a model trained with the defaults,
+# when no version is exported there yet.
+first_version = $(if $(call fits_shipped,$(notdir $(1))),$(call place_shipped,$(1)),$(call train_once,$(1),--data-dir $(DATA_DIR)))
+
+# The shipped model into $(MODEL_BASE_PATH)/fashion_mnist when it holds no version (for the
+# containers, docs/containers.md); `make serve` does it too.
+shipped-model:
+	@$(call place_shipped,$(MODEL_BASE_PATH)/fashion_mnist)
+
+# Serve; a first version (above) when none is exported yet. On 127.0.0.1 with no
+# AUTH_TOKENS_FILE it is open to this machine only (the service says so at start).
+serve: runtime data
+	@$(call first_version,$(MODEL_BASE_PATH)/$(MODEL_NAME))
 	@echo "Serving on http://$(HOST):$(PORT) (docs: /docs; try: curl http://$(HOST):$(PORT)/v1/models/$(MODEL_NAME))"
 	MODEL_NAME=$(MODEL_NAME) MODEL_BASE_PATH=$(MODEL_BASE_PATH) HOST=$(HOST) PORT=$(PORT) $(PY) -m service
 
 # The shipped examples side by side, from one model config (examples/models.config): Fashion-MNIST
-# (trained with the defaults when none is exported, as `make serve` does) and a tabular
+# (the shipped model when none is exported, as `make serve` does) and a tabular
 # classifier and regressor, pre-made Estimators trained in seconds each on the small CSV files
 # `python -m training sample-data` writes (no download), when not exported yet. The exports go
 # to models/ (git-ignored build output), the data and runs to runs/examples/.
@@ -183,8 +237,8 @@ EXAMPLE_CLASSIFIER := --csv $(EXAMPLES_RUNS)/data/classification.csv --label lab
 EXAMPLE_REGRESSOR := --csv $(EXAMPLES_RUNS)/data/regression.csv --label price --model dnn \
   --hidden-units 16,8 --max-steps 500 --batch-size 32 --learning-rate 0.05 --seed 0 \
   --model-dir $(EXAMPLES_RUNS)/tabular_regressor
-serve-examples: setup
-	@$(call train_once,models/fashion_mnist,--data-dir $(DATA_DIR))
+serve-examples: runtime data
+	@$(call first_version,models/fashion_mnist)
 	@test -f $(EXAMPLES_RUNS)/data/regression.csv || $(TPY) -m training sample-data --out $(EXAMPLES_RUNS)/data
 	@$(call train_once,models/tabular_classifier,$(EXAMPLE_CLASSIFIER))
 	@$(call train_once,models/tabular_regressor,$(EXAMPLE_REGRESSOR))
@@ -233,7 +287,7 @@ format: venv
 clean:
 	rm -rf runs .pytest_cache .ruff_cache site
 
-# The measured figures (docs/figures.md, the README's two commands) rendered again from
+# The measured figures (docs/figures.md, the README's three commands) rendered again from
 # benchmarks/results/latest.json and docs/measured.json; `make bench` runs it too.
 # Neither target sets anything up: they need the venv `make setup` made.
 figures:

@@ -10,7 +10,7 @@ Sources:
   training accuracy, the baselines' comparison.
 
 Each generated block sits between `<!-- BEGIN figures:NAME -->` and `<!-- END figures:NAME -->`
-in `docs/figures.md` (and the README's two commands); the text around the markers is written
+in `docs/figures.md` (and the README's three commands); the text around the markers is written
 by hand and never quotes a figure. tests/unit/docs/test_docs.py fails when a block differs
 from what this script renders.
 """
@@ -113,7 +113,8 @@ def readme_commands_block(measured: dict) -> str:
     return "\n".join(
         [
             "```sh",
-            "make serve   # set up, train a model if none is exported, serve on 127.0.0.1:8000",
+            "make serve   # set up the service and the trainer, serve the shipped model "
+            "on 127.0.0.1:8000",
             f"             # ({times['serve']})",
             f"make test    # set up and run every test ({times['test']})",
             "make test-containers   # the images built and run with podman "

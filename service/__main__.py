@@ -1,4 +1,5 @@
-"""`python -m service`: read settings from the environment and serve with uvicorn."""
+"""`python -m service`: read settings from the environment and serve with uvicorn
+(`--help` lists them)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,24 @@ from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
+from service.cli import UsageError, build_parser, parse
 from service.security import TokenFileError, open_access_notice, read_tokens
 from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Check the command line and the settings, bind the port, and serve until stopped; the
+    exit code (2 with one line on stderr for anything that cannot be used)."""
+    try:
+        command = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if command.help:
+        print(build_parser().format_help(), end="")
+        return 0
+    os.environ.update(command.environment)
     try:
         settings = Settings()
     except ValidationError as err:

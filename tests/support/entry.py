@@ -15,10 +15,12 @@ import pytest
 from support.servers import free_port, settings_vars
 
 
-def run_main_in_process(**overrides: str) -> subprocess.CompletedProcess:
-    """`service.__main__.main()` in this process, with the environment `run_service` gives
-    `python -m service`: for the start-up refusals (exit code 2, one line on stderr), which come
-    before anything loads. A subprocess costs a second of CPU in imports each; the real
+def run_main_in_process(
+    args: list[str] | None = None, **overrides: str
+) -> subprocess.CompletedProcess:
+    """`service.__main__.main(args)` in this process (no arguments unless given), with the
+    environment `run_service` gives `python -m service`: for the start-up refusals (exit code
+    2, one line on stderr), which come before anything loads, and `--help`. A subprocess costs a second of CPU in imports each; the real
     `python -m service` entry point keeps tests of its own (tests/unit/service/test_main.py).
 
     Going on to serve (or to supervise workers) fails the test instead: a refusal that
@@ -39,7 +41,7 @@ def run_main_in_process(**overrides: str) -> subprocess.CompletedProcess:
         patch.setattr(entry, "serve", refused_to_serve)
         patch.setattr(entry, "supervise", refused_to_serve)
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = entry.main()
+            code = entry.main(list(args or []))
     return subprocess.CompletedProcess(
-        ["service.__main__.main()"], code, stdout.getvalue(), stderr.getvalue()
+        ["service.__main__.main()", *(args or [])], code, stdout.getvalue(), stderr.getvalue()
     )

@@ -82,14 +82,17 @@ def service_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def run_service(timeout: float = 120.0, **overrides: str) -> subprocess.CompletedProcess:
-    """Run `python -m service` to completion (for settings that must make it exit).
+def run_service(
+    timeout: float = 120.0, args: tuple[str, ...] = (), **overrides: str
+) -> subprocess.CompletedProcess:
+    """Run `python -m service` with `args` to completion (for settings or arguments that must
+    make it exit).
 
     On a free port unless PORT is given: some refusals come after the port is bound, and the
     default port (8000) may be anyone's.
     """
     return subprocess.run(
-        [service_python(), "-m", "service"],
+        [service_python(), "-m", "service", *args],
         cwd=REPO_ROOT,
         env=service_env(**{"PORT": str(free_port()), **overrides}),
         capture_output=True,

@@ -7,13 +7,14 @@ import http.server
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.helpers import require_tool
+from support.helpers import REPO_ROOT, require_tool
 
 from benchmarks import bench, common, generic
 from benchmarks.probe import probe
@@ -403,3 +404,54 @@ def test_a_missing_model_is_trained_by_the_training_side(tmp_path, monkeypatch):
     commands.clear()
     found = generic.find_or_train(tabular, tmp_path / "work", tmp_path / "work" / "models")
     assert found == version and commands == []
+
+
+def exported(root: Path, version: int, kind: str | None) -> Path:
+    """A version under root/models/fashion_mnist, with a report naming its kind (or none)."""
+    path = root / "models" / "fashion_mnist" / str(version)
+    (path / "assets.extra").mkdir(parents=True)
+    (path / "saved_model.pb").write_bytes(b"")
+    if kind is not None:
+        report = {"accuracy": 0.9, "params": {"model": kind}}
+        (path / "assets.extra" / "evaluation.json").write_text(json.dumps(report))
+    return path
+
+
+@pytest.mark.parametrize(
+    "kinds, chosen",
+    [
+        pytest.param({1: "cnn", 2: "dnn"}, 1, id="the-shipped-dnn-passed-over"),
+        pytest.param({1: "dnn", 2: "keras"}, 2, id="keras-is-the-cnn"),
+        pytest.param({1: "cnn", 2: "dnn", 3: None}, 3, id="no-report-taken-as-before"),
+    ],
+)
+def test_the_benchmark_measures_the_newest_cnn(tmp_path, monkeypatch, kinds, chosen):
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    paths = {version: exported(tmp_path, version, kind) for version, kind in kinds.items()}
+
+    def run(command, **kwargs):
+        raise AssertionError(f"nothing should be trained: {command}")
+
+    monkeypatch.setattr(common.subprocess, "run", run)
+    assert common.find_or_train_model(tmp_path / "work") == paths[chosen]
+
+
+def test_with_only_the_shipped_dnn_a_cnn_is_trained(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    version = exported(tmp_path, 1, None)
+    shipped = REPO_ROOT / "models" / "shipped" / "fashion_mnist" / "1"
+    shutil.copy(shipped / "assets.extra" / "evaluation.json", version / "assets.extra")
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        export = Path(command[command.index("--export-dir") + 1])
+        (export / "1").mkdir(parents=True)
+        (export / "1" / "saved_model.pb").write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(common.subprocess, "run", run)
+    trained = common.find_or_train_model(tmp_path / "work")
+    assert trained == tmp_path / "work" / "models" / "fashion_mnist" / "1"
+    (command,) = commands
+    assert "--model" not in command  # the defaults: the CNN

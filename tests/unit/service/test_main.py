@@ -1,4 +1,5 @@
-"""`python -m service` refuses bad settings and unbindable addresses before loading anything.
+"""`python -m service` refuses bad settings, unknown arguments and unbindable addresses before
+loading anything; `--help` lists the settings.
 
 Fast: these fail before TensorFlow is imported. Most run its `main()` in this process
 (`run_main_in_process`); two go through a real `python -m service`, the entry point itself.
@@ -80,6 +81,30 @@ def test_a_grpc_port_in_use_exits_2_before_loading_anything(tmp_path):
             MODEL_BASE_PATH=str(tmp_path), PORT=str(free_port()), GRPC_PORT=str(grpc_port)
         )
     assert_one_error_line_naming(result, "GRPC_PORT", "in use")
+
+
+def test_help_exits_0_listing_the_settings_before_reading_them(tmp_path):
+    # A setting that would be refused does not stop --help: it is read before the settings.
+    result = run_main_in_process(["--help"], MODEL_BASE_PATH=str(tmp_path), DEVICE="tpu")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("usage: python -m service [-h]\n")
+    assert "\n  DEVICE=auto  (one of: auto, cpu, gpu)\n" in result.stdout
+
+
+def test_an_unknown_argument_exits_2_naming_it(tmp_path):
+    result = run_main_in_process(["--port", "9000"], MODEL_BASE_PATH=str(tmp_path))
+    assert result.stdout == ""
+    assert_one_error_line_naming(result, "unknown arguments: --port 9000", "--help")
+
+
+def test_python_m_service_help_and_refusal_are_main_s():
+    # The entry point passes its own arguments on: --help prints and exits, before any model.
+    done = run_service(timeout=60, args=("--help",))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == run_main_in_process(["--help"]).stdout
+    refused = run_service(timeout=60, args=("--model_name", "fashion_mnist"))
+    assert refused.stdout == ""
+    assert_one_error_line_naming(refused, "unknown arguments: --model_name fashion_mnist")
 
 
 @pytest.mark.parametrize(

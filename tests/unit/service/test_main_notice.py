@@ -32,7 +32,7 @@ def start(monkeypatch, tmp_path, **env) -> None:
         return 0
 
     monkeypatch.setattr(entry, "serve", serve)
-    assert entry.main() == 0
+    assert entry.main([]) == 0
 
 
 @pytest.mark.parametrize(
