@@ -1,14 +1,18 @@
-"""A/B: the service from two or more checkouts, started in turn on the same model, one image
-per request at c=64; requests/s and the server process's CPU per request (from /proc).
+"""A/B: the service from two or more checkouts, or on two or more HTTP servers, started in turn
+on the same model, one image per request; at each concurrency the requests/s, the p50 latency
+and the server process's CPU per request (from /proc).
 
-    python -m benchmarks.ab BASE_CHECKOUT OTHER_CHECKOUT [MORE ...] [--rounds 4] [--seconds 8]
-                            [--constant-model]
+    python -m benchmarks.ab SIDE SIDE [MORE ...] [--rounds 4] [--seconds 8]
+                            [--concurrency 64] [--constant-model]
 
-Each checkout's `service` runs with this venv's Python (`git worktree add /tmp/old <commit>`
-makes one). Interleaved rounds, each in another order (rotated, and reversed every other
-round), so a machine that slows down or speeds up during the run weighs on every side alike;
-the medians are printed, and each checkout's ratios to the first. The model is the newest
-export under models/fashion_mnist, or a small one trained first (common).
+A SIDE is a checkout (`git worktree add /tmp/old <commit>` makes one), run as it ships
+(`python -m service`), or CHECKOUT@SERVER: that checkout's app on another server
+(benchmarks/servers.py: uvicorn-httptools, uvicorn-h11, granian, hypercorn), to choose the
+server by measurement. Each runs with this venv's Python. Interleaved rounds, each in another
+order (rotated, and reversed every other round), so a machine that slows down or speeds up
+during the run weighs on every side alike; the medians are printed, and each side's ratios to
+the first. The model is the newest export under models/fashion_mnist, or a small one trained
+first (common).
 
 With --constant-model the SavedModel's call answers a constant of its shapes instead (in each
 checkout's `artifact.saved_model.SavedModelPredictor.run`): what is left is the service's own
@@ -19,6 +23,7 @@ hides when it changes by a tenth.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import statistics
@@ -27,10 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
 from benchmarks.common import LUA, PATH, find_or_train_model, free_port, request_bodies
+from benchmarks.servers import SERVERS, constant_run
+
+SERVERS_SCRIPT = Path(__file__).resolve().parent / "servers.py"
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -42,42 +51,78 @@ def process_cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(port: int, body: Path, seconds: int) -> str:
+def wrk(port: int, body: Path, seconds: int, concurrency: int = 64) -> str:
     env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH}
-    command = ["wrk", "-t1", "-c64", f"-d{seconds}s", "-s", str(LUA), f"http://127.0.0.1:{port}"]
+    command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "-s", str(LUA), "--latency",
+               f"http://127.0.0.1:{port}"]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
 
 
-# The SavedModel's call as --constant-model replaces it: every class 0, at probability 0.1 each.
-CONSTANT_RUN = """
-import numpy as np
+def p50_ms(out: str) -> float:
+    """wrk's --latency p50, in milliseconds."""
+    value, unit = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
-def run(self, inputs, signature_name="serving_default"):
-    n = len(inputs) if isinstance(inputs, np.ndarray) else len(next(iter(inputs.values())))
-    return {"classes": np.zeros(n, np.int64), "probabilities": np.full((n, 10), 0.1, np.float32)}
-"""
+
+# A checkout's service with the SavedModel's call answering a constant (--constant-model).
 CONSTANT_SERVICE = (
-    CONSTANT_RUN
-    + """
-import runpy, sys
-import artifact.saved_model
-artifact.saved_model.SavedModelPredictor.run = run
-sys.argv = ["service"]
-runpy.run_module("service", run_name="__main__")
-"""
+    "import runpy, sys\n"
+    "import artifact.saved_model\n"
+    + inspect.getsource(constant_run)
+    + "artifact.saved_model.SavedModelPredictor.run = constant_run\n"
+    + 'sys.argv = ["service"]\n'
+    + 'runpy.run_module("service", run_name="__main__")\n'
 )
 
 
+class Side(NamedTuple):
+    """A checkout, and the server it runs on (None: as it ships)."""
+
+    checkout: Path
+    server: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Side:
+        path, _, server = text.partition("@")
+        if server and server not in SERVERS:
+            raise argparse.ArgumentTypeError(
+                f"{text}: unknown server {server!r}; one of {', '.join(SERVERS)}"
+            )
+        return cls(Path(path), server or None)
+
+    def __str__(self) -> str:
+        return f"{self.checkout}@{self.server}" if self.server else str(self.checkout)
+
+    def command(self, constant_model: bool) -> list[str]:
+        if self.server is not None:
+            return [str(SERVERS_SCRIPT), self.server]
+        return ["-c", CONSTANT_SERVICE] if constant_model else ["-m", "service"]
+
+
+class Reading(NamedTuple):
+    rate: float  # requests/s
+    cpu: float  # the server's CPU µs per request
+    p50: float  # ms
+
+
 def measure(
-    checkout: Path, model_base: Path, body: Path, seconds: int, constant_model: bool = False
-) -> tuple[float, float]:
-    """(requests/s, server CPU µs per request) of one checkout's service, after a warm-up."""
+    side: Side,
+    model_base: Path,
+    body: Path,
+    seconds: int,
+    concurrencies: list[int],
+    constant_model: bool = False,
+) -> dict[int, Reading]:
+    """One side's readings at each concurrency, each after a warm-up."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(checkout), "MODEL_BASE_PATH": str(model_base),
+    env = {**os.environ, "PYTHONPATH": str(side.checkout), "MODEL_BASE_PATH": str(model_base),
            "PORT": str(port), "GRPC_PORT": "0", "LOG_LEVEL": "warning"}  # fmt: skip
-    command = ["-c", CONSTANT_SERVICE] if constant_model else ["-m", "service"]
-    server = subprocess.Popen([sys.executable, *command], cwd=checkout, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    if constant_model:
+        env["BENCH_CONSTANT_MODEL"] = "1"
+    command = [sys.executable, *side.command(constant_model)]
+    server = subprocess.Popen(
+        command, cwd=side.checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -87,55 +132,76 @@ def measure(
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"{checkout}: the service did not get ready")
+                raise RuntimeError(f"{side}: the service did not get ready")
             time.sleep(0.2)
-        wrk(port, body, 2)
-        before = process_cpu_seconds(server.pid)
-        out = wrk(port, body, seconds)
-        used = process_cpu_seconds(server.pid) - before
-        requests = int(re.search(r"(\d+) requests in", out).group(1))
-        if "Non-2xx" in out:
-            raise RuntimeError(f"{checkout}: answers other than 200:\n{out}")
-        return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)), used / requests * 1e6
+        readings = {}
+        for concurrency in concurrencies:
+            wrk(port, body, 2, concurrency)
+            before = process_cpu_seconds(server.pid)
+            out = wrk(port, body, seconds, concurrency)
+            used = process_cpu_seconds(server.pid) - before
+            requests = int(re.search(r"(\d+) requests in", out).group(1))
+            if "Non-2xx" in out:
+                raise RuntimeError(f"{side}: answers other than 200:\n{out}")
+            rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+            readings[concurrency] = Reading(rate, used / requests * 1e6, p50_ms(out))
+        return readings
     finally:
         server.terminate()
         server.wait(30)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkouts", type=Path, nargs="+", metavar="CHECKOUT")
+    parser.add_argument("sides", type=Side.parse, nargs="+", metavar="SIDE")
     parser.add_argument("--rounds", "--pairs", type=int, default=4, dest="rounds")
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument(
+        "--concurrency", default="64", help="comma-separated concurrencies (default 64)"
+    )
     parser.add_argument("--constant-model", action="store_true")
     args = parser.parse_args(argv)
-    checkouts = args.checkouts
-    if len(checkouts) < 2:
-        parser.error(
-            "name at least two checkouts: the first is the base the others are read against"
-        )
+    if len(args.sides) < 2:
+        parser.error("name at least two sides: the first is the base the others are read against")
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        parser.error(f"--concurrency: expected numbers like 1,64, got {args.concurrency!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    sides = args.sides
     with tempfile.TemporaryDirectory() as scratch:
         version = find_or_train_model(Path(scratch))
         body = request_bodies(Path(scratch))[1]
-        results: dict[Path, list[tuple[float, float]]] = {c: [] for c in checkouts}
+        results: dict[tuple[Side, int], list[Reading]] = {
+            (side, c): [] for side in sides for c in args.concurrency
+        }
         for turn in range(args.rounds):
-            order = checkouts[turn % len(checkouts) :] + checkouts[: turn % len(checkouts)]
-            for checkout in order if turn % 2 == 0 else order[::-1]:
-                rate, cpu = measure(
-                    checkout, version.parent.parent, body, args.seconds, args.constant_model
-                )
-                results[checkout].append((rate, cpu))
-                print(f"{checkout}: {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request", flush=True)
-    medians = {
-        checkout: (statistics.median(r for r, _ in rows), statistics.median(c for _, c in rows))
-        for checkout, rows in results.items()
-    }
-    base_rate, base_cpu = medians[checkouts[0]]
-    for checkout, (rate, cpu) in medians.items():
-        print(
-            f"{checkout}: median {rate:,.0f} req/s, {cpu:,.0f} µs CPU/request; "
-            f"{rate / base_rate:.2f}x and {cpu / base_cpu:.2f}x {checkouts[0]}'s"
-        )
+            order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
+            for side in order if turn % 2 == 0 else order[::-1]:
+                readings = measure(side, version.parent.parent, body, args.seconds,
+                                   args.concurrency, args.constant_model)  # fmt: skip
+                for concurrency, reading in readings.items():
+                    results[(side, concurrency)].append(reading)
+                    print(f"{side} c={concurrency}: {reading.rate:,.0f} req/s, "
+                          f"{reading.cpu:,.0f} µs CPU/request, p50 {reading.p50:.3f} ms",
+                          flush=True)  # fmt: skip
+    for concurrency in args.concurrency:
+        medians = {
+            side: Reading(*(statistics.median(r[i] for r in results[(side, concurrency)])
+                            for i in range(3)))
+            for side in sides
+        }  # fmt: skip
+        base = medians[sides[0]]
+        for side, median in medians.items():
+            print(
+                f"c={concurrency} {side}: median {median.rate:,.0f} req/s, {median.cpu:,.0f} µs "
+                f"CPU/request, p50 {median.p50:.3f} ms; {median.rate / base.rate:.2f}x, "
+                f"{median.cpu / base.cpu:.2f}x and {median.p50 / base.p50:.2f}x {sides[0]}'s"
+            )
     return 0
 
 

@@ -1,14 +1,16 @@
 """benchmarks/ab.py: the CPU a process used, read from /proc, as the A/B reports it; the
-constant model --constant-model serves."""
+constant model --constant-model serves; the sides it compares."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
 import numpy as np
+import pytest
 
-from benchmarks.ab import CONSTANT_RUN, process_cpu_seconds
+from benchmarks.ab import CONSTANT_SERVICE, Side, p50_ms, parse_arguments, process_cpu_seconds
 
 
 def test_process_cpu_counts_the_work_of_the_process():
@@ -22,11 +24,30 @@ def test_process_cpu_counts_the_work_of_the_process():
 
 def test_the_constant_model_answers_the_shapes_of_the_real_one():
     namespace: dict = {}
-    exec(CONSTANT_RUN, namespace)  # the source each checkout's service runs under --constant-model
-    answer = namespace["run"](None, np.zeros((3, 28, 28), np.float32))
+    # The function each checkout's service runs under --constant-model, from its source there.
+    exec(CONSTANT_SERVICE.split("import artifact.saved_model\n")[1].split("artifact.")[0],
+         namespace)  # fmt: skip
+    answer = namespace["constant_run"](None, np.zeros((3, 28, 28), np.float32))
     assert answer["classes"].shape == (3,) and answer["classes"].dtype == np.int64
     assert answer["probabilities"].shape == (3, 10)
     assert answer["probabilities"].dtype == np.float32
     np.testing.assert_allclose(answer["probabilities"].sum(axis=1), 1.0, rtol=1e-6)
-    by_name = namespace["run"](None, {"image": np.zeros((2, 28, 28), np.float32)})
+    by_name = namespace["constant_run"](None, {"image": np.zeros((2, 28, 28), np.float32)})
     assert by_name["classes"].shape == (2,)
+
+
+def test_a_side_is_a_checkout_or_a_checkout_on_a_server(tmp_path):
+    assert Side.parse(str(tmp_path)) == Side(tmp_path, None)
+    assert Side.parse(f"{tmp_path}@granian") == Side(tmp_path, "granian")
+    assert Side.parse(f"{tmp_path}@granian").command(False)[1] == "granian"
+    assert Side.parse(str(tmp_path)).command(False) == ["-m", "service"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown server 'nginx'"):
+        Side.parse(f"{tmp_path}@nginx")
+    args = parse_arguments([str(tmp_path), f"{tmp_path}@uvicorn-h11", "--concurrency", "1,64"])
+    assert args.concurrency == [1, 64] and len(args.sides) == 2
+
+
+@pytest.mark.parametrize("line, ms", [("     50%  125.00us", 0.125), ("     50%    2.36ms", 2.36),
+                                      ("     50%    1.20s", 1200.0)])  # fmt: skip
+def test_the_p50_of_wrk_in_milliseconds(line, ms):
+    assert p50_ms(f"Latency Distribution\n{line}\n     75%  3.00ms\n") == pytest.approx(ms)
