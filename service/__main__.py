@@ -127,7 +127,7 @@ def announce_access(settings: Settings) -> None:
 
 
 def serve(settings: Settings, models, sock: socket.socket, announce: bool = True) -> int:
-    """Build the backend and the service, and serve on the bound socket until stopped.
+    """Build the backend and the service, and serve on the port `sock` holds until stopped.
     With `announce`, say at start when every endpoint is open (a worker leaves that to its
     supervisor)."""
     from service.app import create_app
@@ -152,7 +152,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     logging.getLogger("service").info(
         "Listening on %s://%s:%s", scheme, settings.host, settings.port
     )
-    run(service, settings, sock)
+    # The server binds the port itself: the socket that held it since the start lets go.
+    sock.close()
+    run(service, settings)
     if service.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
         print(f"error: MODEL_CONFIG_FILE: {service.startup_error}", file=sys.stderr)
@@ -161,8 +163,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
 
 
 def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:
-    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves); uvicorn listens.
-    With `share`, other sockets may bind the port too (SO_REUSEPORT: the workers)."""
+    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves): the port is held
+    from the start, so a port taken is found before anything slow. With `share`, other sockets
+    may bind the port too (SO_REUSEPORT: the workers)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

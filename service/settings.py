@@ -231,22 +231,26 @@ class Settings(BaseSettings):
     )
     # --- clients that are slow, large or many ---------------------------------------------
     max_header_bytes: int = Field(
-        32 * 1024, ge=1024, description="Largest header section of a request; larger gets 431."
+        32 * 1024,
+        ge=8192,
+        description="Largest header section of a request; larger gets 431 (the server's read "
+        "buffer, 8 KiB at least).",
     )
     header_timeout_seconds: float = Field(
-        10.0, gt=0, description="Time a client has to send a request's headers; then 408."
+        10.0,
+        ge=0.001,
+        le=60,
+        description="Time a client has to send a request's headers, and the longest a kept-alive "
+        "connection waits idle for the next request; then the connection is closed.",
     )
     body_timeout_seconds: float = Field(
         30.0, gt=0, description="Time a client has to send a request's body; then 408."
     )
-    keepalive_timeout_seconds: float = Field(
-        5.0, gt=0, description="An idle kept-alive connection is closed after this long."
-    )
     max_connections: int = Field(
         2048,
         gt=0,
-        description="Most connections and requests at once; past it, 503 at once (uvicorn's "
-        "limit_concurrency).",
+        description="Most connections served at once; more wait in the listen queue until one "
+        "closes.",
     )
     max_request_pixels: int = Field(
         48_000_000,
