@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from service.routes import RouteTable
 from service.security import Access, TokenFile, allowed_hosts
 from service.settings import Settings
 from service.traffic import Traffic
+
+log = logging.getLogger("service")
 
 SERVER_NAME = "estimator-serving"
 TITLE = "Estimator serving"
@@ -248,5 +251,6 @@ def _lifespan(parts: _Parts, service: Service):
             await parts.feedback.close()
             if parts.prediction_log is not None:
                 await asyncio.to_thread(parts.prediction_log.close)
+            log.info("Shut down: the models, the feedback store and gRPC are closed")
 
     return lifespan

@@ -156,3 +156,4 @@ async def serve(service, settings) -> None:
     service.on_startup_error = lambda problem: drain.stop()
     drain.install()
     await server.serve()
+    log.info("Stopped serving on %s:%s", settings.host, settings.port)
