@@ -199,6 +199,10 @@ def test_server_failures_name_no_folder_but_client_errors_keep_their_words():
                 503,
             )
             assert "/srv/secret" not in message and "fashion_mnist" in message
+        # The page's view of the model says why it is not ready, in the same words.
+        view = client.get(f"/page/models/{MODEL_NAME}").json()
+        assert view["ready"] is False
+        assert "/srv/secret" not in view["reason"] and "fashion_mnist" in view["reason"]
 
 
 def test_every_answer_says_nosniff(client):
