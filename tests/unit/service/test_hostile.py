@@ -151,11 +151,23 @@ def test_decoding_stops_when_the_client_has_left():
     [
         pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "TIFF"), "not an image file in an accepted format", id="tiff"),
         pytest.param(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 28 28\n", "not an image file in an accepted format", id="eps"),
+        # The docs promise PNG and JPEG: Pillow's other decoders stay closed too.
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "GIF"), "accepted format (PNG, JPEG)", id="gif"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "WEBP"), "accepted format (PNG, JPEG)", id="webp"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "BMP"), "accepted format (PNG, JPEG)", id="bmp"),
     ],
 )  # fmt: skip
 def test_only_allow_listed_formats_are_decoded(client, data, fragment):
     files = {"files": ("x.img", data, "application/octet-stream")}
     assert fragment in error_message(client.post("/predict", files=files), 400)
+    b64 = {"instances": [{"b64": base64.b64encode(data).decode()}]}
+    assert fragment in error_message(client.post("/predict", json=b64), 400)
+
+
+def test_png_and_jpeg_are_decoded(client):
+    for fmt in ("PNG", "JPEG"):
+        files = {"files": ("x.img", png_bytes(np.zeros((28, 28), np.uint8), fmt), "image/png")}
+        assert client.post("/predict", files=files).status_code == 200, fmt
 
 
 # --- errors and logs --------------------------------------------------------------------------
