@@ -53,6 +53,17 @@ PLAINTEXT_TOKEN = (
 )
 
 
+# What a call to a method no service has is counted as (grpc_requests_total{method}): its
+# name comes from the client, which must not grow the label set without bound.
+OTHER_METHOD = "other"
+
+
+def metric_name(method: str) -> str:
+    """A gRPC method's name in the metrics: its own (`Predict`) for a method in the table,
+    `other` for any other name a client sends."""
+    return method.rsplit("/", 1)[-1] if method in METHOD_SCOPES else OTHER_METHOD
+
+
 def scope_of_method(method: str) -> str | None:
     """The scope a gRPC method (`/package.Service/Method`) needs, or None when it is open."""
     return METHOD_SCOPES.get(method, DEFAULT_SCOPE)
@@ -67,7 +78,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         refuse_plaintext: refuse any call that carries a token (the server has no TLS and
             GRPC_ALLOW_PLAINTEXT_TOKENS is off).
         count: `count(method_name, code_name)`, called for each refused call (the metrics'
-            grpc_requests_total, which the servicers count for the calls they answer).
+            grpc_requests_total, which the servicers count for the calls they answer), with
+            `metric_name`'s name for the method.
     """
 
     def __init__(self, tokens, refuse_plaintext: bool = False, count=None):
@@ -85,10 +97,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if refusal is None:
             return await continuation(handler_call_details)
         code, message = refusal
-        name = method.rsplit("/", 1)[-1]
         if self.count is not None:
-            self.count(name, code.name)
-        log.info("gRPC %s -> %s: %s", printable(name), code.name, message)
+            self.count(metric_name(method), code.name)
+        log.info("gRPC %s -> %s: %s", printable(method), code.name, message)
         return _refusing_handler(code, message)
 
     def _refusal(self, method: str, header: str) -> tuple[grpc.StatusCode, str] | None:

@@ -11,6 +11,7 @@ from service.protocols.grpc_access import (
     METHOD_SCOPES,
     PLAINTEXT_TOKEN,
     TokenInterceptor,
+    metric_name,
     scope_of_method,
 )
 from service.security import PREDICT, STATUS
@@ -72,3 +73,17 @@ def test_the_token_rule(method, header, refuse_plaintext, code):
     assert (refusal and refusal[0]) == code
     if refuse_plaintext and header:
         assert refusal[1] == PLAINTEXT_TOKEN
+
+
+@pytest.mark.parametrize(
+    ("method", "name"),
+    [
+        pytest.param("/tensorflow.serving.PredictionService/Predict", "Predict", id="served"),
+        pytest.param("/inference.GRPCInferenceService/ServerLive", "ServerLive", id="v2"),
+        pytest.param("/made.Up/Method7", "other", id="made-up"),
+        pytest.param("/made.Up/Predict", "other", id="served-name-elsewhere"),
+        pytest.param("", "other", id="empty"),
+    ],
+)
+def test_the_metrics_name_a_method_only_when_a_service_has_it(method, name):
+    assert metric_name(method) == name
