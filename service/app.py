@@ -204,6 +204,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens):
         tls=_tls_pair(settings),
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        receive_timeout=settings.body_timeout_seconds,
     )
 
 

@@ -237,7 +237,10 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Time a client has to send a request's headers; then 408."
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0, description="Time a client has to send a request's body; then 408."
+        30.0,
+        gt=0,
+        description="Time a client has to send a request's body; then 408. A gRPC call's "
+        "request message too (then DEADLINE_EXCEEDED, and the call's slot is free).",
     )
     keepalive_timeout_seconds: float = Field(
         5.0, gt=0, description="An idle kept-alive connection is closed after this long."

@@ -55,7 +55,7 @@ from service.errors import (
     printable,
     redact_paths,
 )
-from service.protocols.grpc_access import TokenInterceptor
+from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
 from service.tensors import (
     array_from_tensor_proto,
     fill_tensor_proto,
@@ -533,6 +533,8 @@ class GRPCServer:
             anyone on the path could.
         max_concurrent_rpcs: GRPC_MAX_CONCURRENT_RPCS: most calls served at once; gRPC
             itself answers those past it RESOURCE_EXHAUSTED.
+        receive_timeout: BODY_TIMEOUT_SECONDS: how long a call may take to send its request
+            message; then DEADLINE_EXCEEDED, and its slot is free.
     """
 
     def __init__(
@@ -550,7 +552,9 @@ class GRPCServer:
         tls: tuple[bytes, bytes] | None = None,
         allow_plaintext_tokens: bool = False,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+        receive_timeout: float = RECEIVE_TIMEOUT_SECONDS,
     ):
+        self.receive_timeout = receive_timeout
         self.tls = tls
         self.allow_plaintext_tokens = allow_plaintext_tokens
         self.max_concurrent_rpcs = max_concurrent_rpcs
@@ -573,22 +577,22 @@ class GRPCServer:
         Raises:
             RuntimeError: the address cannot be bound.
         """
-        interceptors = []
-        if self.tokens is not None:
+
+        def count(name: str, code: str) -> None:
             metrics = self.dataplane.metrics
+            metrics.child(metrics.grpc_requests, name, code).inc()
 
-            def count(name: str, code: str) -> None:
-                metrics.child(metrics.grpc_requests, name, code).inc()
-
-            interceptors.append(
-                TokenInterceptor(
-                    self.tokens,
-                    refuse_plaintext=self.tls is None and not self.allow_plaintext_tokens,
-                    count=count,
-                )
-            )
+        # Every call: its token (when tokens are on) and the time it has to send its message.
+        guard = CallGuard(
+            self.tokens,
+            refuse_plaintext=(
+                self.tokens is not None and self.tls is None and not self.allow_plaintext_tokens
+            ),
+            count=count,
+            receive_timeout=self.receive_timeout,
+        )
         server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=[guard],
             maximum_concurrent_rpcs=self.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),

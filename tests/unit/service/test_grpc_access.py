@@ -10,7 +10,7 @@ from service import v2_proto
 from service.protocols.grpc_access import (
     METHOD_SCOPES,
     PLAINTEXT_TOKEN,
-    TokenInterceptor,
+    CallGuard,
     metric_name,
     scope_of_method,
 )
@@ -69,7 +69,7 @@ def test_scope_of_method(method, scope):
     ],
 )  # fmt: skip
 def test_the_token_rule(method, header, refuse_plaintext, code):
-    refusal = TokenInterceptor(TOKENS, refuse_plaintext)._refusal(method, header)
+    refusal = CallGuard(TOKENS, refuse_plaintext)._refusal(method, header)
     assert (refusal and refusal[0]) == code
     if refuse_plaintext and header:
         assert refusal[1] == PLAINTEXT_TOKEN
