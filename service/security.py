@@ -7,7 +7,8 @@ the headers every answer carries.
   the page's views). Health and readiness probes, the page's own files and the API docs stay
   open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`; a token without
   the scope 403. Tokens are compared in constant time, every one of them. The file is read
-  again when it changes (`TokenFile`), so tokens rotate without a restart.
+  again when it changes (`TokenFile`), so tokens rotate without a restart, and what it holds
+  then is in force: a token removed, or on a line that cannot be used, is revoked.
 - **Identity**: a request's sender is its token's name (`Decision.sender`), which the feedback
   store records with each image: the line's name, or `token-` and the first 8 hex digits of
   the token's sha256 when it has none; never the token. Two tokens may share a name (a
@@ -87,57 +88,87 @@ def token_name(token: str) -> str:
     return "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
+def parse_tokens(data: bytes, path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
+    """(token -> scopes, what is wrong with the lines left out) of an AUTH_TOKENS_FILE's bytes:
+    every good line counts, each bad one is named (`<path>:<line>: why`) and left out."""
+    tokens: dict[bytes, Scopes] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            problems.append(f"{path}:{number}: not UTF-8")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        problem = _line_problem(line)
+        if problem is not None:
+            problems.append(f"{path}:{number}: {problem}")
+            continue
+        parts = line.split()
+        token = parts[0]
+        name = parts[2] if len(parts) == 3 else token_name(token)
+        tokens[token.encode()] = Scopes(parts[1].split(","), name)
+    return tokens, problems
+
+
+def _line_problem(line: str) -> str | None:
+    """What is wrong with one line of an AUTH_TOKENS_FILE; None when nothing is."""
+    parts = line.split()
+    if len(parts) not in (2, 3):
+        return "expected `<token> <scope>[,<scope>] [<name>]`"
+    token, scopes = parts[0], frozenset(parts[1].split(","))
+    name = parts[2] if len(parts) == 3 else token_name(token)
+    if not SENDER_PATTERN.fullmatch(name):
+        return (
+            "a token's name is 1-64 letters, digits and _.@- (starting with a letter or "
+            f"digit), got {name[:70]!r}"
+        )
+    unknown = sorted(scopes - set(SCOPES))
+    if unknown:
+        return f"unknown scope(s) {', '.join(unknown)}; the scopes are {', '.join(SCOPES)}"
+    if len(token) < 16:
+        return "a token must have 16 characters or more"
+    return None
+
+
 def read_tokens(path: str | Path) -> dict[bytes, Scopes]:
-    """token -> scopes (with the token's name) from an AUTH_TOKENS_FILE.
+    """token -> scopes (with the token's name) from an AUTH_TOKENS_FILE, every line good.
 
     Raises:
         TokenFileError: unreadable, a malformed line, an unknown scope, a bad name, or no
             token at all.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TokenFileError(f"{path}: cannot read it: {err}") from err
-    tokens: dict[bytes, Scopes] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) not in (2, 3):
-            raise TokenFileError(f"{path}:{number}: expected `<token> <scope>[,<scope>] [<name>]`")
-        token, scopes = parts[0], frozenset(parts[1].split(","))
-        name = parts[2] if len(parts) == 3 else token_name(token)
-        if not SENDER_PATTERN.fullmatch(name):
-            raise TokenFileError(
-                f"{path}:{number}: a token's name is 1-64 letters, digits and _.@- (starting "
-                f"with a letter or digit), got {name[:70]!r}"
-            )
-        unknown = sorted(scopes - set(SCOPES))
-        if unknown:
-            raise TokenFileError(
-                f"{path}:{number}: unknown scope(s) {', '.join(unknown)}; the scopes are "
-                f"{', '.join(SCOPES)}"
-            )
-        if len(token) < 16:
-            raise TokenFileError(f"{path}:{number}: a token must have 16 characters or more")
-        tokens[token.encode()] = Scopes(scopes, name)
+    tokens, problems = _read(path)
+    if problems:
+        raise TokenFileError(problems[0])
     if not tokens:
         raise TokenFileError(f"{path}: holds no token")
     return tokens
+
+
+def _read(path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        return {}, [f"{path}: cannot read it: {err.strerror or err}"]
+    return parse_tokens(data, path)
 
 
 class TokenFile(Mapping):
     """The tokens of AUTH_TOKENS_FILE (token -> scopes), read again when the file changes.
 
     At most every `check_seconds` the file's identity (inode, size, modification time) is
-    looked at; when it changed, the file is read again. A new file that cannot be used keeps
-    the tokens read before, and says why in one log line (once per change). A Kubernetes
-    Secret mounted as a volume changes by an atomic swap of its folder, which this sees as a
-    new inode. HTTP (`Access`) and gRPC (`bearer_problem`) share one `TokenFile`.
+    looked at; when it changed, the file is read again, and what it holds now is what is in
+    force: revocation fails closed. A file emptied or gone revokes every token; a line that
+    cannot be used revokes that line's (the others stay); each is said in one WARNING line
+    (once per change). A Kubernetes Secret mounted as a volume changes by an atomic swap of
+    its folder, which this sees as a new inode. HTTP (`Access`) and gRPC (`bearer_problem`)
+    share one `TokenFile`.
 
     Raises:
-        TokenFileError: at construction, the file cannot be used.
+        TokenFileError: at construction, the file cannot be used (every line must be good
+            and one token at least there, as at start).
     """
 
     def __init__(
@@ -152,7 +183,6 @@ class TokenFile(Mapping):
         self._identity = self._stat()
         self._tokens = read_tokens(self.path)
         self._checked = clock()
-        self._refused: tuple | None = None
         self._lock = threading.Lock()  # gRPC and HTTP may ask from different threads
 
     def _stat(self) -> tuple | None:
@@ -170,21 +200,23 @@ class TokenFile(Mapping):
         with self._lock:
             self._checked = now
             identity = self._stat()
-            if identity == self._identity or identity == self._refused:
+            if identity == self._identity:
                 return self._tokens
-            try:
-                tokens = read_tokens(self.path)
-            except TokenFileError as err:
-                self._refused = identity
+            tokens, problems = _read(self.path)
+            revoked = len(set(self._tokens) - set(tokens))
+            self._tokens, self._identity = tokens, identity
+            if not tokens and not problems:
+                problems = [f"{self.path}: holds no token"]
+            if problems:
                 log.warning(
-                    "AUTH_TOKENS_FILE changed but cannot be used, the %d tokens read before "
-                    "stay in force: %s",
-                    len(self._tokens),
-                    err,
+                    "AUTH_TOKENS_FILE read again: %d tokens in force, %d revoked; every "
+                    "token it does not hold is refused: %s",
+                    len(tokens),
+                    revoked,
+                    "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else ""),
                 )
-                return self._tokens
-            self._tokens, self._identity, self._refused = tokens, identity, None
-            log.info("AUTH_TOKENS_FILE read again: %d tokens", len(tokens))
+            else:
+                log.info("AUTH_TOKENS_FILE read again: %d tokens", len(tokens))
             return tokens
 
     def items(self):

@@ -284,8 +284,9 @@ class Settings(BaseSettings):
     auth_tokens_check_seconds: float = Field(
         2.0,
         ge=0,
-        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change (a new "
-        "file that cannot be used keeps the tokens in force); 0 = on every request.",
+        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change; what it "
+        "holds then is in force (emptied or gone: no token; a bad line: not its token); 0 = "
+        "on every request.",
     )
     allowed_hosts: str = Field(
         "",

@@ -244,21 +244,53 @@ def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens
     assert any("AUTH_TOKENS_FILE read again: 1 tokens" in r.getMessage() for r in records)
 
 
-def test_a_bad_new_token_file_keeps_the_old_tokens_and_says_so_once(tokens_file, caplog):
+@pytest.mark.parametrize(
+    "change, left, warning",
+    [
+        pytest.param(lambda path: rewrite(path, ""), set(), "holds no token", id="emptied"),
+        pytest.param(lambda path: path.write_text(""), set(), "holds no token", id="truncated"),
+        pytest.param(lambda path: rewrite(path, "# all revoked\n"), set(), "holds no token",
+                     id="only-comments"),
+        pytest.param(os.remove, set(), "cannot read it", id="deleted"),
+        pytest.param(lambda path: rewrite(path, f"{STATUS_TOKEN} status\nshort predict\n"),
+                     {STATUS_TOKEN}, ":2: a token must have 16 characters or more",
+                     id="a-bad-line"),
+        pytest.param(lambda path: rewrite(path, f"{STATUS_TOKEN} status\n{FEEDBACK_TOKEN} owner\n"),
+                     {STATUS_TOKEN}, ":2: unknown scope(s) owner", id="a-bad-scope"),
+        pytest.param(lambda path: path.write_bytes(f"{STATUS_TOKEN} status\n\xff\xfe predict\n".encode("latin-1")),
+                     {STATUS_TOKEN}, ":2: not UTF-8", id="a-line-not-utf-8"),
+    ],
+)  # fmt: skip
+def test_revocation_fails_closed(tokens_file, change, left, warning):
+    """An emptied, deleted or partly malformed tokens file revokes what it no longer holds:
+    an empty or missing file every token, a bad line that line's (the review kept every old
+    token in force)."""
     clock = Clock()
     tokens = TokenFile(tokens_file, check_seconds=0, clock=clock)
-    before = dict(tokens.items())
-    rewrite(tokens_file, "short predict\n")
-    with caplog.at_level(logging.WARNING, "service.security"):
+    change(tokens_file)
+    with logged("service.security") as records:
         for _ in range(3):
             clock.now += 10
-            assert dict(tokens.items()) == before
-    (record,) = caplog.records
-    assert "cannot be used, the 3 tokens read before stay in force" in record.getMessage()
-    assert "16 characters or more" in record.getMessage()
+            assert {token.decode() for token in tokens} == left
+    (record,) = [r for r in records if r.levelno == logging.WARNING]  # said once
+    assert warning in record.getMessage()
     rewrite(tokens_file, f"{NEW_TOKEN} status\n")
     clock.now += 10
     assert dict(tokens.items()) == {NEW_TOKEN.encode(): {STATUS}}
+
+
+def test_http_refuses_a_revoked_token(tokens_file):
+    with app_client(
+        FakeBackend(), auth_tokens_file=str(tokens_file), auth_tokens_check_seconds=0
+    ) as client:
+        status_url = f"/v1/models/{MODEL_NAME}"
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 200
+        tokens_file.write_text("")
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 401
+        tokens_file.write_text(f"{STATUS_TOKEN} status\n")
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 200
+        os.remove(tokens_file)
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 401
 
 
 def test_http_sees_a_rotated_token(tokens_file):
