@@ -16,9 +16,10 @@ the headers every answer carries.
 - **Hosts**: a request is same-origin only when its `Host` is one this service answers for
   (HOST when it is a name or an address, the loopback names, ALLOWED_HOSTS): a page on
   another site whose name was made to resolve to this service (DNS rebinding) sends its own
-  name as `Host`, and stays cross-origin. With ALLOWED_HOSTS set, a request for any other
-  host is refused with 400 (Django's ALLOWED_HOSTS, Starlette's TrustedHostMiddleware);
-  probes (/healthz, /readyz) are exempt, since kubelets address pods by IP.
+  name as `Host`, and stays cross-origin. With ALLOWED_HOSTS set, or HOST a loopback
+  address, a request for any other host is refused with 400 (Django's ALLOWED_HOSTS,
+  Starlette's TrustedHostMiddleware; `enforces_hosts`); probes (/healthz, /readyz) are
+  exempt, since kubelets address pods by IP.
 - **Origins**: a browser request from another site (an `Origin` header that is neither this
   service's own nor in CORS_ALLOW_ORIGINS) is refused with 403 before it runs, so a
   cross-site form cannot post images here; allowed origins get CORS headers and preflights.
@@ -324,6 +325,15 @@ def allowed_hosts(host: str, extra: Iterable[str]) -> frozenset[str]:
     if host.strip("[]") not in WILDCARD_HOSTS:
         names.add(host.strip("[]").lower())
     return frozenset(names | LOOPBACK_NAMES)
+
+
+def enforces_hosts(host: str, extra: Iterable[str]) -> bool:
+    """Whether a request for a Host this service does not answer for is refused (400): when
+    ALLOWED_HOSTS names some (`extra`), and, with none named, when HOST is a loopback
+    address: only this machine connects, by a loopback name, and a page elsewhere whose name
+    was made to resolve to 127.0.0.1 (DNS rebinding) sends its own (its GETs carry no
+    Origin for the origin rule to refuse). `ALLOWED_HOSTS=*` answers any Host again."""
+    return any(name.strip() for name in extra) or is_loopback(host.strip("[]"))
 
 
 def _host_matches(name: str, patterns: frozenset[str]) -> bool:

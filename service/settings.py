@@ -292,8 +292,9 @@ class Settings(BaseSettings):
         "",
         description="Comma-separated host names (api.example.com, .example.com for its "
         "subdomains, * for any) this service answers for, besides HOST and the loopback "
-        "names; when set, a request for another Host gets 400 (probes excepted). A request "
-        "is same-origin only when its Host is one of these (no DNS rebinding).",
+        "names; when set, or when unset and HOST is a loopback address, a request for "
+        "another Host gets 400 (probes excepted). A request is same-origin only when its Host "
+        "is one of these (no DNS rebinding).",
     )
     cors_allow_origins: str = Field(
         "",
