@@ -12,7 +12,12 @@ from pydantic import ValidationError
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.errors import printable
-from service.security import TokenFileError, open_access_notice, read_tokens
+from service.security import (
+    TokenFileError,
+    anonymous_refusal,
+    open_access_notice,
+    read_tokens,
+)
 from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
@@ -49,6 +54,10 @@ def main() -> int:
         except TokenFileError as err:
             print(f"error: AUTH_TOKENS_FILE: {err}", file=sys.stderr)
             return 2
+    refusal = anonymous_refusal(settings.host, settings.auth_tokens_file, settings.allow_anonymous)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     worker = worker_index()
     if worker is not None:
         die_with_supervisor()

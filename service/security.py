@@ -290,10 +290,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def anonymous_refusal(host: str, tokens_file: str | None, allow_anonymous: bool) -> str | None:
+    """Why the service must not start: no AUTH_TOKENS_FILE on a HOST other machines reach,
+    unless ALLOW_ANONYMOUS says that is meant; None when it may start."""
+    if tokens_file or allow_anonymous or is_loopback(host.strip("[]")):
+        return None
+    return (
+        f"AUTH_TOKENS_FILE: not set, and HOST={host} lets other machines connect: predictions, "
+        "feedback, metrics and version reports would answer anyone; set AUTH_TOKENS_FILE "
+        "(`make tokens` writes one), bind a loopback HOST, or set ALLOW_ANONYMOUS=true to "
+        "serve without tokens (docs/security.md)"
+    )
+
+
 def open_access_notice(host: str, tokens_file: str | None) -> tuple[int, str] | None:
     """The line said at start when no AUTH_TOKENS_FILE is set: (log level, message); None
     when tokens are on. On a loopback HOST that is the usual local setup (INFO); anywhere
-    else every endpoint answers anyone who can reach the port (WARNING)."""
+    else (only with ALLOW_ANONYMOUS, `anonymous_refusal`) every endpoint answers anyone who
+    can reach the port (WARNING)."""
     if tokens_file:
         return None
     if is_loopback(host):
@@ -301,9 +315,8 @@ def open_access_notice(host: str, tokens_file: str | None) -> tuple[int, str] | 
             f"No AUTH_TOKENS_FILE: every endpoint is open, to this machine only (HOST={host})"
         )
     return logging.WARNING, (
-        f"No AUTH_TOKENS_FILE and HOST={host}: predictions, feedback, metrics and version "
-        "reports answer anyone who can reach this port; set AUTH_TOKENS_FILE "
-        "(docs/security.md)"
+        f"No AUTH_TOKENS_FILE and HOST={host} (ALLOW_ANONYMOUS=true): predictions, feedback, "
+        "metrics and version reports answer anyone who can reach this port"
     )
 
 

@@ -279,7 +279,13 @@ class Settings(BaseSettings):
         None,
         description="Bearer tokens, one per line: `<token> <scope>[,<scope>]` with scopes "
         "predict, feedback and status (# comments); read again when it changes. Unset: no "
-        "authentication (said at start: a warning unless HOST is a loopback address).",
+        "authentication, only on a loopback HOST unless ALLOW_ANONYMOUS=true.",
+    )
+    allow_anonymous: bool = Field(
+        False,
+        description="Serve without AUTH_TOKENS_FILE on a HOST other machines can reach "
+        "(0.0.0.0, an address); false refuses to start there without tokens (exit 2). On a "
+        "loopback HOST no tokens are needed.",
     )
     auth_tokens_check_seconds: float = Field(
         2.0,
