@@ -168,7 +168,7 @@ def test_every_tf_serving_admits_only_the_apis_pods(renders):
             assert policy["spec"]["policyTypes"] == ["Ingress"], where
             found = peers(policy)
             assert found, f"{where} {pod.owner}: no rule"
-            for peer, ports in found:
+            for peer, _ports in found:  # peers() checked each rule names its ports
                 assert set(peer) == {"podSelector"}, f"{where}: a peer in this namespace only"
                 assert peer["podSelector"] == {
                     "matchLabels": {"app.kubernetes.io/name": api_label}
