@@ -48,6 +48,13 @@ class Settings(BaseSettings):
         "refused (state END, the difference in its error), so a retrain cannot silently "
         "change what clients must send.",
     )
+    allow_file_system_ops: bool = Field(
+        False,
+        description="Serve versions whose graphs read or write files (tf.io.read_file, "
+        "write_file, checkpoint savers, file datasets...: artifact/file_ops.py's list) from "
+        "their signatures or at load; by default such a version is refused (state END, the "
+        "ops in its error) before it is loaded. The in-process backend only.",
+    )
     canary_percent: float = Field(
         0.0,
         ge=0,
