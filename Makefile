@@ -133,8 +133,9 @@ retrain: venv data
 	$(TPY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 
-# Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file, mode 0600,
-# never overwritten; docker-compose.yml reads it as its `api-tokens` secret, and
+# Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file of their
+# digests and, beside it, `.issued`, the tokens to hand out; mode 0600, never overwritten.
+# docker-compose.yml reads the first as its `api-tokens` secret, and
 #   kubectl -n estimator-serving create secret generic api-tokens --from-file=tokens=secrets/api-tokens
 # makes the Kubernetes Secret. Standard library only: no venv needed.
 TOKENS_FILE ?= secrets/api-tokens

@@ -1,12 +1,15 @@
 """Access control for HTTP: optional bearer tokens with scopes, cross-origin rules (CORS), and
 the headers every answer carries.
 
-- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`; the scopes are
+- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`, where the
+  token is the token itself or its digest, `sha256:<64 hex digits>` (what `make tokens`
+  writes: a reader of the file finds nothing to send); the scopes are
   `predict` (POST: predictions, inference), `feedback` (POST /v1/models/{name}/feedback:
   labels that train the next version) and `status` (GET: model status, metadata, metrics,
   the page's views). Health and readiness probes, the page's own files and the API docs stay
   open. A missing or unknown token gets 401 with `WWW-Authenticate: Bearer`; a token without
-  the scope 403. Tokens are compared in constant time, every one of them. The file is read
+  the scope 403. Only the sha256 digests of the tokens are kept in memory: a request's token
+  is hashed and compared in constant time with every digest. The file is read
   again when it changes (`TokenFile`), so tokens rotate without a restart, and what it holds
   then is in force: a token removed, or on a line that cannot be used, is revoked.
 - **Identity**: a request's sender is its token's name (`Decision.sender`), which the feedback
@@ -83,14 +86,37 @@ class Scopes(frozenset):
         return self
 
 
+# A token's entry may be its digest instead: `sha256:` and 64 hex digits.
+DIGEST_PREFIX = "sha256:"
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def token_digest(token: str | bytes) -> bytes:
+    """The sha256 digest of a token, what is kept of it (a str is taken as UTF-8; a header's
+    bytes as they came)."""
+    return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+
+
 def token_name(token: str) -> str:
     """The name of a token given none in its line: `token-` and 8 hex digits of its sha256
     (it tells tokens apart in records; it gives nothing of the token away)."""
-    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
+    return _digest_name(token_digest(token))
+
+
+def _digest_name(digest: bytes) -> str:
+    return "token-" + digest.hex()[:8]
+
+
+def _entry_digest(entry: str) -> bytes:
+    """The digest a tokens file's first field stands for: its `sha256:` value, or the hash
+    of the raw token it is."""
+    if entry.startswith(DIGEST_PREFIX):
+        return bytes.fromhex(entry.removeprefix(DIGEST_PREFIX))
+    return token_digest(entry)
 
 
 def parse_tokens(data: bytes, path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
-    """(token -> scopes, what is wrong with the lines left out) of an AUTH_TOKENS_FILE's bytes:
+    """(token digest -> scopes, what is wrong with the lines left out) of an AUTH_TOKENS_FILE:
     every good line counts, each bad one is named (`<path>:<line>: why`) and left out."""
     tokens: dict[bytes, Scopes] = {}
     problems: list[str] = []
@@ -107,9 +133,9 @@ def parse_tokens(data: bytes, path: str | Path) -> tuple[dict[bytes, Scopes], li
             problems.append(f"{path}:{number}: {problem}")
             continue
         parts = line.split()
-        token = parts[0]
-        name = parts[2] if len(parts) == 3 else token_name(token)
-        tokens[token.encode()] = Scopes(parts[1].split(","), name)
+        digest = _entry_digest(parts[0])
+        name = parts[2] if len(parts) == 3 else _digest_name(digest)
+        tokens[digest] = Scopes(parts[1].split(","), name)
     return tokens, problems
 
 
@@ -119,7 +145,15 @@ def _line_problem(line: str) -> str | None:
     if len(parts) not in (2, 3):
         return "expected `<token> <scope>[,<scope>] [<name>]`"
     token, scopes = parts[0], frozenset(parts[1].split(","))
-    name = parts[2] if len(parts) == 3 else token_name(token)
+    if token.lower().startswith(("sha256:", "sha512:", "sha1:", "md5:")):
+        if not (token.startswith(DIGEST_PREFIX) and _HEX_DIGEST.fullmatch(token[7:])):
+            return (
+                f"a digest is `{DIGEST_PREFIX}` and 64 lowercase hex digits (a token's "
+                f"sha256), got {token[:20]!r}..."
+            )
+    elif len(token) < 16:
+        return "a token must have 16 characters or more"
+    name = parts[2] if len(parts) == 3 else _digest_name(_entry_digest(token))
     if not SENDER_PATTERN.fullmatch(name):
         return (
             "a token's name is 1-64 letters, digits and _.@- (starting with a letter or "
@@ -128,13 +162,12 @@ def _line_problem(line: str) -> str | None:
     unknown = sorted(scopes - set(SCOPES))
     if unknown:
         return f"unknown scope(s) {', '.join(unknown)}; the scopes are {', '.join(SCOPES)}"
-    if len(token) < 16:
-        return "a token must have 16 characters or more"
     return None
 
 
 def read_tokens(path: str | Path) -> dict[bytes, Scopes]:
-    """token -> scopes (with the token's name) from an AUTH_TOKENS_FILE, every line good.
+    """token digest -> scopes (with the token's name) from an AUTH_TOKENS_FILE, every line
+    good.
 
     Raises:
         TokenFileError: unreadable, a malformed line, an unknown scope, a bad name, or no
@@ -157,7 +190,7 @@ def _read(path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
 
 
 class TokenFile(Mapping):
-    """The tokens of AUTH_TOKENS_FILE (token -> scopes), read again when the file changes.
+    """The tokens of AUTH_TOKENS_FILE (token digest -> scopes), read again when it changes.
 
     At most every `check_seconds` the file's identity (inode, size, modification time) is
     looked at; when it changed, the file is read again, and what it holds now is what is in
@@ -237,10 +270,12 @@ MISSING, INVALID, SCOPE = "missing", "invalid", "scope"
 
 
 def _granted(tokens: Mapping[bytes, frozenset[str]], token: bytes) -> frozenset[str] | None:
+    """The scopes of a presented token: its digest compared with every digest (token digest
+    -> scopes), in constant time, with no early exit to tell which matched."""
+    digest = token_digest(token)
     scopes = None
-    # Every token is compared, in constant time: no early exit tells which matched.
     for known, known_scopes in tokens.items():
-        if hmac.compare_digest(known, token):
+        if hmac.compare_digest(known, digest):
             scopes = known_scopes
     return scopes
 
@@ -250,7 +285,7 @@ def bearer_problem(
 ) -> tuple[str, str] | None:
     """What is wrong with an `Authorization` header for a request needing a scope: None when
     nothing is, else (MISSING | INVALID | SCOPE, the message). HTTP and gRPC both ask this;
-    `tokens` may be a `TokenFile` (its tokens are taken once, as they are now)."""
+    `tokens` (token digest -> scopes) may be a `TokenFile` (taken once, as it is now)."""
     problem, _ = _bearer(tokens, authorization, needed)
     return problem
 
@@ -376,7 +411,7 @@ class Access:
     """Tokens, hosts and origins, for every HTTP request (service/door.py asks `check`).
 
     Args:
-        tokens: token -> scopes (a `TokenFile`, or a dict); None when authentication is off.
+        tokens: token digest -> scopes (a `TokenFile`, or a dict); None when authentication is off.
         allowed_origins: origins (scheme://host[:port]) allowed to call from a browser.
         hosts: the host names this service answers for (`allowed_hosts`); None: any
             `Host` that equals the `Origin` is same-origin (tests of the rules alone).

@@ -14,11 +14,11 @@ from service.protocols.grpc_access import (
     metric_name,
     scope_of_method,
 )
-from service.security import PREDICT, STATUS
+from service.security import PREDICT, STATUS, token_digest
 
 TOKENS = {
-    b"predictor-token-0123456789": frozenset({PREDICT}),
-    b"watcher-token-0123456789": frozenset({STATUS}),
+    token_digest("predictor-token-0123456789"): frozenset({PREDICT}),
+    token_digest("watcher-token-0123456789"): frozenset({STATUS}),
 }
 
 
