@@ -8,9 +8,11 @@ import stat
 import subprocess
 import sys
 
+import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import REPO_ROOT
 
+from artifact.feedback import SENDER_PATTERN
 from service.security import FEEDBACK, PREDICT, STATUS, read_tokens, token_digest
 
 
@@ -27,9 +29,9 @@ def test_the_service_file_holds_digests_and_the_copy_the_tokens(make_tokens, tmp
     tokens = read_tokens(path)
     assert sorted(tokens.values(), key=len) == [{FEEDBACK}, {PREDICT, STATUS}]
     # Named: the feedback store records the name with each image, never the token.
-    assert sorted(scopes.name for scopes in tokens.values()) == ["clients", "feedback"]
+    assert sorted(scopes.name for scopes in tokens.values()) == ["clients", "feedback-1"]
     handed_out = issued_tokens(issued)
-    assert sorted(handed_out) == ["clients", "feedback"]
+    assert sorted(handed_out) == ["clients", "feedback-1"]
     for name, (token, _) in handed_out.items():
         assert len(token) >= 40
         assert token not in path.read_text(), "the service's file holds a token"
@@ -45,6 +47,38 @@ def test_the_service_file_holds_digests_and_the_copy_the_tokens(make_tokens, tmp
     other = tmp_path / "other"
     make_tokens.write_tokens(other)
     assert not set(read_tokens(other)) & set(tokens)
+
+
+def test_each_sender_gets_a_token_and_a_name_of_its_own(make_tokens, tmp_path):
+    """The review: one shared `feedback` name made the per-sender bounds bound little."""
+    path = tmp_path / "api-tokens"
+    make_tokens.write_tokens(path, ["lab-a", "lab-b"])
+    tokens = read_tokens(path)
+    senders = sorted(s.name for s in tokens.values() if s == {FEEDBACK})
+    assert senders == ["lab-a", "lab-b"]
+    # One more, later, to both files; a name taken, or one the service would refuse, is not.
+    token = make_tokens.add_sender(path, "lab-c")
+    assert read_tokens(path)[token_digest(token)].name == "lab-c"
+    assert issued_tokens(make_tokens.issued_path(path))["lab-c"] == (token, FEEDBACK)
+    for name, error in (("lab-a", "named 'lab-a' already"), ("-x", "a sender's name")):
+        with pytest.raises(ValueError, match=error):
+            make_tokens.add_sender(path, name)
+    with pytest.raises(ValueError, match="a name of its own"):
+        make_tokens.write_tokens(tmp_path / "twice", ["lab-a", "lab-a"])
+    assert not (tmp_path / "twice").exists()
+
+
+def test_the_names_are_the_ones_the_service_takes(make_tokens):
+    assert make_tokens.NAME_PATTERN.pattern == SENDER_PATTERN.pattern
+
+
+def test_make_tokens_takes_the_senders(tmp_path):
+    path = tmp_path / "api-tokens"
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO_ROOT), "tokens", f"TOKENS_FILE={path}", "SENDERS=a b"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert sorted(s.name for s in read_tokens(path).values()) == ["a", "b", "clients"]
 
 
 def test_an_existing_file_is_left_alone(tmp_path):
