@@ -36,7 +36,7 @@ from service.protocols.page import PageAPI
 from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
-from service.security import Access, TokenFile, allowed_hosts
+from service.security import Access, TokenFile, allowed_hosts, enforces_hosts
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -154,7 +154,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         tokens,
         settings.allowed_origins(),
         allowed_hosts(settings.host, hosts),
-        enforce_hosts=bool(hosts),
+        enforce_hosts=enforces_hosts(settings.host, hosts),
     )
     service.door = Door(
         app,
@@ -208,6 +208,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: 
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         body_budget=body_budget,
+        receive_timeout=settings.body_timeout_seconds,
     )
 
 

@@ -103,6 +103,7 @@ def settings(tmp_path_factory) -> Settings:
         max_body_bytes=200_000,
         auth_tokens_file=str(tokens),
         cors_allow_origins=ALLOWED,
+        allowed_hosts="testserver",  # TestClient's Host (on loopback, only named hosts answer)
     )
 
 
@@ -343,7 +344,7 @@ def test_a_taken_request_abandoned_at_shutdown_is_counted_once_and_gives_its_byt
     scope = {
         "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": f"{V1}:predict", "raw_path": f"{V1}:predict".encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"x"), (b"content-length", b"10")],
+        "root_path": "", "headers": [(b"host", b"localhost"), (b"content-length", b"10")],
         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
     }  # fmt: skip
     taken = door.take(scope, 10)

@@ -153,11 +153,23 @@ def test_decoding_stops_when_the_client_has_left():
     [
         pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "TIFF"), "not an image file in an accepted format", id="tiff"),
         pytest.param(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 28 28\n", "not an image file in an accepted format", id="eps"),
+        # The docs promise PNG and JPEG: Pillow's other decoders stay closed too.
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "GIF"), "accepted format (PNG, JPEG)", id="gif"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "WEBP"), "accepted format (PNG, JPEG)", id="webp"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "BMP"), "accepted format (PNG, JPEG)", id="bmp"),
     ],
 )  # fmt: skip
 def test_only_allow_listed_formats_are_decoded(client, data, fragment):
     files = {"files": ("x.img", data, "application/octet-stream")}
     assert fragment in error_message(client.post("/predict", files=files), 400)
+    b64 = {"instances": [{"b64": base64.b64encode(data).decode()}]}
+    assert fragment in error_message(client.post("/predict", json=b64), 400)
+
+
+def test_png_and_jpeg_are_decoded(client):
+    for fmt in ("PNG", "JPEG"):
+        files = {"files": ("x.img", png_bytes(np.zeros((28, 28), np.uint8), fmt), "image/png")}
+        assert client.post("/predict", files=files).status_code == 200, fmt
 
 
 # --- errors and logs --------------------------------------------------------------------------
@@ -201,6 +213,10 @@ def test_server_failures_name_no_folder_but_client_errors_keep_their_words():
                 503,
             )
             assert "/srv/secret" not in message and "fashion_mnist" in message
+        # The page's view of the model says why it is not ready, in the same words.
+        view = client.get(f"/page/models/{MODEL_NAME}").json()
+        assert view["ready"] is False
+        assert "/srv/secret" not in view["reason"] and "fashion_mnist" in view["reason"]
 
 
 def test_every_answer_says_nosniff(client):
@@ -237,6 +253,31 @@ def test_a_cross_site_form_post_is_refused_before_it_runs():
         # The service's own page (same origin) is fine.
         own = client.post("/predict", files=files, headers={"Origin": "http://testserver"})
         assert own.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/page/models", f"/v1/models/{MODEL_NAME}"])
+def test_on_loopback_a_rebound_name_reads_nothing(path):
+    """DNS rebinding: evil.example made to resolve to 127.0.0.1 reads the service's GETs,
+    which carry no Origin. Bound to loopback with ALLOWED_HOSTS unset, only loopback names
+    are answered for; probes answer any Host."""
+    with app_client(FakeBackend(), host="127.0.0.1", allowed_hosts="") as client:
+        rebound = client.get(path, headers={"Host": "evil.example:8000"})
+        assert "the host 'evil.example:8000' is not one" in error_message(rebound, 400)
+        for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST."):
+            assert client.get(path, headers={"Host": host}).status_code == 200, host
+        assert client.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"host": "0.0.0.0", "allowed_hosts": ""}, id="every-interface"),
+        pytest.param({"host": "127.0.0.1", "allowed_hosts": "*"}, id="loopback-any-host"),
+    ],
+)
+def test_off_loopback_or_with_a_wildcard_any_host_is_answered(settings):
+    with app_client(FakeBackend(), **settings) as client:
+        assert client.get("/metrics", headers={"Host": "api.example:8000"}).status_code == 200
 
 
 def test_allowed_origins_get_cors_headers_and_preflights():
@@ -347,7 +388,7 @@ def guarded(transport):
 
 @pytest.mark.parametrize("size", [100 * 1024, 16 * 1024 * 1024])
 def test_oversized_headers_get_431_and_the_server_keeps_answering(guarded, size):
-    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
     answer = raw_exchange(guarded, request)
     assert answer.startswith(b"HTTP/1.1 431 ")
     assert b"MAX_HEADER_BYTES" in answer
@@ -357,7 +398,7 @@ def test_oversized_headers_get_431_and_the_server_keeps_answering(guarded, size)
 def test_headers_sent_too_slowly_get_408(guarded):
     host, port = guarded.split("//")[1].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then nothing more
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")  # and then nothing more
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"headers not complete" in answer
 
@@ -373,7 +414,7 @@ def test_a_body_sent_too_slowly_gets_408(guarded):
     host, port = guarded.split("//")[1].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(
-            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             "Content-Length: 100000\r\n\r\n".encode()
             + b'{"instances": ['
         )
@@ -389,7 +430,7 @@ def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog, transpo
         host, port = url.split("//")[1].split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(
-                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n".encode()
+                f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n".encode()
                 + b"x" * 1000
             )
         wait_until(
@@ -425,7 +466,7 @@ def test_a_full_queue_refuses_before_reading_the_body(transport):
             # Headers announce a body that never comes: the answer cannot wait for it.
             answer = raw_exchange(
                 url,
-                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n".encode(),
+                f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n".encode(),
                 one_response=True,
             )
         finally:
@@ -487,10 +528,10 @@ def test_a_full_queue_is_refused_at_the_door_and_the_connection_lives_on(refusin
     url, backend = refusing
     body = orjson.dumps({"instances": ZEROS})
     requests = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-        + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        + b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        + b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )  # fmt: skip
     (refused, refused_body), (health, _), (_, metrics) = http_answers(raw_exchange(url, requests))
     assert refused.startswith(b"http/1.1 503 ")
@@ -510,7 +551,7 @@ def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog, transp
     with threaded_server(app, http=protocol) as (url, server):
         body = orjson.dumps({"instances": ZEROS})
         request = (
-            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         for _ in range(3):  # kept alive, then the client closes it
             assert raw_exchange(url, request, one_response=True).startswith(b"HTTP/1.1 503 ")
@@ -532,7 +573,7 @@ def test_every_refusal_says_the_same(refusing, request_line, headers):
     url, backend = refusing
     body = b'{"instances": []}'
     request = (
-        f"{request_line}\r\nHost: x\r\n{headers}Content-Type: application/json\r\n"
+        f"{request_line}\r\nHost: localhost\r\n{headers}Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -547,7 +588,7 @@ def test_a_cross_origin_prediction_is_refused_by_the_origin_rule_before_the_queu
     url, _ = refusing
     body = b'{"instances": []}'
     request = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nOrigin: http://elsewhere.example\r\n"
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -578,7 +619,7 @@ def test_tls_settings_go_together(tmp_path):
 def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(guarded):
     host, port = guarded.split("//")[1].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         answer = b""
         while b"\r\n\r\n" not in answer:
             answer += sock.recv(65536)
@@ -598,7 +639,7 @@ def test_connections_past_max_connections_get_503_and_the_rest_are_served(transp
         try:
             # Two connections open (MAX_CONNECTIONS=2): a third is answered 503 at once.
             answer = raw_exchange(
-                url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", one_response=True
+                url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", one_response=True
             )
             assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
         finally:
@@ -643,7 +684,7 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
         request = httpx.Request("POST", url + "/predict", files=files)
         body = request.read()
         head = (
-            f"POST /predict HTTP/1.1\r\nHost: x\r\n"
+            f"POST /predict HTTP/1.1\r\nHost: localhost\r\n"
             f"Content-Type: {request.headers['content-type']}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
@@ -665,7 +706,7 @@ def test_a_refused_request_whose_body_comes_late_still_has_its_idle_connection_c
         host, port = url.split("//")[1].split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(
-                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode()
+                f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\n".encode()
             )
             answer = b""
             while b"\r\n\r\n" not in answer:
@@ -682,7 +723,7 @@ def test_a_refusal_to_a_client_waiting_for_100_continue_keeps_the_framing(refusi
     client sends anyway is read as the body, not as the next request."""
     url, _ = refusing
     request = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
     ).encode()
     host, port = url.split("//")[1].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -692,7 +733,7 @@ def test_a_refusal_to_a_client_waiting_for_100_continue_keeps_the_framing(refusi
             answer += sock.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in answer
         sock.sendall(
-            b"0123456789" + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            b"0123456789" + b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
         )
         rest = b""
         while chunk := sock.recv(65536):
@@ -705,10 +746,12 @@ def test_headers_of_a_request_pipelined_behind_a_body_are_counted_too(guarded):
     header is counted from the next read on, so it is refused, not buffered."""
     body = b'{"instances": []}'
     first = (
-        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    second = (
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    )
     answer = raw_exchange(guarded, first + second)
     assert b"HTTP/1.1 431 " in answer and b"MAX_HEADER_BYTES" in answer
 
@@ -719,10 +762,11 @@ def test_pipelined_requests_are_answered_in_order(transport):
     app = create_app(Settings(model_name=MODEL_NAME), FakeBackend())
     body = orjson.dumps({"instances": ZEROS})
     predict = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
-    bad = f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
-    last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    bad = f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    last = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     with threaded_server(app, http=service_protocol(app, transport)) as (url, _):
         answers = http_answers(raw_exchange(url, predict + bad + predict + last))
     statuses = [head.split(b" ")[1] for head, _ in answers]
@@ -773,7 +817,7 @@ def scoped_request(method: str, path: str, token: str, chunked: bool = False) ->
         else f"Content-Length: {len(body)}\r\n\r\n".encode() + body
     )
     head = (
-        f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
         "Content-Type: application/json\r\nConnection: close\r\n"
     )
     return head.encode() + framing
