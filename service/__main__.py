@@ -13,7 +13,12 @@ from pydantic import ValidationError
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.cli import UsageError, build_parser, parse
-from service.security import TokenFileError, open_access_notice, read_tokens
+from service.security import (
+    TokenFileError,
+    anonymous_refusal,
+    open_access_notice,
+    read_tokens,
+)
 from service.settings import Settings, initial_entries
 from service.workers import die_with_supervisor, supervise, worker_index
 
@@ -61,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         except TokenFileError as err:
             print(f"error: AUTH_TOKENS_FILE: {err}", file=sys.stderr)
             return 2
+    refusal = anonymous_refusal(settings.host, settings.auth_tokens_file, settings.allow_anonymous)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     worker = worker_index()
     if worker is not None:
         die_with_supervisor()

@@ -32,7 +32,7 @@ from service.protocols.people import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
 from service.routes import RouteTable
-from service.security import Access, TokenFile, allowed_hosts
+from service.security import Access, TokenFile, allowed_hosts, enforces_hosts
 from service.settings import Settings
 from service.traffic import Traffic
 
@@ -145,7 +145,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         tokens,
         settings.allowed_origins(),
         allowed_hosts(settings.host, hosts),
-        enforce_hosts=bool(hosts),
+        enforce_hosts=enforces_hosts(settings.host, hosts),
     )
     service.ingress = Ingress(
         table,
@@ -200,6 +200,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: 
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         body_budget=body_budget,
+        receive_timeout=settings.body_timeout_seconds,
     )
 
 

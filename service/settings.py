@@ -48,6 +48,13 @@ class Settings(BaseSettings):
         "refused (state END, the difference in its error), so a retrain cannot silently "
         "change what clients must send.",
     )
+    allow_file_system_ops: bool = Field(
+        False,
+        description="Serve versions whose graphs read or write files (tf.io.read_file, "
+        "write_file, checkpoint savers, file datasets...: artifact/file_ops.py's list) from "
+        "their signatures or at load; by default such a version is refused (state END, the "
+        "ops in its error) before it is loaded. The in-process backend only.",
+    )
     canary_percent: float = Field(
         0.0,
         ge=0,
@@ -244,7 +251,10 @@ class Settings(BaseSettings):
         "connection waits idle for the next request; then the connection is closed.",
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0, description="Time a client has to send a request's body; then 408."
+        30.0,
+        gt=0,
+        description="Time a client has to send a request's body; then 408. A gRPC call's "
+        "request message too (then DEADLINE_EXCEEDED, and the call's slot is free).",
     )
     max_connections: int = Field(
         2048,
@@ -280,20 +290,28 @@ class Settings(BaseSettings):
         None,
         description="Bearer tokens, one per line: `<token> <scope>[,<scope>]` with scopes "
         "predict, feedback and status (# comments); read again when it changes. Unset: no "
-        "authentication (said at start: a warning unless HOST is a loopback address).",
+        "authentication, only on a loopback HOST unless ALLOW_ANONYMOUS=true.",
+    )
+    allow_anonymous: bool = Field(
+        False,
+        description="Serve without AUTH_TOKENS_FILE on a HOST other machines can reach "
+        "(0.0.0.0, an address); false refuses to start there without tokens (exit 2). On a "
+        "loopback HOST no tokens are needed.",
     )
     auth_tokens_check_seconds: float = Field(
         2.0,
         ge=0,
-        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change (a new "
-        "file that cannot be used keeps the tokens in force); 0 = on every request.",
+        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change; what it "
+        "holds then is in force (emptied or gone: no token; a bad line: not its token); 0 = "
+        "on every request.",
     )
     allowed_hosts: str = Field(
         "",
         description="Comma-separated host names (api.example.com, .example.com for its "
         "subdomains, * for any) this service answers for, besides HOST and the loopback "
-        "names; when set, a request for another Host gets 400 (probes excepted). A request "
-        "is same-origin only when its Host is one of these (no DNS rebinding).",
+        "names; when set, or when unset and HOST is a loopback address, a request for "
+        "another Host gets 400 (probes excepted). A request is same-origin only when its Host "
+        "is one of these (no DNS rebinding).",
     )
     cors_allow_origins: str = Field(
         "",

@@ -35,6 +35,7 @@ from service.app import create_app
 from service.backends.base import Backend
 from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, SignatureNotFound, UpstreamError
+from service.security import is_loopback
 from service.server import granian_server
 from service.settings import Settings
 from service.types import (
@@ -319,12 +320,20 @@ def write_version(model_dir: Path, version: int | str, content: str = "good") ->
     return path
 
 
+# The Host Starlette's TestClient sends.
+TESTCLIENT_HOST = "testserver"
+
+
 @contextlib.contextmanager
 def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterator[TestClient]:
     """Starlette's TestClient on the real app over a fake backend (lifespan included; with
     serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port).
     `client.app` is the Service (service/app.py)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
+    if "allowed_hosts" not in settings and is_loopback(settings.get("host", "127.0.0.1")):
+        # On loopback only loopback names are answered for (DNS rebinding): TestClient's
+        # requests name `testserver`.
+        defaults["allowed_hosts"] = TESTCLIENT_HOST
     app = create_app(Settings(**{**defaults, **settings}), backend, serve_grpc=serve_grpc)
     app.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:

@@ -141,11 +141,23 @@ def test_decoding_stops_when_the_client_has_left():
     [
         pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "TIFF"), "not an image file in an accepted format", id="tiff"),
         pytest.param(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 28 28\n", "not an image file in an accepted format", id="eps"),
+        # The docs promise PNG and JPEG: Pillow's other decoders stay closed too.
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "GIF"), "accepted format (PNG, JPEG)", id="gif"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "WEBP"), "accepted format (PNG, JPEG)", id="webp"),
+        pytest.param(png_bytes(np.zeros((28, 28), np.uint8), "BMP"), "accepted format (PNG, JPEG)", id="bmp"),
     ],
 )  # fmt: skip
 def test_only_allow_listed_formats_are_decoded(client, data, fragment):
     files = {"files": ("x.img", data, "application/octet-stream")}
     assert fragment in error_message(client.post("/predict", files=files), 400)
+    b64 = {"instances": [{"b64": base64.b64encode(data).decode()}]}
+    assert fragment in error_message(client.post("/predict", json=b64), 400)
+
+
+def test_png_and_jpeg_are_decoded(client):
+    for fmt in ("PNG", "JPEG"):
+        files = {"files": ("x.img", png_bytes(np.zeros((28, 28), np.uint8), fmt), "image/png")}
+        assert client.post("/predict", files=files).status_code == 200, fmt
 
 
 # --- errors and logs --------------------------------------------------------------------------
@@ -191,6 +203,10 @@ def test_server_failures_name_no_folder_but_client_errors_keep_their_words():
                 503,
             )
             assert "/srv/secret" not in message and "fashion_mnist" in message
+        # The page's view of the model says why it is not ready, in the same words.
+        view = client.get(f"/page/models/{MODEL_NAME}").json()
+        assert view["ready"] is False
+        assert "/srv/secret" not in view["reason"] and "fashion_mnist" in view["reason"]
 
 
 def test_every_answer_says_nosniff(client):
@@ -227,6 +243,31 @@ def test_a_cross_site_form_post_is_refused_before_it_runs():
         # The service's own page (same origin) is fine.
         own = client.post("/predict", files=files, headers={"Origin": "http://testserver"})
         assert own.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/page/models", f"/v1/models/{MODEL_NAME}"])
+def test_on_loopback_a_rebound_name_reads_nothing(path):
+    """DNS rebinding: evil.example made to resolve to 127.0.0.1 reads the service's GETs,
+    which carry no Origin. Bound to loopback with ALLOWED_HOSTS unset, only loopback names
+    are answered for; probes answer any Host."""
+    with app_client(FakeBackend(), host="127.0.0.1", allowed_hosts="") as client:
+        rebound = client.get(path, headers={"Host": "evil.example:8000"})
+        assert "the host 'evil.example:8000' is not one" in error_message(rebound, 400)
+        for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST."):
+            assert client.get(path, headers={"Host": host}).status_code == 200, host
+        assert client.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"host": "0.0.0.0", "allowed_hosts": ""}, id="every-interface"),
+        pytest.param({"host": "127.0.0.1", "allowed_hosts": "*"}, id="loopback-any-host"),
+    ],
+)
+def test_off_loopback_or_with_a_wildcard_any_host_is_answered(settings):
+    with app_client(FakeBackend(), **settings) as client:
+        assert client.get("/metrics", headers={"Host": "api.example:8000"}).status_code == 200
 
 
 def test_allowed_origins_get_cors_headers_and_preflights():
@@ -345,7 +386,7 @@ def closed_without_answer(sock: socket.socket) -> bool:
 
 @pytest.mark.parametrize("size", [100 * 1024, 16 * 1024 * 1024])
 def test_oversized_headers_get_431_and_the_server_keeps_answering(guarded, size):
-    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
     answer = raw_exchange(guarded, request)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
     assert httpx.get(guarded + "/healthz").status_code == 200
@@ -353,7 +394,7 @@ def test_oversized_headers_get_431_and_the_server_keeps_answering(guarded, size)
 
 def test_headers_sent_too_slowly_close_the_connection(guarded):
     with connect(guarded) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then nothing more
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")  # and then nothing more
         # Closed once HEADER_TIMEOUT_SECONDS (1 s here) is up: the client holds nothing.
         assert closed_without_answer(sock)
     assert httpx.get(guarded + "/healthz").status_code == 200
@@ -367,7 +408,7 @@ def test_a_connection_that_sends_nothing_is_closed(guarded):
 def test_a_body_sent_too_slowly_gets_408(guarded):
     with connect(guarded) as sock:
         sock.sendall(
-            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             "Content-Length: 100000\r\n\r\n".encode()
             + b'{"instances": ['
         )
@@ -383,7 +424,7 @@ def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(caplog):
     with caplog.at_level(logging.INFO), threaded_server(app) as (url, _):
         with connect(url) as sock:
             sock.sendall(
-                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n".encode()
+                f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n".encode()
                 + b"x" * 1000
             )
         wait_until(
@@ -415,7 +456,7 @@ def test_a_full_queue_refuses_before_reading_the_body():
             # Headers announce a body that never comes: the answer cannot wait for it.
             answer = raw_exchange(
                 url,
-                f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n".encode(),
+                f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n".encode(),
                 one_response=True,
             )
         finally:
@@ -478,10 +519,10 @@ def test_a_full_queue_is_refused_at_the_door_and_the_connection_lives_on(refusin
     url, backend = refusing
     body = orjson.dumps({"instances": ZEROS})
     requests = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-        + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        + b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        + b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )  # fmt: skip
     (refused, refused_body), (health, _), (_, metrics) = http_answers(raw_exchange(url, requests))
     assert refused.startswith(b"http/1.1 503 ")
@@ -501,7 +542,7 @@ def test_a_connection_that_leaves_after_a_refusal_leaves_no_error(caplog):
     with threaded_server(create_app(settings, AlwaysFull()), settings) as (url, _):
         body = orjson.dumps({"instances": ZEROS})
         request = (
-            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         for _ in range(3):  # kept alive, then the client closes it
             assert raw_exchange(url, request, one_response=True).startswith(b"HTTP/1.1 503 ")
@@ -523,7 +564,7 @@ def test_every_refusal_says_the_same(refusing, request_line, headers):
     url, backend = refusing
     body = b'{"instances": []}'
     request = (
-        f"{request_line}\r\nHost: x\r\n{headers}Content-Type: application/json\r\n"
+        f"{request_line}\r\nHost: localhost\r\n{headers}Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -538,7 +579,7 @@ def test_a_cross_origin_prediction_is_refused_by_the_origin_rule_before_the_queu
     url, _ = refusing
     body = b'{"instances": []}'
     request = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nOrigin: http://elsewhere.example\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nOrigin: http://elsewhere.example\r\n"
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -567,7 +608,7 @@ def test_tls_settings_go_together(tmp_path):
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_header_timeout(guarded):
     with connect(guarded) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         answer = b""
         while not response_complete(answer):
             answer += sock.recv(65536)
@@ -584,10 +625,12 @@ def test_connections_past_max_connections_wait_and_are_served_when_one_closes():
         held = [connect(url) for _ in range(2)]
         try:
             for sock in held:  # two kept-alive connections: MAX_CONNECTIONS=2 in use
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
             waiting = connect(url)
-            waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            waiting.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
             waiting.settimeout(0.5)
             with pytest.raises(TimeoutError):  # not served while the other two are open
                 waiting.recv(65536)
@@ -631,7 +674,7 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
         request = httpx.Request("POST", url + "/predict", files=files)
         body = request.read()
         head = (
-            f"POST /predict HTTP/1.1\r\nHost: x\r\n"
+            f"POST /predict HTTP/1.1\r\nHost: localhost\r\n"
             f"Content-Type: {request.headers['content-type']}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
@@ -646,7 +689,9 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
 def test_a_refused_request_whose_body_does_not_come_has_its_connection_closed(refusing):
     url, _ = refusing
     with connect(url) as sock:
-        sock.sendall(f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode())
+        sock.sendall(
+            f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\n".encode()
+        )
         answer = b""
         while not response_complete(answer):
             answer += sock.recv(65536)
@@ -661,7 +706,7 @@ def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection(re
     closed, so a body the client sends anyway is never read as a request."""
     url, _ = refusing
     request = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
     ).encode()
     with connect(url) as sock:
         sock.sendall(request)
@@ -671,7 +716,7 @@ def test_a_refusal_to_a_client_waiting_for_100_continue_closes_the_connection(re
         assert answer.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in answer
         assert b"connection: close" in answer.lower()
         with contextlib.suppress(OSError):
-            sock.sendall(b"0123456789GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"0123456789GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert closed_without_answer(sock)
 
 
@@ -680,10 +725,12 @@ def test_headers_of_a_request_pipelined_behind_a_body_are_bounded_too(guarded):
     header is refused, not buffered."""
     body = b'{"instances": []}'
     first = (
-        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    second = (
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+    )
     answer = raw_exchange(guarded, first + second)
     assert answer.startswith(b"HTTP/1.1 400 ")  # the first: no instances
     assert b"HTTP/1.1 431 " in answer and b"HTTP/1.1 200 " not in answer
@@ -695,10 +742,11 @@ def test_pipelined_requests_are_answered_in_order():
     settings = Settings(model_name=MODEL_NAME)
     body = orjson.dumps({"instances": ZEROS})
     predict = (
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
-    bad = f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
-    last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    bad = f"POST {PREDICT} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    last = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     with threaded_server(create_app(settings, FakeBackend()), settings) as (url, _):
         answers = http_answers(raw_exchange(url, predict + bad + predict + last))
     statuses = [head.split(b" ")[1] for head, _ in answers]
@@ -747,7 +795,7 @@ def scoped_request(method: str, path: str, token: str, chunked: bool = False) ->
         else f"Content-Length: {len(body)}\r\n\r\n".encode() + body
     )
     head = (
-        f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
         "Content-Type: application/json\r\nConnection: close\r\n"
     )
     return head.encode() + framing
