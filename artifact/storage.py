@@ -55,6 +55,8 @@ VARIABLES_INDEX = "variables/variables.index"
 _SHARD = re.compile(r"variables/variables\.data-(\d{5})-of-(\d{5})\Z")
 # The second look at a version without a manifest, when it was not seen at the last poll.
 SETTLE_SECONDS = 1.0
+# s3fs's retries of a failed call (its default, 5, spends seconds on an endpoint that is gone).
+S3_RETRIES = 2
 # Prefix of the hidden folder a version is downloaded into before it is renamed into place.
 DOWNLOAD_PREFIX = ".download-"
 _URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)\Z", re.DOTALL)
@@ -169,8 +171,8 @@ def s3_options(environ: Mapping[str, str] | None = None) -> dict:
     return {
         "client_kwargs": client,
         # A poll that cannot reach the endpoint fails in seconds, and is tried again at the
-        # next poll, rather than retried for a minute inside it.
-        "retries": 2,
+        # next poll, rather than retried for a minute inside it (s3fs's own retries too:
+        # S3_RETRIES, set on the instance).
         "config_kwargs": {
             "connect_timeout": 5,
             "read_timeout": 30,
@@ -200,7 +202,10 @@ def filesystem(url: str):
         raise StorageError(
             f"{display(url)}: no filesystem for {protocol}:// (use s3:// or gs://): {err}"
         ) from err
-    fs = cls(**_options(protocol))
+    # An instance of its own: fsspec's shared ones keep the credentials they were made with.
+    fs = cls(**_options(protocol), skip_instance_cache=True)
+    if protocol in ("s3", "s3a"):
+        fs.retries = S3_RETRIES
     return fs, cls._strip_protocol(url).rstrip("/")
 
 
@@ -216,6 +221,11 @@ def describe_error(err: BaseException, where: str) -> StorageError:
             "AWS_SECRET_ACCESS_KEY, or GOOGLE_APPLICATION_CREDENTIALS)"
         )
         return StorageError(f"{where}: {reason}")
+    if "NoCredentials" in name or "DefaultCredentials" in name:
+        return StorageError(
+            f"{where}: no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE, or a role) for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://"
+        )
     if isinstance(err, FileNotFoundError):
         return StorageError(f"{where}: not found ({text})")
     transient = (

@@ -23,6 +23,7 @@ from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
+from service.backends.sources import Sources
 from service.errors import BadInput, NotFound, SignatureNotFound
 from service.tensors import signature_specs
 from service.types import (
@@ -129,6 +130,8 @@ class InProcessBackend(Backend):
         default_model: the model /predict serves.
         allow_signature_changes: a new version whose signatures differ from the serving
             version's may serve (ALLOW_SIGNATURE_CHANGES).
+        model_cache_dir: where versions on object storage are copied before they load
+            (MODEL_CACHE_DIR; None = the default under the user's cache folder).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class InProcessBackend(Backend):
         allow_unavailable_labels: bool = False,
         default_model: str | None = None,
         allow_signature_changes: bool = False,
+        model_cache_dir: str | Path | None = None,
     ):
         super().__init__(default_model or models[0].name)
         self._entries = list(models)
@@ -155,8 +159,9 @@ class InProcessBackend(Backend):
         )
         self._loader = TensorFlowLoader(self._executor)
         self.registry = ModelRegistry(
-            self._loader, allow_unavailable_labels, allow_signature_changes
-        )
+            self._loader, allow_unavailable_labels, allow_signature_changes,
+            Sources(model_cache_dir),
+        )  # fmt: skip
         self._poller: asyncio.Task | None = None
 
     def _model(self, name: str, version: int | None = None) -> VersionRegistry:
