@@ -394,7 +394,9 @@ class RemoteModel:
         root = self._root
 
         def find():
-            fs.invalidate_cache(root)
+            # All of it: s3fs drops only a path and its parents, and a folder's cached listing
+            # would hide a file that landed since (this instance is this model's alone).
+            fs.invalidate_cache()
             return fs.find(root, detail=True)
 
         found = self._call(find)
@@ -435,7 +437,11 @@ class RemoteModel:
         """Why a listed version is not complete (None when it is), by the module's rule,
         without the second look."""
         if found.has_manifest:
-            return manifest_problem(self.manifest(found), found.sizes)
+            try:
+                manifest = self.manifest(found)
+            except StorageError as err:
+                return f"{MANIFEST_FILE} cannot be read yet ({err})"
+            return manifest_problem(manifest, found.sizes)
         return structure_problem(found.sizes)
 
     def manifest(self, found: RemoteVersion) -> Any:
