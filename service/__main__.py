@@ -19,7 +19,7 @@ from service.security import (
     open_access_notice,
     read_tokens,
 )
-from service.settings import Settings, initial_entries
+from service.settings import Settings, config_variable, initial_entries, uses_object_storage
 from service.workers import die_with_supervisor, supervise, worker_index
 
 
@@ -58,8 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = initial_entries(settings)
     except ConfigError as err:
-        print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
+        print(f"error: {config_variable(settings)}: {err}", file=sys.stderr)
         return 2
+    if uses_object_storage(models):
+        from service.backends.sources import Sources
+
+        cache = Sources(settings.model_cache_dir).cache_dir
+        try:
+            check_writable_dir(cache)
+        except OSError as err:
+            print(f"error: MODEL_CACHE_DIR: cannot write to {cache}: {err.strerror or err}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if settings.auth_tokens_file:
         try:
             read_tokens(settings.auth_tokens_file)

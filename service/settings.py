@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from artifact.model_config import ModelEntry, read_config, shortcut
+from artifact.model_config import ModelEntry, check_reachable, read_config, shortcut
+from artifact.storage import is_url
 
 
 class Settings(BaseSettings):
@@ -21,7 +22,15 @@ class Settings(BaseSettings):
         "fashion_mnist", description="Model served, the folder under MODEL_BASE_PATH."
     )
     model_base_path: str = Field(
-        "models", description="Model repository: <base>/<name>/<version>/saved_model.pb."
+        "models",
+        description="Model repository: <base>/<name>/<version>/saved_model.pb; a folder, or "
+        "s3://bucket/prefix or gs://bucket/prefix (docs/object-storage.md).",
+    )
+    model_cache_dir: str | None = Field(
+        None,
+        description="Where versions on object storage are copied, verified, before they load "
+        "(a folder per process, holding only the versions loaded); unset = a folder in the "
+        "user's cache, $XDG_CACHE_HOME or ~/.cache.",
     )
     model_config_file: str | None = Field(
         None,
@@ -349,7 +358,7 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("feedback_dir", "prediction_log_dir")
+    @field_validator("feedback_dir", "prediction_log_dir", "model_cache_dir")
     @classmethod
     def _optional_dir(cls, value: str | None) -> str | None:
         return None if value is not None and not value.strip() else value
@@ -419,7 +428,21 @@ def initial_entries(settings: Settings) -> list[ModelEntry]:
     """
     if settings.model_config_file:
         return read_config(settings.model_config_file)
-    return shortcut(settings.model_name, settings.model_base_path)
+    entries = shortcut(settings.model_name, settings.model_base_path)
+    # A URL is listed once now, so a bad URL, bucket, credential or endpoint is one line at
+    # start (a folder on disk may appear later, as TF Serving allows).
+    check_reachable(entries)
+    return entries
+
+
+def config_variable(settings: Settings) -> str:
+    """The variable that names the models: MODEL_CONFIG_FILE when set, else MODEL_BASE_PATH."""
+    return "MODEL_CONFIG_FILE" if settings.model_config_file else "MODEL_BASE_PATH"
+
+
+def uses_object_storage(entries: list[ModelEntry]) -> bool:
+    """True when a model's versions are at a URL (they need MODEL_CACHE_DIR)."""
+    return any(is_url(entry.base_path) for entry in entries)
 
 
 def default_model(settings: Settings, entries: list[ModelEntry]) -> str:

@@ -24,6 +24,7 @@ from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
+from service.backends.sources import Sources
 from service.errors import BadInput, NotFound, SignatureNotFound
 from service.tensors import signature_specs
 from service.types import (
@@ -149,6 +150,8 @@ class InProcessBackend(Backend):
             version's may serve (ALLOW_SIGNATURE_CHANGES).
         allow_file_system_ops: a version whose graph reads or writes files may serve
             (ALLOW_FILE_SYSTEM_OPS; artifact/file_ops.py).
+        model_cache_dir: where versions on object storage are copied before they load
+            (MODEL_CACHE_DIR; None = the default under the user's cache folder).
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class InProcessBackend(Backend):
         default_model: str | None = None,
         allow_signature_changes: bool = False,
         allow_file_system_ops: bool = False,
+        model_cache_dir: str | Path | None = None,
     ):
         super().__init__(default_model or models[0].name)
         self._entries = list(models)
@@ -176,8 +180,9 @@ class InProcessBackend(Backend):
         )
         self._loader = TensorFlowLoader(self._executor, allow_file_system_ops)
         self.registry = ModelRegistry(
-            self._loader, allow_unavailable_labels, allow_signature_changes
-        )
+            self._loader, allow_unavailable_labels, allow_signature_changes,
+            Sources(model_cache_dir),
+        )  # fmt: skip
         self._poller: asyncio.Task | None = None
 
     def _model(self, name: str, version: int | None = None) -> VersionRegistry:
