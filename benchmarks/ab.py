@@ -36,19 +36,17 @@ from typing import NamedTuple
 
 import httpx
 
-from benchmarks.common import LUA, PATH, find_or_train_model, free_port, request_bodies
+from benchmarks.common import (
+    LUA,
+    PATH,
+    find_or_train_model,
+    free_port,
+    process_cpu_seconds,
+    request_bodies,
+)
 from benchmarks.servers import SERVERS, constant_run
 
 SERVERS_SCRIPT = Path(__file__).resolve().parent / "servers.py"
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU of every thread of a process, in seconds."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(port: int, body: Path, seconds: int, concurrency: int = 64) -> str:

@@ -18,8 +18,14 @@ Results: benchmarks/results/latest.json and latest.png, and a Markdown table on 
 (4) also serves two models of other contracts, each against its own ceiling: the tabular
 classifier through :predict with named instances and a 32x32x3 image CNN
 (benchmarks/generic.py), so a generic path that is slow shows beside Fashion-MNIST's rows.
-`--protocols-only` runs only the protocol rows, `--generic-only` only the other models' rows,
-and both save nothing (quick checks).
+`--protocols-only` runs only the protocol rows, `--generic-only` only the other models' rows
+(with the floor), `--floor-only` only the floor's, and they save nothing (quick checks).
+
+Every row is read against two references measured in the same run: the model's in-process
+ceiling (1), and the HTTP floor (F, benchmarks/floor.py): the service's own server and
+process layout answering a trivial JSON endpoint with no model, at c=1 and c=64, one process
+(F1) and WORKERS=2 (F2). Each row gives its share of both and the CPU its server's processes
+used per request (user and system time of all their threads, from /proc, over wrk's run).
 """
 
 from __future__ import annotations
@@ -41,19 +47,24 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import floor as http_floor
 from benchmarks import generic
 from benchmarks.common import (
     LOADS,
     PATH,
     ROOT,
+    cpu_per_request,
+    cpu_used,
     find_or_train_model,
     free_port,
     measure_ceiling,
+    process_tree,
     request_bodies,
     run_loads,
     run_wrk,
     start_server,
     stop_server,
+    tree_cpu_seconds,
 )
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -121,12 +132,20 @@ def grpc_codes(port: int) -> dict[str, float]:
     return codes
 
 
-def run_grpc_h2load(port: int, grpc_port: int, body: Path, concurrency: int, seconds: int) -> dict:
+def run_grpc_h2load(
+    port: int,
+    grpc_port: int,
+    body: Path,
+    concurrency: int,
+    seconds: int,
+    server_pid: int | None = None,
+) -> dict:
     """h2load posting a framed PredictRequest on one HTTP/2 connection with `concurrency`
     streams (as one TF Serving client channel does): req/s, p50/p99 ms from its per-request
     log, errors. gRPC answers a failed call with HTTP 200 and a status in the trailers, which
     h2load does not read, so failures are counted from the service's own metrics: every code
-    but OK and CANCELLED (the calls h2load drops when its time is up)."""
+    but OK and CANCELLED (the calls h2load drops when its time is up). With `server_pid`,
+    also the server's CPU per call answered, as run_wrk reads it."""
     url = f"http://127.0.0.1:{grpc_port}/tensorflow.serving.PredictionService/Predict"
     headers = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
 
@@ -137,9 +156,12 @@ def run_grpc_h2load(port: int, grpc_port: int, body: Path, concurrency: int, sec
 
     h2load(1)  # warm up
     before = grpc_codes(port)
+    pids = process_tree(server_pid) if server_pid is not None else []
+    cpu_before = tree_cpu_seconds(pids)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "requests.log"
         out = h2load(seconds, log)
+        cpu = cpu_used(cpu_before, tree_cpu_seconds(pids))
         # Per request: start (µs since the epoch), HTTP status, elapsed µs.
         rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
     after = grpc_codes(port)
@@ -154,24 +176,37 @@ def run_grpc_h2load(port: int, grpc_port: int, body: Path, concurrency: int, sec
         for code in after
         if code not in ("OK", "CANCELLED")
     )
-    return {
+    result = {
         "requests_per_s": float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out).group(1)),
         "p50_ms": float(np.percentile(elapsed_ms, 50)) if len(elapsed_ms) else float("nan"),
         "p99_ms": float(np.percentile(elapsed_ms, 99)) if len(elapsed_ms) else float("nan"),
         "errors": failed + non2xx + int(grpc_errors),
     }
+    if server_pid is not None:
+        result.update(cpu_per_request(cpu, len(rows)))
+    return result
 
 
-def bench_protocols(port: int, grpc_port: int, bodies: dict, seconds: int) -> dict:
-    """The service (4) at c=64, one image per request, over each of its protocols."""
+def bench_protocols(
+    port: int, grpc_port: int, bodies: dict, seconds: int, server_pid: int | None = None
+) -> dict:
+    """The service (4) at c=64, one image per request, over each of its protocols (with
+    `server_pid`, each row with the server's CPU per request)."""
     c = PROTOCOL_CONCURRENCY
+    pid = server_pid
     results = {
-        "v1_json": run_wrk(port, bodies[1], c, seconds),
-        "friendly_json": run_wrk(port, bodies["friendly"], c, seconds, "/predict"),
+        "v1_json": run_wrk(port, bodies[1], c, seconds, server_pid=pid),
+        "friendly_json": run_wrk(port, bodies["friendly"], c, seconds, "/predict", server_pid=pid),
         "v2_binary": run_wrk(
-            port, bodies["v2_binary"], c, seconds, V2_PATH, bodies["v2_header_length"]
+            port,
+            bodies["v2_binary"],
+            c,
+            seconds,
+            V2_PATH,
+            bodies["v2_header_length"],
+            server_pid=pid,
         ),
-        "grpc": run_grpc_h2load(port, grpc_port, bodies["grpc"], c, seconds),
+        "grpc": run_grpc_h2load(port, grpc_port, bodies["grpc"], c, seconds, server_pid=pid),
     }
     for key, r in results.items():
         print(
@@ -267,14 +302,15 @@ def measure_memory(version_path: Path, workdir: Path, base_env: dict, body: Path
 def bench_server(
     name, cmd, env, port, bodies, seconds, log_path: Path, loads=LOADS, extra=None
 ) -> dict:
-    """wrk at each load against a server; `extra(port)` runs too while the server is up."""
+    """wrk at each load against a server, each row with the server's CPU per request;
+    `extra(port, pid)` runs too while the server is up."""
     print(f"== {name}", flush=True)
     proc = start_server(cmd, env, port, log_path)
     try:
         run_wrk(port, bodies[1], 16, 2)  # warm up
-        results = run_loads(port, bodies, loads, seconds)
+        results = run_loads(port, bodies, loads, seconds, server_pid=proc.pid)
         if extra is not None:
-            extra(port)
+            extra(port, proc.pid)
         return results
     finally:
         stop_server(proc)
@@ -285,15 +321,34 @@ def table(result: dict) -> str:
 
     ceiling = result["ceiling"]
     peers = result.get("peers") or {}
+    floor = result.get("floor") or {}
+    one_process = http_floor.floor_rows(result)
     rows = [
         f"Ceiling (1): SavedModel in-process, best batch {ceiling['best_batch']}: "
         f"{ceiling['images_per_s']:,.0f} images/s; batch 1: p50 {ceiling['batch1_p50_ms']:.2f} ms",
+    ]
+    if floor:
+        rows.append(
+            f"HTTP floor (F): the service's server ({floor.get('server') or '?'}) and process "
+            "layout answering a trivial JSON endpoint, no model (benchmarks/floor.py); share of "
+            "floor: req/s over the floor's at the same concurrency ((5) against (F2)); CPU: "
+            "the server's processes, per request"
+        )
+    rows += [
         "",
-        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |" + http_floor.SHARE_HEADER,
+        "|---|---|---:|---:|---:|---:|---:|" + http_floor.SHARE_ALIGN,
     ]
     for load in result["servers"]["batched"]:
         c, n = load[1:].split("x")
+        for layout, label in http_floor.FLOOR_NAMES.items():
+            r = (floor.get(layout) or {}).get(load)
+            if r is not None:
+                rows.append(
+                    f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | - | "
+                    f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
+                    + http_floor.share_cells({**r, "images_per_s": None}, None, None, load)
+                )
         for key, label in SERVER_NAMES.items():
             if key not in result["servers"]:
                 continue
@@ -302,8 +357,9 @@ def table(result: dict) -> str:
                 f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
                 f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                 f"{r['errors']} |"
+                + http_floor.share_cells(r, ceiling, http_floor.floor_rows(result, key), load)
             )
-        rows += peer_report.rows_for_load(peers, load)
+        rows += peer_report.rows_for_load(peers, load, ceiling, one_process)
     rows += ["", "| load | (3)/(1) | (4)/(1) | (5)/(1) | (4)/(2) |", "|---|---:|---:|---:|---:|"]
     for load, ratio in result["ratios"].items():
         workers = ratio.get("workers_vs_ceiling")
@@ -321,7 +377,8 @@ def table(result: dict) -> str:
     for server in ("batched", "workers"):
         protocols, overload = extras(result, server)
         if protocols:
-            rows += ["", protocols_table(protocols, SERVER_NAMES[server])]
+            rows += ["", protocols_table(protocols, SERVER_NAMES[server], ceiling,
+                                         http_floor.floor_rows(result, server))]  # fmt: skip
         if overload:
             c64 = result["servers"][server]["c64x1"]
             rows += ["", overload_table(overload, c64, SERVER_NAMES[server])]
@@ -467,7 +524,12 @@ def overload_table(overload: dict, c64: dict, server: str = "(4) service, batchi
     )
 
 
-def protocols_table(protocols: dict, server: str = "(4) service, batching on") -> str:
+def protocols_table(
+    protocols: dict,
+    server: str = "(4) service, batching on",
+    ceiling: dict | None = None,
+    floor: dict | None = None,
+) -> str:
     names = {
         "v1_json": "TF Serving REST, JSON (wrk)",
         "friendly_json": "friendly /predict, JSON integer pixels (wrk)",
@@ -477,13 +539,16 @@ def protocols_table(protocols: dict, server: str = "(4) service, batching on") -
     rows = [
         f"{server}, by protocol, c={PROTOCOL_CONCURRENCY}, 1 img/req:",
         "",
-        "| protocol | req/s | p50 ms | p99 ms | errors |",
-        "|---|---:|---:|---:|---:|",
+        "| protocol | req/s | p50 ms | p99 ms | errors |" + http_floor.SHARE_HEADER,
+        "|---|---:|---:|---:|---:|" + http_floor.SHARE_ALIGN,
     ]
+    load = f"c{PROTOCOL_CONCURRENCY}x1"
     for key, r in protocols.items():
+        one_image = {**r, "images_per_s": r["requests_per_s"]}
         rows.append(
             f"| {names[key]} | {r['requests_per_s']:,.0f} | {r['p50_ms']:.1f} | "
             f"{r['p99_ms']:.1f} | {r['errors']} |"
+            + http_floor.share_cells(one_image, ceiling, floor, load)
         )
     return "\n".join(rows)
 
@@ -548,6 +613,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "them, save nothing",
     )
     parser.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="only the HTTP floor's rows (one process and WORKERS=2); print them, save nothing",
+    )
+    parser.add_argument(
         "--peers",
         action="store_true",
         help="add MLServer and BentoML (installed into benchmarks/.peers/ on first use)",
@@ -602,8 +672,8 @@ def measure_protocols_only(setup: Setup) -> dict:
         setup.seconds,
         setup.workdir / "protocols.log",
         loads=[],
-        extra=lambda port: protocols.update(
-            bench_protocols(port, grpc_port, setup.bodies, setup.seconds)
+        extra=lambda port, pid: protocols.update(
+            bench_protocols(port, grpc_port, setup.bodies, setup.seconds, pid)
         ),
     )
     return protocols
@@ -626,8 +696,8 @@ def measure_servers(setup: Setup) -> tuple[dict, dict, dict]:
     protocols: dict = {"batched": {}, "workers": {}}
     overload: dict = {"batched": {}, "workers": {}}
 
-    def measure_protocols_and_overload(port: int, grpc_port: int, key: str) -> None:
-        protocols[key].update(bench_protocols(port, grpc_port, setup.bodies, setup.seconds))
+    def measure_protocols_and_overload(port: int, pid: int, grpc_port: int, key: str) -> None:
+        protocols[key].update(bench_protocols(port, grpc_port, setup.bodies, setup.seconds, pid))
         overload[key].update(run_overload(port, setup.bodies[1], setup.seconds))
 
     for key, title, command, extra_env in runs:
@@ -741,6 +811,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
         peer_versions = peers_run.prepare()
     print(f"Model {setup.version_path}; measuring the in-process ceiling...", flush=True)
     ceiling = measure_ceiling(setup.version_path)
+    floor = http_floor.measure_floor(setup.base_env, setup.workdir, setup.seconds)
     servers, protocols, overload = measure_servers(setup)
     memory = measure_memory(setup.version_path, setup.workdir, setup.base_env, setup.bodies[1])
     tensorflow_2_15 = measure_on_tensorflow_215(setup)
@@ -754,6 +825,7 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
         )  # fmt: skip
     return {
         "ceiling": ceiling,
+        "floor": floor,
         "servers": servers,
         "protocols": protocols,
         "overload": overload,
@@ -792,6 +864,7 @@ def build_result(
     peers: dict,
     tensorflow_2_15: dict | None = None,
     generic: dict | None = None,
+    floor: dict | None = None,
 ) -> dict:
     """The run's result as latest.json holds it, its targets included."""
     result = {
@@ -804,6 +877,7 @@ def build_result(
         },
         "model": str(version_path),
         "ceiling": ceiling,
+        "floor": floor or {},
         "servers": servers,
         "ratios": ratios_to_ceiling(servers, ceiling),
         "protocols": protocols["batched"],
@@ -846,10 +920,19 @@ def main(argv: list[str] | None = None) -> int:
     quiet_tensorflow()
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
-        if args.generic_only:
+        if args.floor_only:
+            floor = http_floor.measure_floor(service_environment(), workdir, args.seconds)
             print()
-            print(generic.generic_table({"generic": generic.bench_generic(
-                service_environment(), workdir, args.seconds)}))  # fmt: skip
+            print(http_floor.floor_table(floor))
+            return 0
+        if args.generic_only:
+            # With the one-process floor, for the rows' share of it.
+            floor = http_floor.measure_floor(
+                service_environment(), workdir, args.seconds, layouts=("one_process",)
+            )
+            rows = generic.bench_generic(service_environment(), workdir, args.seconds)
+            print()
+            print(generic.generic_table({"generic": rows, "floor": floor}))
             return 0
         setup = prepare_run(workdir, args.seconds)
         if args.protocols_only:

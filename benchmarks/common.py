@@ -201,6 +201,52 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU of every thread of a process, in seconds (/proc/<pid>/task/*/stat)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and every descendant of it (a supervisor's workers, a peer's), by their
+    parent ids in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending += children.get(current, [])
+    return tree
+
+
+def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """pid -> its CPU seconds, for those of `pids` still running."""
+    used = {}
+    for pid in pids:
+        try:
+            used[pid] = process_cpu_seconds(pid)
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+    return used
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU seconds the processes read both times used in between."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
+
+
 def _ms(text: str) -> float:
     value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
@@ -214,9 +260,11 @@ def run_wrk(
     path: str = PATH,
     header_length: int | None = None,
     statuses: bool = False,
+    server_pid: int | None = None,
 ) -> dict:
     """wrk against the server: req/s, p50/p99 ms, errors (with `statuses`, also the answers
-    counted by status, from post.lua)."""
+    counted by status, from post.lua). With `server_pid`, also the CPU the server's processes
+    (it and its descendants) used over wrk's run per request answered: cpu_us_per_request."""
     env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path}
     if header_length is not None:
         env["BENCH_HEADER_LENGTH"] = str(header_length)
@@ -234,7 +282,10 @@ def run_wrk(
         str(LUA),
         f"http://127.0.0.1:{port}",
     ]
+    pids = process_tree(server_pid) if server_pid is not None else []
+    before = tree_cpu_seconds(pids)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    cpu = cpu_used(before, tree_cpu_seconds(pids))
     latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
     if set(latency) != {"50", "99"}:
         raise RuntimeError(f"could not read wrk's latency distribution:\n{out}")
@@ -248,7 +299,20 @@ def run_wrk(
     }
     if statuses:
         result["statuses"] = json.loads(re.search(r"^BENCH_STATUSES (.*)$", out, re.M).group(1))
+    if server_pid is not None:
+        result.update(cpu_per_request(cpu, requests_done(out)))
     return result
+
+
+def requests_done(wrk_output: str) -> int:
+    """How many requests wrk completed ("12345 requests in 8.00s")."""
+    return int(re.search(r"(\d+) requests in ", wrk_output).group(1))
+
+
+def cpu_per_request(cpu_seconds: float, requests: int) -> dict:
+    """The server's CPU over a run, per request: {"requests", "cpu_us_per_request"}."""
+    per_request = cpu_seconds / requests * 1e6 if requests else None
+    return {"requests": requests, "cpu_us_per_request": per_request}
 
 
 def run_loads(
@@ -258,17 +322,21 @@ def run_loads(
     seconds: int,
     path: str = PATH,
     log: Callable[..., None] = print,
+    server_pid: int | None = None,
 ) -> dict:
     """wrk at each (concurrency, images per request) load in turn, each load's line logged
-    as it ends: "c16x8" -> its run_wrk result with images_per_s."""
+    as it ends: "c16x8" -> its run_wrk result with images_per_s (and, with `server_pid`, the
+    server's CPU per request)."""
     results = {}
     for concurrency, n in loads:
-        r = run_wrk(port, bodies[n], concurrency, seconds, path)
+        r = run_wrk(port, bodies[n], concurrency, seconds, path, server_pid=server_pid)
         r["images_per_s"] = r["requests_per_s"] * n
         results[f"c{concurrency}x{n}"] = r
+        cpu = r.get("cpu_us_per_request")
         log(
             f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
-            f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}",
+            f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}"
+            + ("" if cpu is None else f"  CPU {cpu:6.0f} µs/req"),
             flush=True,
         )
     return results

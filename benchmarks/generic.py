@@ -301,7 +301,9 @@ def bench_generic(
                 "title": model.title,
                 "version": str(version),
                 "ceiling": ceiling,
-                "loads": run_loads(port, bodies, loads, seconds, path, log=log),
+                "loads": run_loads(
+                    port, bodies, loads, seconds, path, log=log, server_pid=proc.pid
+                ),
                 "max_abs_diff": difference,
             }
     finally:
@@ -311,16 +313,20 @@ def bench_generic(
 
 def generic_table(result: dict) -> str:
     """The generic models' rows beside Fashion-MNIST's at the same loads: the service's
-    throughput and each model's share of its own in-process ceiling."""
+    throughput, each model's share of its own in-process ceiling and of the HTTP floor
+    (benchmarks/floor.py), and the server's CPU per request."""
+    from benchmarks.floor import SHARE_ALIGN, SHARE_HEADER, floor_rows, share_cells
+
     generic = result["generic"]
     ceiling = result.get("ceiling")
     batched = (result.get("servers") or {}).get("batched") or {}
+    floor = floor_rows(result)
     lines = [
         "Other models: (4) the service, batching on, against each model's own in-process "
-        "ceiling (1); instances/s are images or rows per second:",
+        "ceiling (1) and the HTTP floor (F1); instances/s are images or rows per second:",
         "",
-        "| model | load | req/s | instances/s | p50 ms | p99 ms | errors | share of its ceiling |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | load | req/s | instances/s | p50 ms | p99 ms | errors |" + SHARE_HEADER,
+        "|---|---|---:|---:|---:|---:|---:|" + SHARE_ALIGN,
     ]
     rows = []
     if ceiling and batched:
@@ -333,11 +339,10 @@ def generic_table(result: dict) -> str:
             r = by_load.get(load)
             if r is None:
                 continue
-            share = r["images_per_s"] / model_ceiling["images_per_s"]
             lines.append(
                 f"| {title} | c={c}, {n}/req | {r['requests_per_s']:,.0f} | "
                 f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                f"{r['errors']} | {share:.2f} |"
+                f"{r['errors']} |" + share_cells(r, model_ceiling, floor, load)
             )
     lines.append("")
     lines.append(

@@ -6,6 +6,8 @@ no server, no TensorFlow.
 
 from __future__ import annotations
 
+from benchmarks.floor import SHARE_ALIGN, SHARE_HEADER, share_cells
+
 # The peers' rows follow this service's (2)-(5) in the table: (6), (7), ...
 FIRST_NUMBER = 6
 # The load the issue's targets compare at: c=64, one image per request.
@@ -26,19 +28,28 @@ def short_labels(peers: dict) -> dict[str, str]:
     return out
 
 
-def row(label: str, load: str, r: dict) -> str:
+def row(
+    label: str, load: str, r: dict, ceiling: dict | None = None, floor: dict | None = None
+) -> str:
+    """One peer's row at one load, ending with its share of the model's ceiling, of the
+    service's HTTP floor (benchmarks/floor.py) and its processes' CPU per request."""
     c, n = load[1:].split("x")
     return (
         f"| c={c}, {n} img/req | {label} | {r['requests_per_s']:,.0f} | "
         f"{r['images_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
+        + share_cells(r, ceiling, floor, load)
     )
 
 
-def rows_for_load(peers: dict, load: str) -> list[str]:
+def rows_for_load(
+    peers: dict, load: str, ceiling: dict | None = None, floor: dict | None = None
+) -> list[str]:
     """The peers' rows of the main table at one load (those that ran it)."""
     names = labels(peers)
     return [
-        row(names[key], load, p["loads"][load]) for key, p in peers.items() if load in p["loads"]
+        row(names[key], load, p["loads"][load], ceiling, floor)
+        for key, p in peers.items()
+        if load in p["loads"]
     ]
 
 
@@ -97,8 +108,8 @@ def settings_table(peers: dict) -> str:
 def peers_table(peers: dict) -> str:
     """The peers' rows alone (`python -m benchmarks.peers run` and `sweep`)."""
     out = [
-        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| load | server | req/s | images/s | p50 ms | p99 ms | errors |" + SHARE_HEADER,
+        "|---|---|---:|---:|---:|---:|---:|" + SHARE_ALIGN,
     ]
     loads = dict.fromkeys(load for p in peers.values() for load in p["loads"])
     for load in loads:
