@@ -12,7 +12,9 @@ timing answers by status); then (1) and (4) again with the service on TensorFlow
 trainer's (its own venv under benchmarks/.peers/), beside its current TensorFlow.
 With `--peers` (`make bench-peers`), (6) and on: MLServer and BentoML serving the same model
 with their own batching, as their docs show and with this service's two tricks
-(benchmarks/peers/, each in its own venv under benchmarks/.peers/).
+(benchmarks/peers/, each in its own venv under benchmarks/.peers/), then the tabular
+classifier of the other models' rows (below) through each peer's own runtime for named
+inputs, at those rows' loads.
 Load comes from wrk, a separate process, with the same request bodies for every server.
 Results: benchmarks/results/latest.json and latest.png, and a Markdown table on stdout.
 (4) also serves two models of other contracts, each against its own ceiling: the tabular
@@ -481,6 +483,33 @@ def targets(result: dict, server: str = "batched") -> list[dict]:
             {"what": f"vs {peer['title']}: throughput x, p99 share", "target": ">= 3x, <= 0.25",
              "measured": [speedup, p99], "met": speedup >= 3 and p99 <= 0.25}
         )  # fmt: skip
+    return out + tabular_targets(result)
+
+
+def tabular_targets(result: dict) -> list[dict]:
+    """The tabular classifier at c=64, one row a request (benchmarks/generic.py): its share of
+    the one-process HTTP floor, and its throughput against each peer on the same model."""
+    tabular = (result.get("generic") or {}).get("tabular") or {}
+    ours = (tabular.get("loads") or {}).get("c64x1")
+    if ours is None:
+        return []
+    out = []
+    floor = (http_floor.floor_rows(result) or {}).get("c64x1")
+    if floor is not None:
+        share = ours["requests_per_s"] / floor["requests_per_s"]
+        out.append(
+            {"what": "tabular classifier c=64, 1 row/req: share of the HTTP floor",
+             "target": ">= 0.5", "measured": share, "met": share >= 0.5 and ours["errors"] == 0}
+        )  # fmt: skip
+    for peer in (tabular.get("peers") or {}).values():
+        theirs = (peer.get("loads") or {}).get("c64x1")
+        if not theirs:
+            continue
+        speedup = ours["requests_per_s"] / max(theirs["requests_per_s"], 1e-9)
+        out.append(
+            {"what": f"tabular classifier vs {peer['title']}: throughput x", "target": ">= 3x",
+             "measured": speedup, "met": speedup >= 3 and ours["errors"] == 0}
+        )  # fmt: skip
     return out
 
 
@@ -823,6 +852,10 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
             setup.version_path, tf_bodies, setup.workdir, setup.seconds, LOADS,
             versions=peer_versions,
         )  # fmt: skip
+        if "tabular" in generic_rows:
+            generic_rows["tabular"]["peers"] = measure_tabular_peers(
+                generic_rows["tabular"], setup, peer_versions
+            )
     return {
         "ceiling": ceiling,
         "floor": floor,
@@ -834,6 +867,20 @@ def measure_everything(setup: Setup, with_peers: bool) -> dict:
         "generic": generic_rows,
         "peers": peers,
     }
+
+
+def measure_tabular_peers(tabular: dict, setup: Setup, versions: dict) -> dict:
+    """The peers serving the tabular classifier the service's generic rows served, with the
+    same bodies and loads (spec.TABULAR_ROWS: each peer's own runtime for named inputs)."""
+    from benchmarks.peers import run as peers_run
+    from benchmarks.peers import spec as peers_spec
+
+    version = Path(tabular["version"])
+    bodies = generic.model_bodies("tabular", version, setup.workdir)
+    return peers_run.bench_peers(
+        version, bodies, setup.workdir, setup.seconds, generic.GENERIC_LOADS,
+        peers_spec.TABULAR_ROWS, versions=versions,
+    )  # fmt: skip
 
 
 def ratios_to_ceiling(servers: dict, ceiling: dict) -> dict:

@@ -184,6 +184,14 @@ def write_bodies(model: GenericModel, instances: list, workdir: Path, loads) -> 
     return bodies
 
 
+def model_bodies(key: str, version: Path, workdir: Path, loads=GENERIC_LOADS) -> dict[int, Path]:
+    """The bodies bench_generic loads a model (MODELS' key) with, written again: for the peers
+    serving the same model in the same run."""
+    model = next(m for m in MODELS if m.key == key)
+    instances = instances_for(model, version, sample_data(workdir), max(n for _, n in loads))
+    return write_bodies(model, instances, workdir, loads)
+
+
 def batch_inputs(version: Path, signature: str | None, instances: list) -> Callable:
     """make_inputs(batch) for measure_ceiling: the instances repeated to the batch size, as
     the signature's arrays."""
@@ -314,8 +322,10 @@ def bench_generic(
 def generic_table(result: dict) -> str:
     """The generic models' rows beside Fashion-MNIST's at the same loads: the service's
     throughput, each model's share of its own in-process ceiling and of the HTTP floor
-    (benchmarks/floor.py), and the server's CPU per request."""
+    (benchmarks/floor.py), and the server's CPU per request; with `make bench-peers`, the
+    peers' rows on the tabular classifier too, and the service against them at c=64."""
     from benchmarks.floor import SHARE_ALIGN, SHARE_HEADER, floor_rows, share_cells
+    from benchmarks.peers import report
 
     generic = result["generic"]
     ceiling = result.get("ceiling")
@@ -332,6 +342,13 @@ def generic_table(result: dict) -> str:
     if ceiling and batched:
         rows.append(("fashion_mnist (28x28, the fast paths)", ceiling, batched))
     rows += [(entry["title"], entry["ceiling"], entry["loads"]) for entry in generic.values()]
+    ceilings = list(rows)
+    # The peers serving a model: each a row of its own after the service's, numbered as in
+    # the main table.
+    for entry in generic.values():
+        names = report.labels(entry.get("peers") or {})
+        for key, peer in (entry.get("peers") or {}).items():
+            rows.append((f"{entry['title']} on {names[key]}", entry["ceiling"], peer["loads"]))
     loads = list(dict.fromkeys(load for entry in generic.values() for load in entry["loads"]))
     for load in loads:
         c, n = load[1:].split("x")
@@ -350,8 +367,22 @@ def generic_table(result: dict) -> str:
         + "; ".join(
             f"{title}: {model_ceiling['images_per_s']:,.0f}/s at batch "
             f"{model_ceiling['best_batch']}, batch 1 p50 {model_ceiling['batch1_p50_ms']:.2f} ms"
-            for title, model_ceiling, _ in rows
+            for title, model_ceiling, _ in ceilings
         )
         + "."
     )
+    tabular = generic.get("tabular") or {}
+    if tabular.get("peers"):
+        lines += [
+            "",
+            report.versus_table(
+                tabular["loads"], tabular["peers"],
+                heading="(4) against the peers on the tabular classifier at c=64, 1 row/req "
+                "(target: at least 3x their throughput):",
+            ),
+            "",
+            report.settings_table(
+                tabular["peers"], "Peers on the tabular classifier (benchmarks/peers/):"
+            ),
+        ]  # fmt: skip
     return "\n".join(lines)

@@ -53,18 +53,22 @@ def rows_for_load(
     ]
 
 
-def versus_table(service: dict, peers: dict, load: str = TARGET_LOAD) -> str:
+def versus_table(
+    service: dict, peers: dict, load: str = TARGET_LOAD, heading: str | None = None
+) -> str:
     """(4) against each peer at one load: throughput ratio and p99 ratio.
 
     The issue's target: at least 3x each peer's throughput with a p99 no more than a quarter
-    of theirs, at c=64 with one image per request.
+    of theirs, at c=64 with one image per request (`heading` says otherwise for another
+    model's rows).
     """
     if load not in service:
         return ""
     ours = service[load]
     c, n = load[1:].split("x")
     out = [
-        f"(4) against the peers at c={c}, {n} img/req "
+        heading
+        or f"(4) against the peers at c={c}, {n} img/req "
         "(target: at least 3x their throughput, p99 at most 1/4 of theirs):",
         "",
         "| peer | peer req/s | (4) / peer throughput | (4) p99 / peer p99 |",
@@ -87,9 +91,9 @@ def versus_table(service: dict, peers: dict, load: str = TARGET_LOAD) -> str:
     return "\n".join(out)
 
 
-def settings_table(peers: dict) -> str:
+def settings_table(peers: dict, heading: str = "Peers (benchmarks/peers/):") -> str:
     """Each peer row's settings, versions and start-up, under the tables."""
-    out = ["Peers (benchmarks/peers/):", ""]
+    out = [heading, ""]
     names = labels(peers)
     for key, p in peers.items():
         versions = ", ".join(f"{k} {v}" for k, v in sorted(p.get("versions", {}).items()))

@@ -1,9 +1,10 @@
 """Serve the model with each peer in turn and load it with wrk as benchmarks/bench.py does.
 
-`bench_peers()` is what `python -m benchmarks.bench --peers` calls after its own rows: the
-same exported version, the same images (each TF Serving body of the run re-encoded in the
+`bench_peers()` is what `python -m benchmarks.bench --peers` calls after its own rows, once
+for Fashion-MNIST (spec.ROWS) and once for the tabular classifier (spec.TABULAR_ROWS): the
+same exported version, the same instances (each TF Serving body of the run re-encoded in the
 peer's format), the same wrk loads and duration, one server at a time. Before its loads each
-peer answers one image, and its probabilities must match the SavedModel's own (loaded with
+peer answers one instance, and its probabilities must match the SavedModel's own (loaded with
 tf.saved_model.load in this process): a peer that serves something else is not timed.
 """
 
@@ -39,14 +40,23 @@ def prepare(variants=spec.ROWS, log=print) -> dict[str, dict[str, str]]:
     return versions
 
 
-def reference_probabilities(version_path: Path, instances: list) -> np.ndarray:
-    """The SavedModel's own probabilities for these images, as tf.saved_model.load gives
-    them (the serving signature called directly, the way its docs show)."""
+def reference_probabilities(
+    version_path: Path, instances: list, model: str = spec.MODEL_NAME
+) -> np.ndarray:
+    """The SavedModel's own probabilities for these instances (images, or named rows), as
+    tf.saved_model.load gives them (the model's signature called directly, the way its docs
+    show)."""
     import tensorflow as tf
 
-    signature = tf.saved_model.load(str(version_path)).signatures["serving_default"]
-    outputs = signature(**{spec.INPUT_KEY: tf.constant(instances, tf.float32)})
-    return outputs["probabilities"].numpy().astype(np.float64)
+    signature = tf.saved_model.load(str(version_path)).signatures[spec.SIGNATURES[model]]
+    if model == spec.MODEL_NAME:
+        inputs = {spec.INPUT_KEY: tf.constant(instances, tf.float32)}
+    else:
+        inputs = {
+            name: tf.constant([row[name] for row in instances], tensor.dtype)
+            for name, tensor in signature.structured_input_signature[1].items()
+        }
+    return signature(**inputs)["probabilities"].numpy().astype(np.float64)
 
 
 def peer_env(extra: dict[str, str]) -> dict[str, str]:
@@ -63,11 +73,12 @@ def server_command(variant: spec.Variant, version_path: Path, rundir: Path, port
         return cmd, peer_env({}), rundir
     service_dir = rundir / "service"
     service_dir.mkdir(parents=True, exist_ok=True)
-    (service_dir / spec.BENTOML_SERVICE.name).write_text(spec.BENTOML_SERVICE.read_text())
+    source, service_class = spec.BENTOML_SERVICES[variant.model]
+    (service_dir / source.name).write_text(source.read_text())
     cmd = [
         str(venvs.command("bentoml")),
         "serve",
-        f"{spec.BENTOML_SERVICE.stem}:FashionMNIST",
+        f"{source.stem}:{service_class}",
         "--host",
         "127.0.0.1",
         "--port",
@@ -91,20 +102,21 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def check_answer(variant: spec.Variant, port: int, body: str, expected: np.ndarray) -> float:
-    """POST one body; the largest difference from the SavedModel's probabilities.
+    """POST one body; the largest difference from the SavedModel's probabilities (`expected`,
+    [n, classes]).
 
     Raises:
         RuntimeError: the peer answered with an error or with other probabilities.
     """
     response = httpx.post(
-        f"http://127.0.0.1:{port}{spec.INFER_PATH[variant.peer]}",
+        f"http://127.0.0.1:{port}{spec.infer_path(variant)}",
         content=body,
         headers={"Content-Type": "application/json"},
         timeout=60,
     )
     if response.status_code != 200:
         raise RuntimeError(f"{variant.title}: HTTP {response.status_code}: {response.text[:500]}")
-    got = spec.probabilities(variant.peer, response.json())
+    got = spec.probabilities(variant.peer, response.json(), expected.shape[1])
     if got.shape != expected.shape:
         raise RuntimeError(
             f"{variant.title}: probabilities of shape {got.shape}, not {expected.shape}"
@@ -115,12 +127,14 @@ def check_answer(variant: spec.Variant, port: int, body: str, expected: np.ndarr
     return diff
 
 
-def peer_bodies(peer: str, bodies: dict[int, Path], directory: Path) -> dict[int, Path]:
-    """The benchmark's TF Serving bodies (images per request -> file) in the peer's format."""
+def peer_bodies(
+    peer: str, bodies: dict[int, Path], directory: Path, model: str = spec.MODEL_NAME
+) -> dict[int, Path]:
+    """The benchmark's TF Serving bodies (instances per request -> file) in the peer's format."""
     out = {}
     for n, path in bodies.items():
-        target = directory / f"body-{peer}-{n}.json"
-        target.write_text(spec.peer_body(peer, path.read_text()))
+        target = directory / f"body-{peer}-{model}-{n}.json"
+        target.write_text(spec.peer_body(peer, path.read_text(), model))
         out[n] = target
     return out
 
@@ -147,7 +161,7 @@ def bench_variant(
         env,
         port,
         rundir / "server.log",
-        ready_path=spec.READY_PATH[variant.peer],
+        ready_path=spec.ready_path(variant),
         cwd=cwd,
         new_session=True,
     )
@@ -155,12 +169,13 @@ def bench_variant(
         startup_s = time.monotonic() - started
         diff = check_answer(variant, port, bodies[1].read_text(), expected)
         log(
-            f"   up in {startup_s:.0f} s; one image's probabilities within {diff:.1g} "
+            f"   up in {startup_s:.0f} s; one instance's probabilities within {diff:.1g} "
             "of the model's"
         )
-        path = spec.INFER_PATH[variant.peer]
+        path = spec.infer_path(variant)
         common.run_wrk(port, bodies[1], 16, WARMUP_S, path)
-        results = common.run_loads(port, bodies, loads, seconds, path, log)
+        # The CPU of the peer's whole process tree (its workers too) per request.
+        results = common.run_loads(port, bodies, loads, seconds, path, log, server_pid=proc.pid)
     finally:
         stop(proc)
     return {
@@ -175,6 +190,7 @@ def describe_row(variant: spec.Variant) -> dict:
     return {
         "title": variant.title,
         "peer": variant.peer,
+        "model": variant.model,
         "settings": variant.settings,
         "tricks": variant.tricks,
     }
@@ -192,16 +208,20 @@ def bench_peers(
 ) -> dict:
     """Every variant in turn: key -> its title, settings, versions, check and wrk rows.
 
-    `bodies` are benchmarks/bench.py's TF Serving bodies (images per request -> file); each
-    load's images per request must have one. Call prepare() first (it installs the venvs
-    and returns `versions`), so that no install runs between timed servers.
+    `version_path` is the version every variant serves (all of one model: spec.ROWS or
+    spec.TABULAR_ROWS). `bodies` are benchmarks/bench.py's TF Serving bodies for it
+    (instances per request -> file); each load's instances per request must have one. Call
+    prepare() first (it installs the venvs and returns `versions`), so that no install runs
+    between timed servers.
     """
+    (model,) = {v.model for v in variants}
     if versions is None:
         versions = prepare(variants, log=log)
-    instances = spec.instances_of(bodies[1].read_text())
-    expected = reference_probabilities(version_path, instances)
+    instances = spec.instances_of(bodies[1].read_text(), model)
+    expected = reference_probabilities(version_path, instances, model)
     by_peer = {
-        peer: peer_bodies(peer, bodies, workdir) for peer in dict.fromkeys(v.peer for v in variants)
+        peer: peer_bodies(peer, bodies, workdir, model)
+        for peer in dict.fromkeys(v.peer for v in variants)
     }
     results = {}
     for variant in variants:

@@ -1,10 +1,13 @@
 """What each peer is given: its settings, its files, its request bodies, and how its answers
 are read. Pure data and JSON, no TensorFlow and no peer package: the fast tests cover it all.
 
-A `Variant` is one row of the benchmark: a peer (MLServer or BentoML), its own batching knobs
-and whether it also gets this project's two tricks (gc.freeze() after loading, and the
-signature called through a concrete tf.function). `ROWS` are the rows `make bench-peers`
-adds; `SWEEP` are the settings tried to choose them (`python -m benchmarks.peers sweep`).
+A `Variant` is one row of the benchmark: a peer (MLServer or BentoML), its own batching knobs,
+whether it also gets this project's two tricks (gc.freeze() after loading, and the signature
+called through a concrete tf.function), and the model it serves: Fashion-MNIST's image
+classifier, or the tabular classifier (a pre-made Estimator on named features, through each
+peer's own runtime for it). `ROWS` are the Fashion-MNIST rows `make bench-peers` adds,
+`TABULAR_ROWS` the same peers and settings on the tabular classifier; `SWEEP` are the
+settings tried to choose them (`python -m benchmarks.peers sweep`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from pathlib import Path
 import numpy as np
 
 MODEL_NAME = "fashion_mnist"
+# The tabular classifier of benchmarks/generic.py: named inputs, its signature `predict`.
+TABULAR = "tabular_classifier"
+# The signature each model is served through.
+SIGNATURES = {MODEL_NAME: "serving_default", TABULAR: "predict"}
 INPUT_KEY = "image"
 OUTPUT_KEYS = ("classes", "probabilities")
 IMAGE_SHAPE = (28, 28)
@@ -27,6 +34,17 @@ BENTOML_VERSION = "1.4.40"
 HERE = Path(__file__).resolve().parent
 MLSERVER_RUNTIME = HERE / "mlserver_runtime.py"
 BENTOML_SERVICE = HERE / "bentoml_service.py"
+BENTOML_TABULAR_SERVICE = HERE / "bentoml_tabular_service.py"
+# Per model: MLServer's runtime classes (as the docs write it, with the tricks) and BentoML's
+# service file and class.
+MLSERVER_RUNTIMES = {
+    MODEL_NAME: ("SavedModelRuntime", "TunedSavedModelRuntime"),
+    TABULAR: ("TabularSavedModelRuntime", "TunedTabularSavedModelRuntime"),
+}
+BENTOML_SERVICES = {
+    MODEL_NAME: (BENTOML_SERVICE, "FashionMNIST"),
+    TABULAR: (BENTOML_TABULAR_SERVICE, "TabularClassifier"),
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +55,7 @@ class Variant:
     peer: str  # "mlserver" | "bentoml"
     settings: dict = field(default_factory=dict)
     tricks: bool = False
+    model: str = MODEL_NAME  # MODEL_NAME or TABULAR
 
     @property
     def title(self) -> str:
@@ -44,6 +63,10 @@ class Variant:
 
     def with_tricks(self) -> Variant:
         return replace(self, key=f"{self.key}_tricks", tricks=True)
+
+    def serving(self, model: str) -> Variant:
+        """The same peer and settings serving another model (its key says which)."""
+        return replace(self, key=f"{self.key}_{model.split('_')[0]}", model=model)
 
 
 PEER_NAMES = {
@@ -109,8 +132,10 @@ BEST = {
     "bentoml": replace(SWEEP_BY_KEY["bentoml_w2_b100_l60000"], key="bentoml"),
 }
 ROWS = list(chain.from_iterable((v, v.with_tricks()) for v in BEST.values()))
+# The same rows on the tabular classifier (the settings chosen on Fashion-MNIST's sweep).
+TABULAR_ROWS = [v.serving(TABULAR) for v in ROWS]
 # Every named variant, for `python -m benchmarks.peers sweep --only KEY...`.
-BY_KEY = {v.key: v for v in [*SWEEP, *ROWS]}
+BY_KEY = {v.key: v for v in [*SWEEP, *ROWS, *TABULAR_ROWS]}
 
 
 # ---- MLServer's files ------------------------------------------------------------------
@@ -134,14 +159,18 @@ def mlserver_settings(variant: Variant, http_port: int, grpc_port: int, metrics_
 
 
 def mlserver_model_settings(variant: Variant, version_path: Path) -> dict:
-    """model-settings.json: the custom runtime, the SavedModel's folder, adaptive batching."""
-    runtime = "TunedSavedModelRuntime" if variant.tricks else "SavedModelRuntime"
+    """model-settings.json: the custom runtime, the SavedModel's folder, adaptive batching
+    (and for the tabular runtime, the signature's name in `parameters.extra`)."""
+    runtime = MLSERVER_RUNTIMES[variant.model][1 if variant.tricks else 0]
+    parameters: dict = {"uri": str(version_path), "version": version_path.name}
+    if variant.model != MODEL_NAME:
+        parameters["extra"] = {"signature": SIGNATURES[variant.model]}
     return {
-        "name": MODEL_NAME,
+        "name": variant.model,
         "implementation": f"{MLSERVER_RUNTIME.stem}.{runtime}",
         "max_batch_size": variant.settings["max_batch_size"],
         "max_batch_time": variant.settings["max_batch_time"],
-        "parameters": {"uri": str(version_path), "version": version_path.name},
+        "parameters": parameters,
     }
 
 
@@ -151,7 +180,7 @@ def write_mlserver_repository(
     """A model repository for `mlserver start root`: settings.json at the top, the model's
     folder with its model-settings.json and the runtime module beside it."""
     http_port, grpc_port, metrics_port = ports
-    model_dir = root / MODEL_NAME
+    model_dir = root / variant.model
     model_dir.mkdir(parents=True, exist_ok=True)
     (root / "metrics").mkdir(exist_ok=True)
     settings = mlserver_settings(variant, http_port, grpc_port, metrics_port, root / "metrics")
@@ -166,9 +195,12 @@ def write_mlserver_repository(
 
 
 def bentoml_environment(variant: Variant, version_path: Path, home: Path) -> dict[str, str]:
-    """What benchmarks/peers/bentoml_service.py reads at import, and BentoML's own home."""
+    """What the BentoML service of the variant's model reads at import (BENTOML_SERVICES),
+    and BentoML's own home."""
     s = variant.settings
+    signature = {} if variant.model == MODEL_NAME else {"PEER_SIGNATURE": SIGNATURES[variant.model]}
     return {
+        **signature,
         "PEER_MODEL_PATH": str(version_path),
         "PEER_WORKERS": str(s["workers"]),
         "PEER_MAX_BATCH_SIZE": str(s["max_batch_size"]),
@@ -181,13 +213,25 @@ def bentoml_environment(variant: Variant, version_path: Path, home: Path) -> dic
 
 # ---- Where each peer answers, and the request bodies ----------------------------------
 
-INFER_PATH = {"mlserver": f"/v2/models/{MODEL_NAME}/infer", "bentoml": "/predict"}
-READY_PATH = {"mlserver": f"/v2/models/{MODEL_NAME}/ready", "bentoml": "/readyz"}
+
+def infer_path(variant: Variant) -> str:
+    """Where the peer takes the variant's model's requests."""
+    return f"/v2/models/{variant.model}/infer" if variant.peer == "mlserver" else "/predict"
 
 
-def instances_of(tfserving_body: str | bytes) -> list:
-    """The images of one of the benchmark's TF Serving bodies, as the parsed nested lists."""
+def ready_path(variant: Variant) -> str:
+    """What answers 200 once the peer serves the variant's model."""
+    return f"/v2/models/{variant.model}/ready" if variant.peer == "mlserver" else "/readyz"
+
+
+def instances_of(tfserving_body: str | bytes, model: str = MODEL_NAME) -> list:
+    """The instances of one of the benchmark's TF Serving bodies, as parsed: images as nested
+    lists, or for the tabular classifier rows as {name: value}."""
     instances = json.loads(tfserving_body)["instances"]
+    if model != MODEL_NAME:
+        if not instances or not all(isinstance(row, dict) for row in instances):
+            raise ValueError("expected instances of named values ({name: value} per row)")
+        return instances
     shape = np.shape(instances)
     if len(shape) != 3 or shape[1:] != IMAGE_SHAPE:
         raise ValueError(f"expected instances of shape [n, 28, 28], got {list(shape)}")
@@ -210,16 +254,41 @@ def bentoml_body(instances: list) -> dict:
     return {"images": instances}
 
 
+# A JSON value's type -> the Open Inference Protocol's datatype for its column.
+V2_DATATYPES = {float: "FP32", int: "INT64", str: "BYTES"}
+
+
+def mlserver_tabular_body(rows: list[dict]) -> dict:
+    """The Open Inference Protocol's JSON as MLServer's PandasCodec writes a DataFrame: one
+    input per column, shape [n, 1], strings as BYTES with content type "str"."""
+    inputs = []
+    for name in rows[0]:
+        values = [row[name] for row in rows]
+        datatype = V2_DATATYPES[type(values[0])]
+        column = {"name": name, "shape": [len(values), 1], "datatype": datatype, "data": values}
+        if datatype == "BYTES":
+            column["parameters"] = {"content_type": "str"}
+        inputs.append(column)
+    return {"parameters": {"content_type": "pd"}, "inputs": inputs}
+
+
+def bentoml_tabular_body(rows: list[dict]) -> dict:
+    """BentoML's JSON for the tabular API: its one argument, a list of named rows."""
+    return {"rows": rows}
+
+
 BODY = {"mlserver": mlserver_body, "bentoml": bentoml_body}
+TABULAR_BODY = {"mlserver": mlserver_tabular_body, "bentoml": bentoml_tabular_body}
 
 
-def peer_body(peer: str, tfserving_body: str | bytes) -> str:
-    """The same images (the same numbers, as the same text) in the peer's own format."""
-    return json.dumps(BODY[peer](instances_of(tfserving_body)))
+def peer_body(peer: str, tfserving_body: str | bytes, model: str = MODEL_NAME) -> str:
+    """The same instances (the same numbers, as the same text) in the peer's own format."""
+    write = BODY[peer] if model == MODEL_NAME else TABULAR_BODY[peer]
+    return json.dumps(write(instances_of(tfserving_body, model)))
 
 
-def probabilities(peer: str, response: dict | list) -> np.ndarray:
-    """The probabilities [n, 10] in a peer's JSON answer.
+def probabilities(peer: str, response: dict | list, classes: int = 10) -> np.ndarray:
+    """The probabilities [n, classes] in a peer's JSON answer.
 
     Raises:
         ValueError: the answer has none, or not in the expected shape.
@@ -232,6 +301,6 @@ def probabilities(peer: str, response: dict | list) -> np.ndarray:
         result = np.asarray(out["data"], np.float64).reshape(out["shape"])
     else:
         result = np.asarray(response, np.float64)
-    if result.ndim != 2 or result.shape[1] != 10:
-        raise ValueError(f"expected probabilities [n, 10], got shape {list(result.shape)}")
+    if result.ndim != 2 or result.shape[1] != classes:
+        raise ValueError(f"expected probabilities [n, {classes}], got shape {list(result.shape)}")
     return result

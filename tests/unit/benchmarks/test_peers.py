@@ -263,9 +263,20 @@ def test_an_answer_without_probabilities_is_refused(peer, answer, error):
         spec.probabilities(peer, answer)
 
 
-def test_each_peer_answers_on_its_own_paths():
-    assert spec.INFER_PATH == {"mlserver": "/v2/models/fashion_mnist/infer", "bentoml": "/predict"}
-    assert spec.READY_PATH == {"mlserver": "/v2/models/fashion_mnist/ready", "bentoml": "/readyz"}
+@pytest.mark.parametrize(
+    "variant, infer, ready",
+    [
+        (spec.BEST["mlserver"], "/v2/models/fashion_mnist/infer", "/v2/models/fashion_mnist/ready"),
+        (spec.BEST["bentoml"], "/predict", "/readyz"),
+        (spec.TABULAR_ROWS[0], "/v2/models/tabular_classifier/infer",
+         "/v2/models/tabular_classifier/ready"),
+        (spec.TABULAR_ROWS[2], "/predict", "/readyz"),
+    ],
+    ids=lambda value: getattr(value, "key", None),
+)  # fmt: skip
+def test_each_peer_answers_on_its_own_paths(variant, infer, ready):
+    assert spec.infer_path(variant) == infer
+    assert spec.ready_path(variant) == ready
 
 
 # ---- starting a peer ---------------------------------------------------------------------
@@ -532,3 +543,161 @@ def test_the_command_line_refuses_unknown_names(argv, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert "unknown" in capsys.readouterr().err
+
+
+# ---- the tabular classifier -----------------------------------------------------------------
+
+TABULAR_ROWS_OF_A_CSV = [
+    {"x1": 0.1257, "x2": 3.6729, "rooms": 3, "color": "green"},
+    {"x1": -0.1321, "x2": 3.7732, "rooms": 1, "color": "blue"},
+]
+
+
+def tabular_body(rows: list[dict]) -> str:
+    """A body as benchmarks/generic.py writes the tabular classifier's."""
+    return json.dumps({"instances": rows, "signature_name": "predict"})
+
+
+def test_the_tabular_rows_are_the_same_peers_and_settings_on_the_other_model():
+    assert [v.key for v in spec.TABULAR_ROWS] == [f"{v.key}_tabular" for v in spec.ROWS]
+    for tabular, fashion in zip(spec.TABULAR_ROWS, spec.ROWS, strict=True):
+        assert tabular.model == spec.TABULAR and fashion.model == spec.MODEL_NAME
+        assert (tabular.peer, tabular.settings, tabular.tricks, tabular.title) == (
+            fashion.peer, fashion.settings, fashion.tricks, fashion.title
+        )  # fmt: skip
+        assert spec.BY_KEY[tabular.key] == tabular
+
+
+@pytest.mark.parametrize(
+    "variant", [v for v in spec.TABULAR_ROWS if v.peer == "mlserver"], ids=lambda v: v.key
+)
+def test_mlserver_repository_for_the_tabular_classifier(tmp_path, variant):
+    version = tmp_path / "models" / "tabular_classifier" / "2"
+    root = spec.write_mlserver_repository(variant, version, tmp_path / "repo", (8001, 8002, 8003))
+    model_dir = root / "tabular_classifier"
+    model_settings = json.loads((model_dir / "model-settings.json").read_text())
+    assert model_settings["name"] == "tabular_classifier"
+    assert model_settings["parameters"] == {
+        "uri": str(version), "version": "2", "extra": {"signature": "predict"}
+    }  # fmt: skip
+    module, cls = model_settings["implementation"].split(".")
+    assert cls in classes_in(model_dir / f"{module}.py")
+    expected = "TunedTabularSavedModelRuntime" if variant.tricks else "TabularSavedModelRuntime"
+    assert cls == expected
+    # As MLServer's docs decode tabular requests: with PandasCodec, into a DataFrame.
+    assert "default_codec=PandasCodec" in spec.MLSERVER_RUNTIME.read_text()
+
+
+@pytest.mark.parametrize(
+    "variant", [v for v in spec.TABULAR_ROWS if v.peer == "bentoml"], ids=lambda v: v.key
+)
+def test_bentoml_environment_and_command_for_the_tabular_classifier(tmp_path, variant):
+    env = spec.bentoml_environment(variant, tmp_path / "1", tmp_path / "home")
+    assert env["PEER_SIGNATURE"] == "predict"
+    assert env["PEER_TRICKS"] == ("1" if variant.tricks else "0")
+    read = set(
+        re.findall(r"os\.environ(?:\.get\(|\[)\"(PEER_\w+)\"",
+                   spec.BENTOML_TABULAR_SERVICE.read_text())
+    )  # fmt: skip
+    assert read == {k for k in env if k.startswith("PEER_")}
+    cmd, env, cwd = run.server_command(variant, tmp_path / "1", tmp_path, 8125)
+    assert cmd[2] == "bentoml_tabular_service:TabularClassifier"
+    assert (cwd / "bentoml_tabular_service.py").read_text() == (
+        spec.BENTOML_TABULAR_SERVICE.read_text()
+    )
+    # The Fashion-MNIST service reads no signature: its environment sets none.
+    assert "PEER_SIGNATURE" not in spec.bentoml_environment(
+        spec.BEST["bentoml"], tmp_path, tmp_path
+    )
+
+
+def test_the_bentoml_tabular_service_takes_a_batch_of_the_models_named_fields():
+    text = spec.BENTOML_TABULAR_SERVICE.read_text()
+    assert "batchable=True" in text and "def predict(self, rows: list[Row])" in text
+    assert {"Row", "TabularClassifier"} <= classes_in(spec.BENTOML_TABULAR_SERVICE)
+    tree = ast.parse(text)
+    (row,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Row"]
+    fields = {n.target.id: n.annotation.id for n in row.body if isinstance(n, ast.AnnAssign)}
+    # The sample data's features (training/sample_data.py), at the types generic.py sends.
+    assert fields == {"x1": "float", "x2": "float", "rooms": "int", "color": "str"}
+    assert not imported_roots(spec.BENTOML_TABULAR_SERVICE) & {
+        "artifact", "service", "training", "benchmarks"
+    }  # fmt: skip
+
+
+def test_mlserver_tabular_body_is_a_column_per_feature_as_pandas_codec_writes_it():
+    body = json.loads(spec.peer_body("mlserver", tabular_body(TABULAR_ROWS_OF_A_CSV), spec.TABULAR))
+    assert body["parameters"] == {"content_type": "pd"}
+    columns = {column["name"]: column for column in body["inputs"]}
+    assert list(columns) == ["x1", "x2", "rooms", "color"]
+    assert columns["x1"] == {"name": "x1", "shape": [2, 1], "datatype": "FP32",
+                             "data": [0.1257, -0.1321]}  # fmt: skip
+    assert columns["rooms"]["datatype"] == "INT64" and columns["rooms"]["data"] == [3, 1]
+    assert columns["color"]["datatype"] == "BYTES"
+    assert columns["color"]["parameters"] == {"content_type": "str"}
+    assert columns["color"]["data"] == ["green", "blue"]
+
+
+def test_bentoml_tabular_body_is_the_rows_under_the_apis_argument():
+    body = json.loads(spec.peer_body("bentoml", tabular_body(TABULAR_ROWS_OF_A_CSV), spec.TABULAR))
+    assert body == {"rows": TABULAR_ROWS_OF_A_CSV}
+
+
+@pytest.mark.parametrize("peer", ["mlserver", "bentoml"])
+def test_every_tabular_body_carries_the_same_numbers_as_the_same_text(peer):
+    number = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+    body = tabular_body(TABULAR_ROWS_OF_A_CSV)
+    theirs = number.findall(spec.peer_body(peer, body, spec.TABULAR))
+    for value in [2, 1] * 4 if peer == "mlserver" else []:  # each column's shape
+        theirs.remove(str(value))
+    assert sorted(theirs) == sorted(number.findall(json.dumps(TABULAR_ROWS_OF_A_CSV)))
+
+
+def test_a_tabular_body_without_named_rows_is_refused():
+    with pytest.raises(ValueError, match="named values"):
+        spec.instances_of(json.dumps({"instances": [[0.5, 1.0]]}), spec.TABULAR)
+
+
+def test_tabular_probabilities_are_read_at_the_models_classes():
+    answer = {"outputs": [{"name": "probabilities", "shape": [1, 3], "data": [0.2, 0.3, 0.5]}]}
+    np.testing.assert_array_equal(
+        spec.probabilities("mlserver", answer, classes=3), [[0.2, 0.3, 0.5]]
+    )
+    with pytest.raises(ValueError, match=r"\[n, 10\]"):
+        spec.probabilities("mlserver", answer)
+
+
+def test_the_tabular_peers_rows_and_their_comparison_in_the_other_models_table():
+    from benchmarks import generic
+
+    peers = {
+        "mlserver_tabular": peer_row(spec.TABULAR_ROWS[0], 400.0, 90.0),
+        "bentoml_tabular": peer_row(spec.TABULAR_ROWS[2], 300.0, 120.0),
+    }
+    tabular = {
+        "title": "tabular classifier", "version": "/m/1",
+        "ceiling": {"images_per_s": 100000.0, "best_batch": 256, "batch1_p50_ms": 1.0},
+        "loads": {load: load_result(1200.0, 30.0, n) for load, n in LOADS.items()},
+        "peers": peers,
+    }  # fmt: skip
+    result = {**full_result({}), "generic": {"tabular": tabular},
+              "floor": {"one_process": {"c64x1": load_result(2000.0, 10.0)}}}  # fmt: skip
+    text = generic.generic_table(result)
+    assert (
+        f"| tabular classifier on (6) {spec.TABULAR_ROWS[0].title} | c=64, 1/req | 400 | 400 |"
+        in text
+    )
+    assert "(4) against the peers on the tabular classifier at c=64, 1 row/req" in text
+    assert f"| (6) {spec.TABULAR_ROWS[0].title} | 400 | 3.0x | 0.33 |" in text
+    assert f"| (7) {spec.TABULAR_ROWS[2].title} | 300 | 4.0x | 0.25 |" in text
+    assert "Peers on the tabular classifier (benchmarks/peers/):" in text
+    # The ceiling is the model's, said once.
+    assert text.count("tabular classifier: 100,000/s at batch 256") == 1
+    rows = {row["what"]: row for row in bench.tabular_targets(result)}
+    floor_row = rows["tabular classifier c=64, 1 row/req: share of the HTTP floor"]
+    assert floor_row["measured"] == 0.6 and floor_row["met"]
+    versus = rows[f"tabular classifier vs {spec.TABULAR_ROWS[0].title}: throughput x"]
+    assert versus["measured"] == 3.0 and versus["met"]
+    slower = {**result, "generic": {"tabular": {**tabular, "loads": {
+        "c64x1": load_result(850.0, 30.0)}}}}  # fmt: skip
+    assert not any(row["met"] for row in bench.tabular_targets(slower))
