@@ -1,8 +1,11 @@
 """`python -m benchmarks.peers`: the peers alone, for setting them up and trying settings.
 
   setup              install the peers' venvs (benchmarks/.peers/), nothing else
-  run [--seconds S] [--model DIR]
-                     the peers' rows (spec.ROWS) at bench.py's loads; prints, saves nothing
+  run [--seconds S] [--model DIR] [--tabular]
+                     the peers' rows (spec.ROWS) at bench.py's loads; with --tabular, their
+                     rows on the tabular classifier (spec.TABULAR_ROWS) at its loads (the
+                     newest under models/tabular_classifier, or one trained now); prints,
+                     saves nothing
   sweep [--seconds S] [--model DIR] [--all-loads] [--only KEY...]
                      every setting in spec.SWEEP (or those named, from SWEEP or ROWS), at c=64
                      with one image per request unless --all-loads; prints, saves nothing
@@ -25,16 +28,21 @@ from benchmarks.peers import report, spec, venvs
 
 def measure(variants, seconds: int, loads, model: Path | None = None) -> dict:
     from artifact.quiet import quiet_tensorflow
-    from benchmarks import common
+    from benchmarks import common, generic
     from benchmarks.peers import run
 
     quiet_tensorflow()
     versions = run.prepare(variants)
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     try:
-        version_path = model or common.find_or_train_model(workdir)
+        if variants[0].model == spec.TABULAR:
+            tabular = next(m for m in generic.MODELS if m.key == "tabular")
+            version_path = model or generic.find_or_train(tabular, workdir, common.ROOT / "models")
+            bodies = generic.model_bodies("tabular", version_path, workdir, loads)
+        else:
+            version_path = model or common.find_or_train_model(workdir)
+            bodies = common.request_bodies(workdir)
         print(f"Model {version_path}", flush=True)
-        bodies = common.request_bodies(workdir)
         return run.bench_peers(
             version_path, bodies, workdir, seconds, loads, variants, versions=versions
         )
@@ -56,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             "--model",
             type=Path,
             help="an exported version's folder (default: bench.py's: the newest under "
-            "models/fashion_mnist, or a small one trained now)",
+            "models/fashion_mnist, models/tabular_classifier with --tabular, or a small one "
+            "trained now)",
         )
+    run_parser.add_argument(
+        "--tabular", action="store_true", help="the rows on the tabular classifier instead"
+    )
     sweep_parser.add_argument("--all-loads", action="store_true", help="bench.py's four loads")
     sweep_parser.add_argument("--only", nargs="*", help="keys of spec.SWEEP or spec.ROWS to run")
     lock_parser = sub.add_parser("lock", help="rewrite the peers' lock files")
@@ -86,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from benchmarks.common import LOADS
 
-    if args.command == "run":
+    if args.command == "run" and args.tabular:
+        from benchmarks.generic import GENERIC_LOADS
+
+        variants, loads = spec.TABULAR_ROWS, GENERIC_LOADS
+    elif args.command == "run":
         variants, loads = spec.ROWS, LOADS
     else:
         variants = [spec.BY_KEY[k] for k in dict.fromkeys(args.only)] if args.only else spec.SWEEP
