@@ -6,6 +6,9 @@
 Sources:
 - `benchmarks/results/latest.json`, the last `make bench` / `make bench-peers` run, rendered
   by the benchmark's own `benchmarks.bench.table` (the same tables as `latest.md`);
+- `benchmarks/results/profiles/*.json`, the profiles of one request
+  (`python -m benchmarks.profile`), rendered by `benchmarks.profile.profiles_block` on the
+  Benchmarks page;
 - `docs/measured.json`, the figures that are not benchmark results: setup and test times,
   training accuracy, the baselines' comparison.
 
@@ -29,6 +32,7 @@ MEASURED = ROOT / "docs" / "measured.json"
 FIGURES_PAGE = ROOT / "docs" / "figures.md"
 README = ROOT / "README.md"
 CONTAINERS_PAGE = ROOT / "docs" / "containers.md"
+BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
 
 # The benchmark's tables, in table()'s order, each under a heading other pages can link to.
 SECTION_HEADINGS = (
@@ -39,7 +43,9 @@ SECTION_HEADINGS = (
     ("(5) service, WORKERS=2, by protocol", "By protocol, WORKERS=2"),
     ("(5) service, WORKERS=2, overloaded", "Overload, WORKERS=2"),
     ("Memory", "Memory"),
+    ("(4) against the peers on the tabular", "Against the peers, tabular classifier"),
     ("(4) against the peers", "Against the peers"),
+    ("Peers on the tabular", "The peers' settings, tabular classifier"),
     ("Peers (", "The peers' settings"),
     ("The service on TensorFlow", "Both TensorFlows"),
     ("Other models", "Other models"),
@@ -47,10 +53,15 @@ SECTION_HEADINGS = (
 )
 
 
+def importable() -> None:
+    """Put the repository on the path: run as a script, it is not."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
 def benchmark_block(result: dict) -> str:
     """The last benchmark run: where and when, then every table, each under a heading."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
+    importable()
     from benchmarks.bench import table
 
     machine = result.get("machine", {})
@@ -124,6 +135,14 @@ def readme_commands_block(measured: dict) -> str:
     )
 
 
+def profiles_block() -> str:
+    """The profiles of one request under benchmarks/results/profiles/, label by label."""
+    importable()
+    from benchmarks.profile import profiles_block as block
+
+    return block()
+
+
 def blocks() -> dict[Path, dict[str, str]]:
     """Every generated block's content, by file and block name."""
     result = json.loads(LATEST.read_text())
@@ -136,6 +155,7 @@ def blocks() -> dict[Path, dict[str, str]]:
         },
         README: {"commands": readme_commands_block(measured)},
         CONTAINERS_PAGE: {"containers": containers_block(measured)},
+        BENCHMARKS_PAGE: {"profiles": profiles_block()},
     }
 
 
