@@ -5,7 +5,7 @@
 
 Sources:
 - `benchmarks/results/latest.json`, the last `make bench` / `make bench-peers` run, rendered
-  by the benchmark's own `benchmarks.bench.table` (the same tables as `latest.md`);
+  by the benchmark's own `benchmarks.tables.table` (the same tables as `latest.md`);
 - `benchmarks/results/profiles/*.json`, the profiles of one request
   (`python -m benchmarks.profile`), rendered by `benchmarks.profile.profiles_block` on the
   Benchmarks page;
@@ -62,7 +62,7 @@ def importable() -> None:
 def benchmark_block(result: dict) -> str:
     """The last benchmark run: where and when, then every table, each under a heading."""
     importable()
-    from benchmarks.bench import table
+    from benchmarks.tables import table
 
     machine = result.get("machine", {})
     command = "make bench-peers" if result.get("peers") else "make bench"

@@ -1,4 +1,4 @@
-"""The peers' rows in benchmarks/bench.py's table and chart, and their own small tables.
+"""The peers' rows in the benchmark's table and chart (benchmarks/tables.py), and their own.
 
 Everything here reads the results' JSON (`result["peers"]`, as run.bench_peers returns it):
 no server, no TensorFlow.
