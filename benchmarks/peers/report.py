@@ -1,4 +1,4 @@
-"""The peers' rows in the benchmark's table and chart (benchmarks/tables.py), and their own.
+"""The peers' rows in benchmarks/tables.py's tables and chart, and their own small tables.
 
 Everything here reads the results' JSON (`result["peers"]`, as run.bench_peers returns it):
 no server, no TensorFlow.
