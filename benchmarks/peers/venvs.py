@@ -271,6 +271,17 @@ def service_on_tf215_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def service_on_tf215_install_command(venv_python: Path, requirements: Path) -> list[str]:
+    """uv installing the hash-checked requirements into the venv, as `make setup` installs the
+    project's locks. Not pip: the trainer's lock pins google-api-core without the `grpc`
+    extra that google-cloud-storage-control asks for, and pip's --require-hashes then
+    refuses the extra as unpinned (uv installs the extra's pinned packages)."""
+    from uv import find_uv_bin
+
+    return [find_uv_bin(), "pip", "install", "--quiet", "--python", str(venv_python),
+            "--require-hashes", "-r", str(requirements)]  # fmt: skip
+
+
 def ensure_service_on_tf215(base: Path = PEERS_DIR, log=print) -> Path:
     """A venv with the service's packages on TensorFlow 2.15 (benchmarks/.peers/
     service-tf2.15), installed hash-checked if it is missing or stale; its python."""
@@ -288,13 +299,7 @@ def ensure_service_on_tf215(base: Path = PEERS_DIR, log=print) -> Path:
     venv_python = _create(directory)
     requirements = directory / "requirements.txt"
     requirements.write_text(service_on_tf215_requirements())
-    _pip(
-        [
-            str(venv_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--require-hashes", "-r", str(requirements),
-        ],
-        directory / "install.log",
-    )  # fmt: skip
+    _pip(service_on_tf215_install_command(venv_python, requirements), directory / "install.log")
     done.write_text(fingerprint_now + "\n")
     log(f"Installed it in {time.monotonic() - start:.0f} s.", flush=True)
     return venv_python

@@ -359,6 +359,13 @@ def test_install_command_holds_the_peer_to_the_projects_pins(tmp_path):
     assert "--require-hashes" in cmd
 
 
+def test_the_service_on_tensorflow_215_is_installed_hash_checked_by_uv(tmp_path):
+    cmd = venvs.service_on_tf215_install_command(tmp_path / "python", tmp_path / "req.txt")
+    assert Path(cmd[0]).name == "uv" and cmd[1:3] == ["pip", "install"]
+    assert cmd[cmd.index("--python") + 1] == str(tmp_path / "python")
+    assert cmd[cmd.index("-r") + 1] == str(tmp_path / "req.txt") and "--require-hashes" in cmd
+
+
 def test_relock_compiles_the_in_file_with_hashes_on_the_projects_pins():
     cmd = venvs.relock_command("bentoml")
     assert cmd[1:4] == ["pip", "compile", "benchmarks/peers/requirements-bentoml.in"]
