@@ -194,9 +194,9 @@ def summary_text(profile: dict) -> str:
         f"{run['concurrency']}), label {profile['label']!r}",
         f"checkout {run['checkout']} at {run['commit']}; {run['date']}; py-spy {run['py_spy']} "
         f"at {run['rate']:g} Hz for {run['seconds']} s",
-        f"{run['cores']} cores, load average {run['loadavg_before']:.1f} before and "
-        f"{run['loadavg_after']:.1f} after (above {run['cores'] / 2:g}, another load shared "
-        "the machine)",
+        f"{run['cores']} cores; load average (1 minute) {run['loadavg_at_start']:.1f} before "
+        f"the service started, {run['loadavg_before']:.1f} when the profile began and "
+        f"{run['loadavg_after']:.1f} at its end (the server and wrk add about 2 themselves)",
         f"{run['requests']:,} requests, {run['requests_per_s']:,.0f}/s; the server's CPU (all "
         f"its threads, /proc): {run['cpu_us_per_request']:,.0f} µs/request; sampled by py-spy: "
         f"{summary['sampled_us_per_request']:,.0f} µs/request",
@@ -267,9 +267,9 @@ def profiles_block(directory: Path = PROFILES) -> str:
             lines.append(f"| {title} | " + " | ".join(cells) + " |")
 
         row("requests/s", [f"{p['run']['requests_per_s']:,.0f}" for p in group])
-        row("load average before / after (cores)",
-            [f"{p['run']['loadavg_before']:.1f} / {p['run']['loadavg_after']:.1f} "
-             f"({p['run']['cores']})" for p in group])  # fmt: skip
+        row("load average before the run (cores)",
+            [f"{p['run']['loadavg_at_start']:.1f} ({p['run']['cores']})"
+             for p in group])  # fmt: skip
         row("server CPU, all threads (/proc)",
             [f"{p['run']['cpu_us_per_request']:,.0f}" for p in group])  # fmt: skip
         row("sampled by py-spy", [f"{p['summary']['sampled_us_per_request']:,.0f}" for p in group])
@@ -410,6 +410,7 @@ def run_profiles(args: argparse.Namespace) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     workdir = Path(tempfile.mkdtemp(prefix="profile-"))
+    loadavg_at_start = os.getloadavg()[0]
     try:
         for model in args.model:
             model_env, body, path = model_and_body(model, workdir)
@@ -434,6 +435,7 @@ def run_profiles(args: argparse.Namespace) -> list[Path]:
                             "commit": commit_of(checkout),
                             "date": time.strftime("%Y-%m-%d %H:%M"),
                             "cores": os.cpu_count(),
+                            "loadavg_at_start": loadavg_at_start,
                             "loadavg_before": loadavg_before,
                             "loadavg_after": os.getloadavg()[0],
                             "py_spy": py_spy_version(),

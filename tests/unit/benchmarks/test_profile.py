@@ -106,6 +106,7 @@ def profile_of(label: str, date: str, requests_per_s: float, ingress_us: float) 
             "commit": "abc1234",
             "date": date,
             "cores": 2,
+            "loadavg_at_start": 0.2,
             "loadavg_before": 0.4,
             "loadavg_after": 1.3,
             "py_spy": "0.4.3",
@@ -121,7 +122,7 @@ def test_the_summary_in_words():
         "Profile of one :predict (tabular, one instance a request, wrk c=64), label 'after'" in text
     )
     assert "1,000 requests, 1,800/s; the server's CPU (all its threads, /proc): 1,234 µs" in text
-    assert "load average 0.4 before and 1.3 after" in text
+    assert "0.2 before the service started, 0.4 when the profile began and 1.3 at its end" in text
     assert "     400       600  thread 100 MainThread" in text
     assert "   350.0   35.0%  tensorflow" in text
 
@@ -137,6 +138,7 @@ def test_the_benchmarks_page_shows_each_label_side_by_side(tmp_path):
     # The older run first, whatever the files' names.
     assert "| | before (abc1234, 2026-12-05 09:00) | after (abc1234, 2026-12-05 10:00) |" in block
     assert "| requests/s | 1,500 | 1,800 |" in block
+    assert "| load average before the run (cores) | 0.2 (2) | 0.2 (2) |" in block
     assert "| … of which `service/ingress.py` | 500 | 400 |" in block
     assert "`benchmarks/results/profiles/before-tabular-c64.txt`" in block
 
