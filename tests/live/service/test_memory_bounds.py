@@ -40,7 +40,7 @@ from PIL import Image
 from support.fakes import FakeBackend
 from support.servers import free_port
 from service import codec
-from service.server import serve
+from service.server import run
 from service.app import create_app
 from service.settings import Settings
 
@@ -83,7 +83,7 @@ settings = Settings(grpc_port={grpc_port}, auth_tokens_file={tokens!r},
 settings = settings.model_copy(update={{"host": "127.0.0.1", "port": free_port()}})
 backend = HeldBackend()
 print(settings.port, flush=True)
-asyncio.run(serve(create_app(settings, backend, serve_grpc=True), settings))
+run(create_app(settings, backend, serve_grpc=True), settings)
 """
 
 
