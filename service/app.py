@@ -16,8 +16,7 @@ from pathlib import Path
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
-from service.budgets import BodyBudget
-from service.codec import PixelBudget
+from service.budgets import BodyBudget, PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.ingress import Ingress

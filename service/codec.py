@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import dataclasses
 import json
 import threading
@@ -34,13 +33,8 @@ from artifact.contract import (
     pixels_to_input,
 )
 from artifact.images import MAX_PIXELS, ImageError, image_to_pixels, open_image
-from service.errors import (
-    BadInput,
-    PayloadTooLarge,
-    PixelsInFlight,
-    ServiceError,
-    check_image_count,
-)
+from service.budgets import UNBOUNDED_PIXELS, PixelBudget
+from service.errors import BadInput, PayloadTooLarge, ServiceError, check_image_count
 
 SHAPE_TEXT = f"{IMAGE_HEIGHT}x{IMAGE_WIDTH}"
 
@@ -587,48 +581,6 @@ def pixel_instances(request: Any) -> list:
 
 class Cancelled(Exception):
     """The request that asked for the decoding is gone: the rest is not decoded."""
-
-
-class PixelBudget:
-    """Pixels being decoded from image files at once, process-wide (MAX_PIXELS_IN_FLIGHT):
-    a request's files reserve their pixel count, read from their headers, before the first
-    is decoded, and give it back when the last is done. Decoders run on worker threads:
-    reserving is thread-safe.
-
-    Args:
-        limit: the most pixels being decoded at once.
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held = 0
-        self.peak = 0  # the most ever held (tests and benchmarks read it)
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def hold(self, pixels: int):
-        """Reserve `pixels` for the block's length.
-
-        Raises:
-            PixelsInFlight: no room for them now (503 with Retry-After).
-        """
-        with self._lock:
-            if self.held + pixels > self.limit:
-                raise PixelsInFlight(
-                    f"other requests' images are being decoded to {self.held / 1e6:.1f} "
-                    f"megapixels already; this request's {pixels / 1e6:.1f} would pass "
-                    f"MAX_PIXELS_IN_FLIGHT={self.limit}; retry shortly"
-                )
-            self.held += pixels
-            self.peak = max(self.peak, self.held)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.held -= pixels
-
-
-UNBOUNDED_PIXELS = PixelBudget(1 << 62)
 
 
 def decode_pixel_instances(

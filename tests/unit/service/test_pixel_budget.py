@@ -1,5 +1,5 @@
 """MAX_PIXELS_IN_FLIGHT: image files being decoded across all requests, /predict and feedback
-together, reserve their pixels (from the files' headers) before decoding (service/codec.py's
+together, reserve their pixels (from the files' headers) before decoding (service/budgets.py's
 PixelBudget); past the budget, 503 with Retry-After."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import png_bytes
 
 from service import codec
-from service.codec import PixelBudget
+from service.budgets import PixelBudget
 from service.errors import PixelsInFlight
 from service.settings import Settings
 
