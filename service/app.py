@@ -26,7 +26,7 @@ from service.protocols.docs import DocsAPI
 from service.protocols.feedback import FeedbackAPI, SenderRates
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
-from service.protocols.people import PeopleAPI
+from service.protocols.simple_predict import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
 from service.routes import RouteTable

@@ -23,8 +23,8 @@ from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
+from service.codecs.signatures import signature_specs
 from service.errors import BadInput, NotFound, SignatureNotFound
-from service.tensors import signature_specs
 from service.types import (
     Inputs,
     ModelMetadata,

@@ -34,6 +34,7 @@ from artifact.model_config import ModelEntry
 from artifact.repository import assets_stamp, version_labels
 from service.backends.base import Backend
 from service.backends.registry import STABLE, servable_not_found
+from service.codecs.signatures import signature_specs
 from service.errors import (
     GRPC_ERRORS,
     BadInput,
@@ -44,7 +45,6 @@ from service.errors import (
     UpstreamError,
     check_label_name,
 )
-from service.tensors import signature_specs
 from service.types import (
     Inputs,
     ModelMetadata,
