@@ -11,7 +11,8 @@ unchanged; models on named features take one JSON object per instance; classifie
 each instance's class id, its label and every class's probability keyed by label
 (`artifact.contract.prediction_rows`, the rows batch prediction writes), regressors the value.
 
-Image files are decoded on a thread of their own, never on the event loop. With
+Image files are decoded on a thread of their own, never on the event loop: whether a body
+holds one is decided once its JSON is read, not from how its bytes look. With
 `include_pixels=true` each row of an image model also holds the image as the model received
 it (integers 0-255 of the model's shape, after the decoding, scaling, centring or resizing and
 inversion of artifact.images): the page shows it, no client re-implements it.
@@ -45,8 +46,8 @@ from service.protocols.model_form import ModelForm
 from service.routes import MODEL_WRITE, Answers, Call, Route, admit_always
 from service.security import PREDICT
 
-# JSON bodies up to this size without image files are parsed on the event loop: a few pixel
-# arrays cost less than a thread hop.
+# JSON bodies up to this size are read on the event loop (a few pixel arrays cost less than a
+# thread hop); what they hold decides where it is decoded: image files on the decoding thread.
 INLINE_PARSE_BYTES = 64 * 1024
 # TensorFlow's error text around its own words: `{{function_node ...}}` and `{{node ...}}`
 # names, the `[[...]]` trace of the op that failed, the `[Op:...]` that ran it.
@@ -254,10 +255,15 @@ class PeopleAPI:
             simple_json.read_images, body, form.image, form.image_contract,
             self.dataplane.max_images,
         )  # fmt: skip
-        if len(body) > INLINE_PARSE_BYTES or b'"b64"' in body:
-            # Large bodies and base64 photos on the decoding thread: never the event loop.
+        if len(body) > INLINE_PARSE_BYTES:
             return await self._decode(self._read_and_decode, read, invert)
-        return read().decode(invert, self.max_request_pixels, None, self.pixels_in_flight)
+        instances = read()
+        decode = functools.partial(
+            instances.decode, invert, self.max_request_pixels, in_flight=self.pixels_in_flight
+        )
+        # Image files on the decoding thread, however their JSON is spelled: the body read
+        # says it holds one (a key written "\u0062\u0036\u0034" is "b64" too).
+        return await self._decode(decode) if instances.files else decode()
 
     def _read_and_decode(self, read, invert: str, cancelled=None) -> np.ndarray:
         return read().decode(invert, self.max_request_pixels, cancelled, self.pixels_in_flight)
@@ -310,7 +316,7 @@ class PeopleAPI:
                 '{"instances": [...]}'
             )
         body = call.body
-        if len(body) <= INLINE_PARSE_BYTES and b'"b64"' not in body:
+        if len(body) <= INLINE_PARSE_BYTES:
             inputs = self._json_inputs(form, body)
         else:
             inputs = await self._decode(self._json_inputs, form, body)
