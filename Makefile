@@ -165,14 +165,18 @@ retrain: $(TRAINING_RUNTIME_STAMP) data
 	$(TPY) -m training retrain --data-dir $(DATA_DIR) --export-dir $(MODEL_BASE_PATH)/$(MODEL_NAME) \
 	  $(if $(FEEDBACK_DIR),--feedback-dir $(FEEDBACK_DIR)) $(RETRAIN_ARGS)
 
-# Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file, mode 0600,
-# never overwritten; docker-compose.yml reads it as its `api-tokens` secret, and
+# Bearer tokens for the shipped deployments (docs/security.md): a git-ignored file of their
+# digests and, beside it, `.issued`, the tokens to hand out; mode 0600, never overwritten.
+# docker-compose.yml reads the first as its `api-tokens` secret, and
 #   kubectl -n estimator-serving create secret generic api-tokens --from-file=tokens=secrets/api-tokens
 # makes the Kubernetes Secret. Standard library only: no venv needed.
+# SENDERS="lab-a lab-b": a feedback token, and a name, for each sender of labels (the bounds
+# on feedback are per name); `python3 deploy/make_tokens.py --add NAME` adds one later.
 TOKENS_FILE ?= secrets/api-tokens
+SENDERS ?=
 tokens:
 	@if [ -e $(TOKENS_FILE) ]; then echo "$(TOKENS_FILE) exists: keeping it"; \
-	else $(PYTHON) deploy/make_tokens.py $(TOKENS_FILE); fi
+	else $(PYTHON) deploy/make_tokens.py $(TOKENS_FILE) $(addprefix --sender ,$(SENDERS)); fi
 
 # A self-signed certificate and key for TLS on the API's HTTP and gRPC ports (the Kubernetes
 # component components/tls reads them from the Secret api-tls: docs/kubernetes.md), valid for

@@ -17,10 +17,10 @@ follows from its input's shape (`ImageInput.of_shape`):
   same pixels; a JPEG may differ by a few levels where Pillow's libjpeg and TensorFlow's use
   another DCT), so serving needs no TensorFlow op and prepares what training prepared.
 
-Only a few well-trodden formats are decoded (`IMAGE_FORMATS`): Pillow would otherwise try
-every plugin it has on bytes from the network, TIFF and EPS (which starts Ghostscript where
-it is installed) among them. The size is checked from the header, before any pixel is
-decoded, against `MAX_PIXELS`.
+Only PNG and JPEG are decoded (`IMAGE_FORMATS`), what the docs promise and what training's
+image folders take: Pillow would otherwise try every plugin it has on bytes from the network,
+GIF, WebP, BMP, TIFF and EPS (which starts Ghostscript where it is installed) among them.
+The size is checked from the header, before any pixel is decoded, against `MAX_PIXELS`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, PIXEL_MAX, normalize_pixels
 
-# Pillow's names of the formats decoded; a file in any other is refused unopened.
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+# Pillow's names of the formats decoded; a file in any other is refused unopened (Pillow
+# tries only these formats' plugins).
+IMAGE_FORMATS = ("PNG", "JPEG")
 # A large phone photo; the result is model-sized anyway. Bounds what a small compressed file
 # (a decompression bomb) may expand to.
 MAX_PIXELS = 24_000_000

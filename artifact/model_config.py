@@ -21,6 +21,9 @@ Rules, as TF Serving has them: model names are unique; the version policy is `la
 relative to the config file's folder (TF Serving wants absolute paths: give it those when it
 reads the same file), and a version a label points to stays aspired even when a `latest`
 policy moves past it, so a new export never unloads the version `stable` names.
+
+A `base_path` may be a URL on object storage (`s3://bucket/models/name`, `gs://...`): it is
+kept as a string, and its versions are listed there (artifact/storage.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from artifact.repository import list_versions, parse_version
+from artifact.storage import RemoteModel, StorageError, display, is_url, join, location
 
 LABEL_PATTERN = re.compile(r"[a-zA-Z0-9_]+\Z")
 PLATFORM = "tensorflow"
@@ -117,7 +121,8 @@ class ModelEntry:
     """One model of the config: where its versions are, which are served, their labels."""
 
     name: str
-    base_path: Path
+    # A folder, or the URL of one on object storage (a str exactly then).
+    base_path: Path | str
     policy: Policy = Policy()
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
@@ -125,6 +130,15 @@ class ModelEntry:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
 
     def versions_on_disk(self) -> list[int]:
+        """The versions there now (for a URL: the complete ones, without the second look).
+
+        Raises:
+            StorageError: a URL that cannot be listed.
+        """
+        if is_url(self.base_path):
+            model = RemoteModel(self.base_path)
+            listed, _ = model.listing()
+            return sorted(v for v, found in listed.items() if model.problem(found) is None)
         return [version for version, _ in list_versions(self.base_path)]
 
     def aspired(self, candidates: Iterable[int]) -> set[int]:
@@ -135,7 +149,7 @@ class ModelEntry:
     def as_json(self) -> dict:
         return {
             "name": self.name,
-            "base_path": str(self.base_path),
+            "base_path": display(self.base_path),
             "policy": self.policy.as_json(),
             "labels": dict(self.labels),
         }
@@ -143,7 +157,22 @@ class ModelEntry:
 
 def shortcut(name: str, base_path: str | Path) -> list[ModelEntry]:
     """MODEL_NAME and MODEL_BASE_PATH as a config: one model, the latest version, no labels."""
-    return [ModelEntry(name, Path(base_path) / name)]
+    return [ModelEntry(name, join(location(base_path), name))]
+
+
+def check_reachable(entries: Iterable[ModelEntry]) -> None:
+    """List every model at a URL once (folders on disk are left alone).
+
+    Raises:
+        ConfigError: a URL that cannot be listed (bad URL, no such bucket, credentials
+            refused, endpoint unreachable), in one line without secrets.
+    """
+    for entry in entries:
+        if is_url(entry.base_path):
+            try:
+                RemoteModel(entry.base_path).listing()
+            except StorageError as err:
+                raise ConfigError(f"model {entry.name!r}: {err}") from None
 
 
 def parse_config(text: str, source: str | Path = "model config") -> list[ModelEntry]:
@@ -180,8 +209,8 @@ def parse_config(text: str, source: str | Path = "model config") -> list[ModelEn
             )
         if not model.base_path:
             raise ConfigError(f"{where}: base_path is empty")
-        base_path = Path(model.base_path)
-        if not base_path.is_absolute():
+        base_path = location(model.base_path)
+        if isinstance(base_path, Path) and not base_path.is_absolute():
             base_path = folder / base_path
         for label, version in model.version_labels.items():
             if not LABEL_PATTERN.match(label):
@@ -220,25 +249,31 @@ def check_on_disk(entries: Iterable[ModelEntry], source: str | Path = "model con
     """
     for entry in entries:
         where = f"{source}: model {entry.name!r}"
-        if not entry.base_path.is_dir():
+        if is_url(entry.base_path):
+            try:
+                on_disk = entry.versions_on_disk()
+            except StorageError as err:
+                raise ConfigError(f"{where}: {err}") from None
+        elif not entry.base_path.is_dir():
             raise ConfigError(f"{where}: base_path {entry.base_path} does not exist")
-        on_disk = entry.versions_on_disk()
+        else:
+            on_disk = entry.versions_on_disk()
         if entry.policy.kind == "specific":
             missing = sorted(set(entry.policy.versions) - set(on_disk))
             if missing:
                 raise ConfigError(
                     f"{where}: policy specific asks for version(s) "
-                    f"{', '.join(map(str, missing))}, not in {entry.base_path} "
+                    f"{', '.join(map(str, missing))}, not in {display(entry.base_path)} "
                     f"(on disk: {_listed(on_disk)})"
                 )
         elif not on_disk:
             raise ConfigError(f"{where}: policy {entry.policy.describe()} matches no version "
-                              f"in {entry.base_path}")  # fmt: skip
+                              f"in {display(entry.base_path)}")  # fmt: skip
         for label, version in sorted(entry.labels.items()):
             if version not in on_disk:
                 raise ConfigError(
                     f"{where}: label {label!r} points to version {version}, not in "
-                    f"{entry.base_path} (on disk: {_listed(on_disk)})"
+                    f"{display(entry.base_path)} (on disk: {_listed(on_disk)})"
                 )
 
 

@@ -13,8 +13,13 @@ from pydantic import ValidationError
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
 from service.cli import UsageError, build_parser, parse
-from service.security import TokenFileError, open_access_notice, read_tokens
-from service.settings import Settings, initial_entries
+from service.security import (
+    TokenFileError,
+    anonymous_refusal,
+    open_access_notice,
+    read_tokens,
+)
+from service.settings import Settings, config_variable, initial_entries, uses_object_storage
 from service.workers import die_with_supervisor, supervise, worker_index
 
 
@@ -53,14 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = initial_entries(settings)
     except ConfigError as err:
-        print(f"error: MODEL_CONFIG_FILE: {err}", file=sys.stderr)
+        print(f"error: {config_variable(settings)}: {err}", file=sys.stderr)
         return 2
+    if uses_object_storage(models):
+        from service.backends.sources import Sources
+
+        cache = Sources(settings.model_cache_dir).cache_dir
+        try:
+            check_writable_dir(cache)
+        except OSError as err:
+            print(f"error: MODEL_CACHE_DIR: cannot write to {cache}: {err.strerror or err}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if settings.auth_tokens_file:
         try:
             read_tokens(settings.auth_tokens_file)
         except TokenFileError as err:
             print(f"error: AUTH_TOKENS_FILE: {err}", file=sys.stderr)
             return 2
+    refusal = anonymous_refusal(settings.host, settings.auth_tokens_file, settings.allow_anonymous)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     worker = worker_index()
     if worker is not None:
         die_with_supervisor()
@@ -127,7 +146,7 @@ def announce_access(settings: Settings) -> None:
 
 
 def serve(settings: Settings, models, sock: socket.socket, announce: bool = True) -> int:
-    """Build the backend and the service, and serve on the bound socket until stopped.
+    """Build the backend and the service, and serve on the port `sock` holds until stopped.
     With `announce`, say at start when every endpoint is open (a worker leaves that to its
     supervisor)."""
     from service.app import create_app
@@ -152,7 +171,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     logging.getLogger("service").info(
         "Listening on %s://%s:%s", scheme, settings.host, settings.port
     )
-    run(service, settings, sock)
+    # The server binds the port itself: the socket that held it since the start lets go.
+    sock.close()
+    run(service, settings)
     if service.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
         print(f"error: MODEL_CONFIG_FILE: {service.startup_error}", file=sys.stderr)
@@ -161,8 +182,9 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
 
 
 def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:
-    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves); uvicorn listens.
-    With `share`, other sockets may bind the port too (SO_REUSEPORT: the workers)."""
+    """A TCP socket bound to host:port (IPv4 or IPv6, as the host resolves): the port is held
+    from the start, so a port taken is found before anything slow. With `share`, other sockets
+    may bind the port too (SO_REUSEPORT: the workers)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,9 +31,11 @@ from service.protocols.simple_predict import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
 from service.routes import RouteTable
-from service.security import Access, TokenFile, allowed_hosts
+from service.security import Access, TokenFile, allowed_hosts, enforces_hosts
 from service.settings import Settings
 from service.traffic import Traffic
+
+log = logging.getLogger("service")
 
 SERVER_NAME = "estimator-serving"
 TITLE = "Estimator serving"
@@ -141,7 +144,7 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         tokens,
         settings.allowed_origins(),
         allowed_hosts(settings.host, hosts),
-        enforce_hosts=bool(hosts),
+        enforce_hosts=enforces_hosts(settings.host, hosts),
     )
     service.ingress = Ingress(
         table,
@@ -196,6 +199,7 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: 
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         body_budget=body_budget,
+        receive_timeout=settings.body_timeout_seconds,
     )
 
 
@@ -247,5 +251,6 @@ def _lifespan(parts: _Parts, service: Service):
             await parts.feedback.close()
             if parts.prediction_log is not None:
                 await asyncio.to_thread(parts.prediction_log.close)
+            log.info("Shut down: the models, the feedback store and gRPC are closed")
 
     return lifespan

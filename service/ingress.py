@@ -131,6 +131,7 @@ class Ingress:
         # Set when the service starts draining: every answer from then on closes its
         # connection, so clients move to fresh ones before the listener closes.
         self.draining = False
+        self._in_flight: set[asyncio.Task] = set()
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -141,11 +142,19 @@ class Ingress:
         else:  # a WebSocket: no route takes one
             await send({"type": "websocket.close", "code": 1008})
 
+    def cancel_in_flight(self) -> None:
+        """Cancel every request still being answered (the shutdown's time is up): each is
+        counted as a request that ends without an answer."""
+        for task in list(self._in_flight):
+            task.cancel()
+
     # --- HTTP ----------------------------------------------------------------------------
 
     async def _http(self, scope, receive, send) -> None:
         metrics = self.metrics
         started = metrics.request_started()
+        task = asyncio.current_task()
+        self._in_flight.add(task)
         method = scope["method"]
         status = 500  # what a request that ends without an answer (a shutdown) counts as
         template = "unmatched"
@@ -184,6 +193,7 @@ class Ingress:
             status = response.status_code
             await _answer(response, extra, scope, receive, send)
         finally:
+            self._in_flight.discard(task)
             metrics.request_finished(template, method, status, started)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info('%s - "%s %s HTTP/%s" %d', _client(scope), printable(method),

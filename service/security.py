@@ -1,15 +1,19 @@
 """Access control for HTTP: optional bearer tokens with scopes, cross-origin rules (CORS), and
 the headers every answer carries.
 
-- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`; the scopes are
+- **Tokens** (AUTH_TOKENS_FILE): one per line, `<token> <scope>[,<scope>] [<name>]`, where the
+  token is the token itself or its digest, `sha256:<64 hex digits>` (what `make tokens`
+  writes: a reader of the file finds nothing to send); the scopes are
   `predict` (POST: predictions, inference), `feedback` (POST /v1/models/{name}/feedback:
   labels that train the next version) and `status` (GET: model status, metadata, metrics,
   the page's views). Each route says which it needs (service/routes.py), so a path spelled in
   another case (TF Serving's URL words match in any) needs its route's scope. Health and
   readiness probes, the page's own files and the API docs stay open. A missing or unknown
-  token gets 401 with `WWW-Authenticate: Bearer`; a token without the scope 403. Tokens are
-  compared in constant time, every one of them. The file is read again when it changes
-  (`TokenFile`), so tokens rotate without a restart.
+  token gets 401 with `WWW-Authenticate: Bearer`; a token without the scope 403. Only the
+  sha256 digests of the tokens are kept in memory: a request's token is hashed and compared
+  in constant time with every digest. The file is read again when it changes (`TokenFile`),
+  so tokens rotate without a restart, and what it holds then is in force: a token removed, or
+  on a line that cannot be used, is revoked.
 - **Identity**: a request's sender is its token's name (`Decision.sender`), which the feedback
   store records with each image: the line's name, or `token-` and the first 8 hex digits of
   the token's sha256 when it has none; never the token. Two tokens may share a name (a
@@ -17,9 +21,10 @@ the headers every answer carries.
 - **Hosts**: a request is same-origin only when its `Host` is one this service answers for
   (HOST when it is a name or an address, the loopback names, ALLOWED_HOSTS): a page on
   another site whose name was made to resolve to this service (DNS rebinding) sends its own
-  name as `Host`, and stays cross-origin. With ALLOWED_HOSTS set, a request for any other
-  host is refused with 400 (Django's ALLOWED_HOSTS, Starlette's TrustedHostMiddleware);
-  probes (/healthz, /readyz) are exempt, since kubelets address pods by IP.
+  name as `Host`, and stays cross-origin. With ALLOWED_HOSTS set, or HOST a loopback
+  address, a request for any other host is refused with 400 (Django's ALLOWED_HOSTS,
+  Starlette's TrustedHostMiddleware; `enforces_hosts`); probes (/healthz, /readyz) are
+  exempt, since kubelets address pods by IP.
 - **Origins**: a browser request from another site (an `Origin` header that is neither this
   service's own nor in CORS_ALLOW_ORIGINS) is refused with 403 before it runs, so a
   cross-site form cannot post images here; allowed origins get CORS headers and preflights.
@@ -34,6 +39,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -75,63 +81,123 @@ class Scopes(frozenset):
         return self
 
 
+# A token's entry may be its digest instead: `sha256:` and 64 hex digits.
+DIGEST_PREFIX = "sha256:"
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def token_digest(token: str | bytes) -> bytes:
+    """The sha256 digest of a token, what is kept of it (a str is taken as UTF-8; a header's
+    bytes as they came)."""
+    return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+
+
 def token_name(token: str) -> str:
     """The name of a token given none in its line: `token-` and 8 hex digits of its sha256
     (it tells tokens apart in records; it gives nothing of the token away)."""
-    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
+    return _digest_name(token_digest(token))
+
+
+def _digest_name(digest: bytes) -> str:
+    return "token-" + digest.hex()[:8]
+
+
+def _entry_digest(entry: str) -> bytes:
+    """The digest a tokens file's first field stands for: its `sha256:` value, or the hash
+    of the raw token it is."""
+    if entry.startswith(DIGEST_PREFIX):
+        return bytes.fromhex(entry.removeprefix(DIGEST_PREFIX))
+    return token_digest(entry)
+
+
+def parse_tokens(data: bytes, path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
+    """(token digest -> scopes, what is wrong with the lines left out) of an AUTH_TOKENS_FILE:
+    every good line counts, each bad one is named (`<path>:<line>: why`) and left out."""
+    tokens: dict[bytes, Scopes] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            problems.append(f"{path}:{number}: not UTF-8")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        problem = _line_problem(line)
+        if problem is not None:
+            problems.append(f"{path}:{number}: {problem}")
+            continue
+        parts = line.split()
+        digest = _entry_digest(parts[0])
+        name = parts[2] if len(parts) == 3 else _digest_name(digest)
+        tokens[digest] = Scopes(parts[1].split(","), name)
+    return tokens, problems
+
+
+def _line_problem(line: str) -> str | None:
+    """What is wrong with one line of an AUTH_TOKENS_FILE; None when nothing is."""
+    parts = line.split()
+    if len(parts) not in (2, 3):
+        return "expected `<token> <scope>[,<scope>] [<name>]`"
+    token, scopes = parts[0], frozenset(parts[1].split(","))
+    if token.lower().startswith(("sha256:", "sha512:", "sha1:", "md5:")):
+        if not (token.startswith(DIGEST_PREFIX) and _HEX_DIGEST.fullmatch(token[7:])):
+            return (
+                f"a digest is `{DIGEST_PREFIX}` and 64 lowercase hex digits (a token's "
+                f"sha256), got {token[:20]!r}..."
+            )
+    elif len(token) < 16:
+        return "a token must have 16 characters or more"
+    name = parts[2] if len(parts) == 3 else _digest_name(_entry_digest(token))
+    if not SENDER_PATTERN.fullmatch(name):
+        return (
+            "a token's name is 1-64 letters, digits and _.@- (starting with a letter or "
+            f"digit), got {name[:70]!r}"
+        )
+    unknown = sorted(scopes - set(SCOPES))
+    if unknown:
+        return f"unknown scope(s) {', '.join(unknown)}; the scopes are {', '.join(SCOPES)}"
+    return None
 
 
 def read_tokens(path: str | Path) -> dict[bytes, Scopes]:
-    """token -> scopes (with the token's name) from an AUTH_TOKENS_FILE.
+    """token digest -> scopes (with the token's name) from an AUTH_TOKENS_FILE, every line
+    good.
 
     Raises:
         TokenFileError: unreadable, a malformed line, an unknown scope, a bad name, or no
             token at all.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TokenFileError(f"{path}: cannot read it: {err}") from err
-    tokens: dict[bytes, Scopes] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) not in (2, 3):
-            raise TokenFileError(f"{path}:{number}: expected `<token> <scope>[,<scope>] [<name>]`")
-        token, scopes = parts[0], frozenset(parts[1].split(","))
-        name = parts[2] if len(parts) == 3 else token_name(token)
-        if not SENDER_PATTERN.fullmatch(name):
-            raise TokenFileError(
-                f"{path}:{number}: a token's name is 1-64 letters, digits and _.@- (starting "
-                f"with a letter or digit), got {name[:70]!r}"
-            )
-        unknown = sorted(scopes - set(SCOPES))
-        if unknown:
-            raise TokenFileError(
-                f"{path}:{number}: unknown scope(s) {', '.join(unknown)}; the scopes are "
-                f"{', '.join(SCOPES)}"
-            )
-        if len(token) < 16:
-            raise TokenFileError(f"{path}:{number}: a token must have 16 characters or more")
-        tokens[token.encode()] = Scopes(scopes, name)
+    tokens, problems = _read(path)
+    if problems:
+        raise TokenFileError(problems[0])
     if not tokens:
         raise TokenFileError(f"{path}: holds no token")
     return tokens
 
 
+def _read(path: str | Path) -> tuple[dict[bytes, Scopes], list[str]]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        return {}, [f"{path}: cannot read it: {err.strerror or err}"]
+    return parse_tokens(data, path)
+
+
 class TokenFile(Mapping):
-    """The tokens of AUTH_TOKENS_FILE (token -> scopes), read again when the file changes.
+    """The tokens of AUTH_TOKENS_FILE (token digest -> scopes), read again when it changes.
 
     At most every `check_seconds` the file's identity (inode, size, modification time) is
-    looked at; when it changed, the file is read again. A new file that cannot be used keeps
-    the tokens read before, and says why in one log line (once per change). A Kubernetes
-    Secret mounted as a volume changes by an atomic swap of its folder, which this sees as a
-    new inode. HTTP (`Access`) and gRPC (`bearer_problem`) share one `TokenFile`.
+    looked at; when it changed, the file is read again, and what it holds now is what is in
+    force: revocation fails closed. A file emptied or gone revokes every token; a line that
+    cannot be used revokes that line's (the others stay); each is said in one WARNING line
+    (once per change). A Kubernetes Secret mounted as a volume changes by an atomic swap of
+    its folder, which this sees as a new inode. HTTP (`Access`) and gRPC (`bearer_problem`)
+    share one `TokenFile`.
 
     Raises:
-        TokenFileError: at construction, the file cannot be used.
+        TokenFileError: at construction, the file cannot be used (every line must be good
+            and one token at least there, as at start).
     """
 
     def __init__(
@@ -146,7 +212,6 @@ class TokenFile(Mapping):
         self._identity = self._stat()
         self._tokens = read_tokens(self.path)
         self._checked = clock()
-        self._refused: tuple | None = None
         self._lock = threading.Lock()  # gRPC and HTTP may ask from different threads
 
     def _stat(self) -> tuple | None:
@@ -164,21 +229,23 @@ class TokenFile(Mapping):
         with self._lock:
             self._checked = now
             identity = self._stat()
-            if identity == self._identity or identity == self._refused:
+            if identity == self._identity:
                 return self._tokens
-            try:
-                tokens = read_tokens(self.path)
-            except TokenFileError as err:
-                self._refused = identity
+            tokens, problems = _read(self.path)
+            revoked = len(set(self._tokens) - set(tokens))
+            self._tokens, self._identity = tokens, identity
+            if not tokens and not problems:
+                problems = [f"{self.path}: holds no token"]
+            if problems:
                 log.warning(
-                    "AUTH_TOKENS_FILE changed but cannot be used, the %d tokens read before "
-                    "stay in force: %s",
-                    len(self._tokens),
-                    err,
+                    "AUTH_TOKENS_FILE read again: %d tokens in force, %d revoked; every "
+                    "token it does not hold is refused: %s",
+                    len(tokens),
+                    revoked,
+                    "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else ""),
                 )
-                return self._tokens
-            self._tokens, self._identity, self._refused = tokens, identity, None
-            log.info("AUTH_TOKENS_FILE read again: %d tokens", len(tokens))
+            else:
+                log.info("AUTH_TOKENS_FILE read again: %d tokens", len(tokens))
             return tokens
 
     def items(self):
@@ -198,10 +265,12 @@ MISSING, INVALID, SCOPE = "missing", "invalid", "scope"
 
 
 def _granted(tokens: Mapping[bytes, frozenset[str]], token: bytes) -> frozenset[str] | None:
+    """The scopes of a presented token: its digest compared with every digest (token digest
+    -> scopes), in constant time, with no early exit to tell which matched."""
+    digest = token_digest(token)
     scopes = None
-    # Every token is compared, in constant time: no early exit tells which matched.
     for known, known_scopes in tokens.items():
-        if hmac.compare_digest(known, token):
+        if hmac.compare_digest(known, digest):
             scopes = known_scopes
     return scopes
 
@@ -211,7 +280,7 @@ def bearer_problem(
 ) -> tuple[str, str] | None:
     """What is wrong with an `Authorization` header for a request needing a scope: None when
     nothing is, else (MISSING | INVALID | SCOPE, the message). HTTP and gRPC both ask this;
-    `tokens` may be a `TokenFile` (its tokens are taken once, as they are now)."""
+    `tokens` (token digest -> scopes) may be a `TokenFile` (taken once, as it is now)."""
     problem, _ = _bearer(tokens, authorization, needed)
     return problem
 
@@ -248,10 +317,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def anonymous_refusal(host: str, tokens_file: str | None, allow_anonymous: bool) -> str | None:
+    """Why the service must not start: no AUTH_TOKENS_FILE on a HOST other machines reach,
+    unless ALLOW_ANONYMOUS says that is meant; None when it may start."""
+    if tokens_file or allow_anonymous or is_loopback(host.strip("[]")):
+        return None
+    return (
+        f"AUTH_TOKENS_FILE: not set, and HOST={host} lets other machines connect: predictions, "
+        "feedback, metrics and version reports would answer anyone; set AUTH_TOKENS_FILE "
+        "(`make tokens` writes one), bind a loopback HOST, or set ALLOW_ANONYMOUS=true to "
+        "serve without tokens (docs/security.md)"
+    )
+
+
 def open_access_notice(host: str, tokens_file: str | None) -> tuple[int, str] | None:
     """The line said at start when no AUTH_TOKENS_FILE is set: (log level, message); None
     when tokens are on. On a loopback HOST that is the usual local setup (INFO); anywhere
-    else every endpoint answers anyone who can reach the port (WARNING)."""
+    else (only with ALLOW_ANONYMOUS, `anonymous_refusal`) every endpoint answers anyone who
+    can reach the port (WARNING)."""
     if tokens_file:
         return None
     if is_loopback(host):
@@ -259,9 +342,8 @@ def open_access_notice(host: str, tokens_file: str | None) -> tuple[int, str] | 
             f"No AUTH_TOKENS_FILE: every endpoint is open, to this machine only (HOST={host})"
         )
     return logging.WARNING, (
-        f"No AUTH_TOKENS_FILE and HOST={host}: predictions, feedback, metrics and version "
-        "reports answer anyone who can reach this port; set AUTH_TOKENS_FILE "
-        "(docs/security.md)"
+        f"No AUTH_TOKENS_FILE and HOST={host} (ALLOW_ANONYMOUS=true): predictions, feedback, "
+        "metrics and version reports answer anyone who can reach this port"
     )
 
 
@@ -283,6 +365,15 @@ def allowed_hosts(host: str, extra: Iterable[str]) -> frozenset[str]:
     if host.strip("[]") not in WILDCARD_HOSTS:
         names.add(host.strip("[]").lower())
     return frozenset(names | LOOPBACK_NAMES)
+
+
+def enforces_hosts(host: str, extra: Iterable[str]) -> bool:
+    """Whether a request for a Host this service does not answer for is refused (400): when
+    ALLOWED_HOSTS names some (`extra`), and, with none named, when HOST is a loopback
+    address: only this machine connects, by a loopback name, and a page elsewhere whose name
+    was made to resolve to 127.0.0.1 (DNS rebinding) sends its own (its GETs carry no
+    Origin for the origin rule to refuse). `ALLOWED_HOSTS=*` answers any Host again."""
+    return any(name.strip() for name in extra) or is_loopback(host.strip("[]"))
 
 
 def _host_matches(name: str, patterns: frozenset[str]) -> bool:
@@ -312,7 +403,7 @@ class Access:
     """Tokens, hosts and origins, for every HTTP request (service/door.py asks `check`).
 
     Args:
-        tokens: token -> scopes (a `TokenFile`, or a dict); None when authentication is off.
+        tokens: token digest -> scopes (a `TokenFile`, or a dict); None when authentication is off.
         allowed_origins: origins (scheme://host[:port]) allowed to call from a browser.
         hosts: the host names this service answers for (`allowed_hosts`); None: any
             `Host` that equals the `Origin` is same-origin (tests of the rules alone).

@@ -1,26 +1,27 @@
-"""The HTTP server around the app: a stock uvicorn, configured through its public options
-(`uvicorn.Config`, `uvicorn.Server`) and nothing below them, and drained on SIGTERM.
+"""The HTTP server around the app: a stock Granian (a Rust HTTP server, hyper under it), run
+embedded on the service's own event loop through its public API (`granian.server.embed.Server`:
+serve, stop), and drained on SIGTERM.
+
+Granian was chosen by measurement over uvicorn (httptools and h11) and Hypercorn, the same app
+on each in one interleaved `python -m benchmarks.ab` run (docs/benchmarks.md): its HTTP work
+runs on a thread of its own, beside the event loop, and it bounds what a slow or oversized
+client can hold by itself.
 
 What the server bounds, and where (docs/security.md, "Slow and oversized clients"):
+- **Headers**: a request's header section must arrive within HEADER_TIMEOUT_SECONDS, or the
+  connection is closed; an idle kept-alive connection is closed after the same time (the
+  server is then waiting for the next request's headers). A header section larger than
+  MAX_HEADER_BYTES gets 431 (Granian's `header_read_timeout` and `max_buffer_size`).
+- **Connections**: at most MAX_CONNECTIONS are served at once; more wait in the listen queue
+  until one closes (Granian's `backpressure`).
 - **Bodies**: the app (service/ingress.py): MAX_BODY_BYTES, BODY_TIMEOUT_SECONDS, the
   process's MAX_BODY_BYTES_IN_FLIGHT, a client leaving mid-body or before its answer.
-- **Connections**: MAX_CONNECTIONS bounds connections and requests at once (uvicorn's
-  `limit_concurrency`: 503 past it); idle kept-alive connections close after
-  KEEPALIVE_TIMEOUT_SECONDS (`timeout_keep_alive`).
-- **Headers**: uvicorn's h11 protocol bounds a request's header section
-  (`h11_max_incomplete_event_size`: MAX_HEADER_BYTES, then 431... with h11); uvicorn bounds
-  no header time. Both belong to the ingress in front of the service when it faces the
-  internet (nginx's `client_header_timeout` and `large_client_header_buffers`, Envoy's
-  `request_headers_timeout` and `max_request_headers_kb`).
-
-Connections are accepted by asyncio's event loop (EVENT_LOOP), every waiting one when the
-listener is readable, so a new client is not left in the listen queue under load.
 
 **SIGTERM**: /readyz turns 503 at once (a load balancer stops sending), every answer from
 then on says `connection: close` (so busy clients move to fresh connections), the listener
 stays open and serves for DRAIN_SECONDS, then closes; in-flight requests get
-SHUTDOWN_TIMEOUT_SECONDS to finish (uvicorn's `timeout_graceful_shutdown`), and the process
-exits 0. A second SIGTERM, or Ctrl-C, skips the drain.
+SHUTDOWN_TIMEOUT_SECONDS to finish, and the process exits 0. A second SIGTERM, or Ctrl-C,
+skips the drain.
 """
 
 from __future__ import annotations
@@ -28,29 +29,56 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from collections.abc import Callable
+from pathlib import Path
 
-import uvicorn
+from granian.constants import HTTPModes, Interfaces, SSLProtocols
+from granian.http import HTTP1Settings
+from granian.server.embed import Server
 
 log = logging.getLogger("service.server")
 
-# The event loop uvicorn runs: asyncio's own, not uvloop. libuv, under uvloop, accepts one
-# connection per turn of the loop (since libuv 1.45), and under load a turn takes tens of
-# milliseconds: in a flood of 512 connections the listener's queue drained at about 20 a
-# second, and a new connection's first request (a Kubernetes probe's, say) waited 4-9 s.
-# asyncio accepts every waiting connection, up to the backlog, when the listener is
-# readable. At 64 clients it serves as many requests per second (docs/benchmarks.md).
-EVENT_LOOP = "asyncio"
-HTTP_PROTOCOL = "httptools"
+# hyper's smallest read buffer: a header section always gets at least this much.
+MIN_HEADER_BUFFER = 8192
+# The listen queue: connections past MAX_CONNECTIONS wait here.
+BACKLOG = 2048
+
+
+def granian_server(app, settings) -> Server:
+    """The server for `app`, with the settings' limits, address and certificate."""
+    tls = {}
+    if settings.tls_cert_file:
+        tls = {
+            "ssl_cert": Path(settings.tls_cert_file),
+            "ssl_key": Path(settings.tls_key_file),
+            "ssl_protocol_min": SSLProtocols.tls12,
+        }
+    return Server(
+        app,
+        address=settings.host,
+        port=settings.port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=BACKLOG,
+        backpressure=settings.max_connections,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=round(settings.header_timeout_seconds * 1000),
+            keep_alive=True,
+            max_buffer_size=max(settings.max_header_bytes, MIN_HEADER_BUFFER),
+        ),
+        # The service logs what a request did (service/ingress.py); the server only fails.
+        log_enabled=False,
+        **tls,
+    )
 
 
 class Drain:
-    """SIGTERM's drain: the first begins it (`on_drain`, then the server stops after `seconds`);
-    a second stops the server at once.
+    """SIGTERM's drain: the first begins it (`on_drain`, then `stop` after `seconds`); a second,
+    or Ctrl-C, stops at once.
 
     Args:
-        server: the uvicorn server to stop.
+        stop_server: stops the server (its listener closes; in-flight requests finish).
         seconds: DRAIN_SECONDS.
         on_drain: called at once on the first SIGTERM (readiness off, connections closed after
             their answers).
@@ -59,30 +87,27 @@ class Drain:
 
     def __init__(
         self,
-        server: uvicorn.Server,
+        stop_server: Callable[[], None],
         seconds: float,
         on_drain: Callable[[], None],
         on_stop: Callable[[], None] | None = None,
     ):
-        self.server = server
+        self.stop_server = stop_server
         self.seconds = seconds
         self.on_drain = on_drain
         self.on_stop = on_stop
         self.draining = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopped = False
         self._timer: asyncio.TimerHandle | None = None
 
     def install(self) -> None:
-        """Take SIGTERM from uvicorn's handler (it restores the one before it when it stops);
-        Ctrl-C stays uvicorn's: at once."""
-        self._loop = asyncio.get_running_loop()
-        signal.signal(signal.SIGTERM, self._signalled)
-
-    def _signalled(self, signum, frame) -> None:
-        self._loop.call_soon_threadsafe(self.sigterm)
+        """Handle SIGTERM and SIGINT on the running loop."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.sigterm)
+        loop.add_signal_handler(signal.SIGINT, self.stop)
 
     def sigterm(self) -> None:
-        """On the loop: the first SIGTERM drains, a second stops."""
+        """The first SIGTERM drains, a second stops."""
         if self.draining:
             self.stop()
             return
@@ -92,60 +117,43 @@ class Drain:
         self._timer = asyncio.get_running_loop().call_later(self.seconds, self.stop)
 
     def stop(self) -> None:
-        """Close the listener now: in-flight requests get SHUTDOWN_TIMEOUT_SECONDS."""
+        """Close the listener now (once)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.stopped:
+            return
+        self.stopped = True
         if self.on_stop is not None:
             self.on_stop()
-            self.on_stop = None
-        self.server.should_exit = True
+        self.stop_server()
 
 
-def uvicorn_config(app, settings, log_level: str) -> uvicorn.Config:
-    """The server's options from the settings."""
-    return uvicorn.Config(
-        app,
-        loop=EVENT_LOOP,
-        http=HTTP_PROTOCOL,
-        lifespan="on",
-        log_level=log_level,
-        # The ingress counts and times every request; uvicorn's access line is off.
-        access_log=False,
-        timeout_keep_alive=settings.keepalive_timeout_seconds,
-        limit_concurrency=settings.max_connections,
-        h11_max_incomplete_event_size=settings.max_header_bytes,
-        # After the drain, in-flight requests get this long before the models are closed.
-        timeout_graceful_shutdown=settings.shutdown_timeout_seconds,
-        ssl_certfile=settings.tls_cert_file,
-        ssl_keyfile=settings.tls_key_file,
-    )
+def run(service, settings) -> None:
+    """Serve `service` (service/app.py's Service) until stopped: SIGTERM drains, a second
+    SIGTERM or Ctrl-C stops at once; in-flight requests then get SHUTDOWN_TIMEOUT_SECONDS."""
+    asyncio.run(serve(service, settings))
 
 
-def run(service, settings, sock: socket.socket) -> None:
-    """Serve `service` (service/app.py's Service) on the bound socket until stopped: SIGTERM
-    drains, a second SIGTERM or Ctrl-C stops at once."""
-    server = uvicorn.Server(uvicorn_config(service, settings, settings.log_level))
+async def serve(service, settings) -> None:
+    """`run`, on the running loop."""
+    server = granian_server(service, settings)
+    loop = asyncio.get_running_loop()
     grpc_server = service.grpc_server
+
+    def stop_server() -> None:
+        server.stop()
+        # The requests still in flight when their time is up are cancelled, so the server can
+        # finish and the service close its models and stores.
+        loop.call_later(settings.shutdown_timeout_seconds, service.ingress.cancel_in_flight)
+
     drain = Drain(
-        server,
+        stop_server,
         settings.drain_seconds,
         service.start_draining,
         on_stop=grpc_server.begin_stop if grpc_server is not None else None,
     )
-
-    def stop_at_start(problem: str) -> None:
-        server.should_exit = True
-
-    service.on_startup_error = stop_at_start
-    asyncio.run(_serve(server, drain, sock))
-
-
-async def _serve(server: uvicorn.Server, drain: Drain, sock: socket.socket) -> None:
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    # uvicorn takes the signals when it starts serving; SIGTERM is the drain's from then on.
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.05)
-    if not serving.done():
-        drain.install()
-    await serving
+    service.on_startup_error = lambda problem: drain.stop()
+    drain.install()
+    await server.serve()
+    log.info("Stopped serving on %s:%s", settings.host, settings.port)

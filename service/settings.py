@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from artifact.model_config import ModelEntry, read_config, shortcut
+from artifact.model_config import ModelEntry, check_reachable, read_config, shortcut
+from artifact.storage import is_url
 
 
 class Settings(BaseSettings):
@@ -21,7 +22,15 @@ class Settings(BaseSettings):
         "fashion_mnist", description="Model served, the folder under MODEL_BASE_PATH."
     )
     model_base_path: str = Field(
-        "models", description="Model repository: <base>/<name>/<version>/saved_model.pb."
+        "models",
+        description="Model repository: <base>/<name>/<version>/saved_model.pb; a folder, or "
+        "s3://bucket/prefix or gs://bucket/prefix (docs/object-storage.md).",
+    )
+    model_cache_dir: str | None = Field(
+        None,
+        description="Where versions on object storage are copied, verified, before they load "
+        "(a folder per process, holding only the versions loaded); unset = a folder in the "
+        "user's cache, $XDG_CACHE_HOME or ~/.cache.",
     )
     model_config_file: str | None = Field(
         None,
@@ -47,6 +56,13 @@ class Settings(BaseSettings):
         "shapes, methods) differ from the serving version's may serve; by default it is "
         "refused (state END, the difference in its error), so a retrain cannot silently "
         "change what clients must send.",
+    )
+    allow_file_system_ops: bool = Field(
+        False,
+        description="Serve versions whose graphs read or write files (tf.io.read_file, "
+        "write_file, checkpoint savers, file datasets...: artifact/file_ops.py's list) from "
+        "their signatures or at load; by default such a version is refused (state END, the "
+        "ops in its error) before it is loaded. The in-process backend only.",
     )
     canary_percent: float = Field(
         0.0,
@@ -231,22 +247,29 @@ class Settings(BaseSettings):
     )
     # --- clients that are slow, large or many ---------------------------------------------
     max_header_bytes: int = Field(
-        32 * 1024, ge=1024, description="Largest header section of a request; larger gets 431."
+        32 * 1024,
+        ge=8192,
+        description="Largest header section of a request; larger gets 431 (the server's read "
+        "buffer, 8 KiB at least).",
     )
     header_timeout_seconds: float = Field(
-        10.0, gt=0, description="Time a client has to send a request's headers; then 408."
+        10.0,
+        ge=0.001,
+        le=60,
+        description="Time a client has to send a request's headers, and the longest a kept-alive "
+        "connection waits idle for the next request; then the connection is closed.",
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0, description="Time a client has to send a request's body; then 408."
-    )
-    keepalive_timeout_seconds: float = Field(
-        5.0, gt=0, description="An idle kept-alive connection is closed after this long."
+        30.0,
+        gt=0,
+        description="Time a client has to send a request's body; then 408. A gRPC call's "
+        "request message too (then DEADLINE_EXCEEDED, and the call's slot is free).",
     )
     max_connections: int = Field(
         2048,
         gt=0,
-        description="Most connections and requests at once; past it, 503 at once (uvicorn's "
-        "limit_concurrency).",
+        description="Most connections served at once; more wait in the listen queue until one "
+        "closes.",
     )
     max_request_pixels: int = Field(
         48_000_000,
@@ -276,20 +299,28 @@ class Settings(BaseSettings):
         None,
         description="Bearer tokens, one per line: `<token> <scope>[,<scope>]` with scopes "
         "predict, feedback and status (# comments); read again when it changes. Unset: no "
-        "authentication (said at start: a warning unless HOST is a loopback address).",
+        "authentication, only on a loopback HOST unless ALLOW_ANONYMOUS=true.",
+    )
+    allow_anonymous: bool = Field(
+        False,
+        description="Serve without AUTH_TOKENS_FILE on a HOST other machines can reach "
+        "(0.0.0.0, an address); false refuses to start there without tokens (exit 2). On a "
+        "loopback HOST no tokens are needed.",
     )
     auth_tokens_check_seconds: float = Field(
         2.0,
         ge=0,
-        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change (a new "
-        "file that cannot be used keeps the tokens in force); 0 = on every request.",
+        description="How often, at most, AUTH_TOKENS_FILE is looked at for a change; what it "
+        "holds then is in force (emptied or gone: no token; a bad line: not its token); 0 = "
+        "on every request.",
     )
     allowed_hosts: str = Field(
         "",
         description="Comma-separated host names (api.example.com, .example.com for its "
         "subdomains, * for any) this service answers for, besides HOST and the loopback "
-        "names; when set, a request for another Host gets 400 (probes excepted). A request "
-        "is same-origin only when its Host is one of these (no DNS rebinding).",
+        "names; when set, or when unset and HOST is a loopback address, a request for "
+        "another Host gets 400 (probes excepted). A request is same-origin only when its Host "
+        "is one of these (no DNS rebinding).",
     )
     cors_allow_origins: str = Field(
         "",
@@ -327,7 +358,7 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("feedback_dir", "prediction_log_dir")
+    @field_validator("feedback_dir", "prediction_log_dir", "model_cache_dir")
     @classmethod
     def _optional_dir(cls, value: str | None) -> str | None:
         return None if value is not None and not value.strip() else value
@@ -397,7 +428,21 @@ def initial_entries(settings: Settings) -> list[ModelEntry]:
     """
     if settings.model_config_file:
         return read_config(settings.model_config_file)
-    return shortcut(settings.model_name, settings.model_base_path)
+    entries = shortcut(settings.model_name, settings.model_base_path)
+    # A URL is listed once now, so a bad URL, bucket, credential or endpoint is one line at
+    # start (a folder on disk may appear later, as TF Serving allows).
+    check_reachable(entries)
+    return entries
+
+
+def config_variable(settings: Settings) -> str:
+    """The variable that names the models: MODEL_CONFIG_FILE when set, else MODEL_BASE_PATH."""
+    return "MODEL_CONFIG_FILE" if settings.model_config_file else "MODEL_BASE_PATH"
+
+
+def uses_object_storage(entries: list[ModelEntry]) -> bool:
+    """True when a model's versions are at a URL (they need MODEL_CACHE_DIR)."""
+    return any(is_url(entry.base_path) for entry in entries)
 
 
 def default_model(settings: Settings, entries: list[ModelEntry]) -> str:

@@ -7,14 +7,19 @@ The retrain (`--feedback-dir`) reads the closed shards of a model's store
 - those received within `--feedback-max-age-days` (a shard older than provenance counts as
   received when it was closed);
 - none at all for an `--exclude-sender`;
-- the newest `--max-feedback-per-sender` (the store's order: shards by closing time, and
-  within a shard the order they came).
+- at most `--max-feedback-per-sender`, spread across the days (UTC) the sender sent them:
+  the cap is shared out equally among its days (a day with fewer examples than its share
+  gives the rest to the others; what cannot be shared equally goes to the newest days), and
+  a day's share is taken evenly spread over that day's examples in the order they came.
 
 So one token, however much it posts, adds at most that many examples to the candidate's
-training and held-out data. The choice is made from the shards' bookkeeping alone (their
-provenance and versions, not their examples): what it keeps is a mask per shard, which the
-retrain applies as it streams the examples from the shards (training/retrain_data.py). What
-was read, kept and dropped, per sender, goes into the sources table and blessing.json.
+training and held-out data, and a burst at one moment (a token shared by several senders,
+or one turned hostile) takes at most its day's share: it cannot push out what the sender
+sent on other days, as keeping only the newest N let it. The choice is made from the
+shards' bookkeeping alone (their provenance and versions, not their examples): what it keeps
+is a mask per shard, which the retrain applies as it streams the examples from the shards
+(training/retrain_data.py). What was read, kept and dropped, per sender, goes into the
+sources table and blessing.json.
 
 `python -m training expire-feedback` removes old images from the store itself (removed or
 compacted shards, crash-safe: artifact.feedback.expire); it needs write access to the store,
@@ -72,8 +77,8 @@ def add_retrain_arguments(group) -> None:
         type=non_negative_int,
         default=DEFAULT_MAX_PER_SENDER,
         metavar="N",
-        help="read at most the newest N feedback examples of each sender (a token's name); "
-        "0 = no limit (default: %(default)s)",
+        help="read at most N feedback examples of each sender (a token's name), spread "
+        "across the days it sent them; 0 = no limit (default: %(default)s)",
     )
     group.add_argument(
         "--exclude-sender",
@@ -128,32 +133,35 @@ def select_feedback(
         shards = [feedback.read_info(path) for path in paths]
     except feedback.FeedbackFormatError as err:
         raise DataError(str(err)) from err
-    keeps: list[np.ndarray] = []
+    keeps = [np.zeros(len(shard), bool) for shard in shards]
     per_sender: dict[str, dict[str, int]] = {}
     answered: dict[str, int] = {}
-    # Newest first, so that the cap keeps each sender's newest examples.
-    for shard in reversed(shards):
+    # Per sender, what may be read: (received at, shard, example), in the order they came.
+    candidates: dict[str, list[tuple[dt.datetime, int, int]]] = {}
+    for number, shard in enumerate(shards):
         senders = shard.senders or (feedback.UNKNOWN_SENDER,) * len(shard)
-        times = feedback.received_times(shard) if cutoff is not None else None
-        keep = np.zeros(len(shard), bool)
-        for i in range(len(shard) - 1, -1, -1):
+        times = feedback.received_times(shard)
+        for i, sender in enumerate(senders):
             counts = per_sender.setdefault(
-                senders[i], {"stored": 0, "read": 0, "excluded": 0, "expired": 0, "over_cap": 0}
+                sender, {"stored": 0, "read": 0, "excluded": 0, "expired": 0, "over_cap": 0}
             )
             counts["stored"] += 1
-            if senders[i] in excluded:
+            if sender in excluded:
                 counts["excluded"] += 1
-            elif times is not None and times[i] < cutoff:
+            elif cutoff is not None and times[i] < cutoff:
                 counts["expired"] += 1
-            elif max_per_sender and counts["read"] >= max_per_sender:
-                counts["over_cap"] += 1
             else:
-                counts["read"] += 1
-                keep[i] = True
-                key = "unknown" if shard.versions[i] is None else str(shard.versions[i])
-                answered[key] = answered.get(key, 0) + 1
-        keeps.append(keep)
-    keeps.reverse()  # back to the store's order, oldest first
+                candidates.setdefault(sender, []).append((times[i], number, i))
+    for sender, found in candidates.items():
+        found.sort()
+        chosen = spread_across_days(found, max_per_sender) if max_per_sender else found
+        per_sender[sender]["read"] = len(chosen)
+        per_sender[sender]["over_cap"] = len(found) - len(chosen)
+        for _, number, i in chosen:
+            keeps[number][i] = True
+            version = shards[number].versions[i]
+            key = "unknown" if version is None else str(version)
+            answered[key] = answered.get(key, 0) + 1
     return FeedbackSelection(
         Path(store),
         tuple(shards),
@@ -167,6 +175,37 @@ def select_feedback(
             "max_age_days": None if max_age is None else max_age / dt.timedelta(days=1),
         },
     )
+
+
+def spread_across_days(
+    examples: list[tuple[dt.datetime, int, int]], cap: int
+) -> list[tuple[dt.datetime, int, int]]:
+    """At most `cap` of one sender's examples ((received at, ...) in the order they came),
+    spread across the UTC days they came on: each day gets an equal share of the cap (a day
+    with fewer gives the rest to the others, the newest days take what cannot be shared
+    equally), and a day's share is taken evenly spread over its examples."""
+    if len(examples) <= cap:
+        return list(examples)
+    days: dict[dt.date, list] = {}
+    for example in examples:
+        days.setdefault(example[0].astimezone(dt.UTC).date(), []).append(example)
+    quotas = {}
+    left, open_days = cap, sorted(days, key=lambda day: (len(days[day]), day))
+    # Water-filling: the smallest days first, each taking all it has while that is within
+    # an equal share of what is left.
+    while open_days and len(days[open_days[0]]) * len(open_days) <= left:
+        day = open_days.pop(0)
+        quotas[day] = len(days[day])
+        left -= quotas[day]
+    if open_days:
+        share, extra = divmod(left, len(open_days))
+        for rank, day in enumerate(sorted(open_days, reverse=True)):  # the newest first
+            quotas[day] = share + (1 if rank < extra else 0)
+    chosen = []
+    for day in sorted(days):
+        found, quota = days[day], quotas[day]
+        chosen += [found[int((j + 0.5) * len(found) / quota)] for j in range(quota)]
+    return sorted(chosen)
 
 
 def format_senders(detail: dict) -> str:

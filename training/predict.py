@@ -58,7 +58,8 @@ from training import cli, data, exported
 from training.errors import UsageError
 from training.progress import ProgressBar
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# The formats the service decodes (artifact/images.py: IMAGE_FORMATS).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 DEFAULT_BATCH_SIZE = 256
 
 

@@ -34,11 +34,12 @@ from artifact.contract import (
     normalize_pixels,
 )
 from artifact.saved_model import SavedModelPredictor
+from artifact.storage import is_url
 from artifact.warmup import WARMUP_BATCH_SIZES, build_warmup_requests, write_warmup_file
 from training.evaluation import build_report
 from training.plots import write_export_plots
 from training.runs import EVAL_BATCH_SIZE
-from training.versions import STAGING_PREFIX, publish_next, sweep_stale_staging
+from training.versions import STAGING_PREFIX, publish_next, publish_remote, sweep_stale_staging
 
 
 def serving_input_receiver_fn():
@@ -75,8 +76,17 @@ def export_model(
             without build_report) to write more files there, such as plots, before the
             version is published.
     Returns:
-        The published version directory, e.g. models/fashion_mnist/3.
+        The published version directory, e.g. models/fashion_mnist/3; for an export_base on
+        object storage (s3://bucket/models/fashion_mnist), the version's URL: staged in a
+        local temporary folder, then uploaded with its manifest last (artifact/storage.py).
     """
+    if is_url(str(export_base)):
+        url = str(export_base).rstrip("/")
+        with tempfile.TemporaryDirectory(prefix="export-") as where, staged_version(
+            estimator, where, url.rsplit("/", 1)[-1], labels, build_report, checkpoint_path,
+            warmup_images, write_extras,
+        ) as staged:  # fmt: skip
+            return publish_remote(staged, url)
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
     sweep_stale_staging(base)
@@ -157,8 +167,15 @@ def export_version(
             write assets.extra/ (labels, evaluation report) from the staged SavedModel
             itself; whatever it raises leaves no version behind.
     Returns:
-        The published version directory.
+        The published version directory (its URL on object storage, as export_model).
     """
+    if is_url(str(export_base)):
+        with (
+            tempfile.TemporaryDirectory(prefix="export-") as where,
+            _staged_saved_model(estimator, where, receiver_fn, checkpoint_path) as staged,
+        ):
+            write_assets(staged)
+            return publish_remote(staged, str(export_base))
     base = Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
     sweep_stale_staging(base)

@@ -60,6 +60,7 @@ from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import ModelEntry
 from artifact.repository import read_labels, read_report
 from artifact.saved_model import SavedModelPredictor
+from artifact.storage import basename, is_url, location
 from training import (
     blessing,
     cli,
@@ -88,10 +89,13 @@ from training.versions import (
     move_label,
     pin_stable_before_a_canary,
     publish_staged,
+    published_number,
     serving_baseline,
     write_json,
 )
 
+# In the model dir: the local copy of a serving version on object storage, judged against.
+BASELINE_COPY = ".baseline"
 # A warm-started candidate needs fewer passes than a first model (train's default is 10).
 DEFAULT_EPOCHS = 2
 DEFAULT_HOLDOUT_FRACTION = 0.2
@@ -322,10 +326,12 @@ def cmd_retrain(args) -> int:
     try:
         with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock), ExitStack() as held:
             # The repository root, not the model's folder: a first publish makes that one.
-            repository = Path(args.export_dir).absolute().parent
+            # On object storage there is no folder to lock: the model dir's lock is the one.
+            remote = is_url(args.export_dir)
+            repository = None if remote else Path(args.export_dir).absolute().parent
             if args.stage_to:
                 _hold_staging_area(args, repository, held)
-            else:
+            elif not remote:
                 try:
                     held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
                 except OSError as err:
@@ -338,7 +344,7 @@ def cmd_retrain(args) -> int:
         return EXIT_LOCKED
 
 
-def _hold_staging_area(args, repository: Path, held: ExitStack) -> None:
+def _hold_staging_area(args, repository: Path | None, held: ExitStack) -> None:
     """--stage-to's folder, made, locked for the run (not the repository: a staged retrain
     writes nothing there) and emptied of what an earlier retrain staged."""
     stage_dir = staging.make_area(args.stage_to, repository)
@@ -406,10 +412,12 @@ def _scan(readers, holdout_seed: int) -> list[sources.Scanned]:
 
 
 def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
-    export_dir = Path(args.export_dir)
+    export_dir = location(args.export_dir)
     entry = config_entry(args.config, export_dir) if args.config else None
-    model_name = entry.name if entry is not None else export_dir.name
-    baseline = serving_baseline(entry, export_dir)
+    model_name = entry.name if entry is not None else basename(export_dir)
+    # A serving version on object storage is judged from a local copy.
+    fetch_to = model_dir / BASELINE_COPY if is_url(export_dir) else None
+    baseline = serving_baseline(entry, export_dir, fetch_to)
     baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
     model = retrain_data.model_data(args, baseline_report, lambda: _labels(args, baseline))
     labels = _model_labels(args, baseline, model)
@@ -481,10 +489,10 @@ def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
             _record_staged_outcome(
                 args, model_name, baseline, staging.PUBLISHED,
                 f"{run_dir} at step {step} was published earlier",
-                published_version=int(published.name),
+                published_version=published_number(published),
             )  # fmt: skip
             if args.publish != "version":
-                move_label(args.config, entry, args.publish, int(published.name))
+                move_label(args.config, entry, args.publish, published_number(published))
             return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = retrain_data.write_selections(run_dir, readers, assembled.selections)
@@ -702,7 +710,9 @@ def _staged_fields(args, model_name: str, baseline: Baseline | None) -> dict:
     """What staged.json says the candidate was judged for and against."""
     return {
         "model": model_name,
-        "export_dir": os.path.abspath(args.export_dir),
+        "export_dir": args.export_dir
+        if is_url(args.export_dir)
+        else os.path.abspath(args.export_dir),
         "config": args.config,
         "baseline_version": baseline.version if baseline is not None else None,
     }
@@ -752,7 +762,7 @@ def _record_published(gate: Gate, candidate: Candidate, document: dict, publishe
     """Say so, move --publish's label, and keep blessing.json (with the label's changes) in
     the run dir."""
     print(f"Blessed: published {published}", flush=True)
-    version = int(published.name)
+    version = published_number(published)
     if gate.args.publish != "version":
         changes = move_label(gate.args.config, gate.entry, gate.args.publish, version)
         document["publish"]["label_changes"] = changes

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from artifact.repository import list_versions, read_report
+from artifact.storage import is_url
 from training.errors import UsageError
 
 PARAMS_FILE = "params.json"
@@ -91,7 +92,10 @@ def newest_finite_checkpoint(model_dir: Path) -> tuple[str, int] | None:
 
 
 def exported_version_of(export_dir: Path, model_dir: Path, step: int) -> Path | None:
-    """The newest version exported from this model dir at this step, if any."""
+    """The newest version exported from this model dir at this step, if any (a model on
+    object storage is not searched: the retrain's blessing check covers a rerun there)."""
+    if is_url(str(export_dir)):
+        return None
     for _, path in reversed(list_versions(export_dir)):
         report = read_report(path) or {}
         if report.get("model_dir") == str(model_dir) and report.get("global_step") == step:

@@ -51,6 +51,7 @@ from pathlib import Path
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import ModelEntry
 from artifact.repository import SAVED_MODEL_FILE, list_versions, read_blessing
+from artifact.storage import display, is_url
 from training import lock
 from training.errors import UsageError
 from training.versions import (
@@ -91,15 +92,17 @@ class StagingRefused(UsageError):
 # --- the retrain's side -----------------------------------------------------------------------
 
 
-def make_area(stage_dir: str | Path, repository: Path) -> Path:
-    """The staging folder, made when missing.
+def make_area(stage_dir: str | Path, repository: Path | None) -> Path:
+    """The staging folder, made when missing (`repository` None: on object storage).
 
     Raises:
         UsageError: it cannot be made, or it is inside the model repository (a staged retrain
             writes nothing there).
     """
     stage_dir = Path(stage_dir)
-    if stage_dir.absolute().resolve().is_relative_to(repository.absolute().resolve()):
+    if repository is not None and stage_dir.absolute().resolve().is_relative_to(
+        repository.absolute().resolve()
+    ):
         raise UsageError(
             f"--stage-to {stage_dir}: inside the model repository {repository}: stage "
             "outside it (a staged retrain writes nothing in the repository)"
@@ -198,6 +201,11 @@ def cmd_publish(args) -> int:
     if args.publish != "version" and not args.config:
         raise UsageError(
             f"--publish {args.publish} moves a label in the model config: give --config"
+        )
+    if is_url(args.export_dir):
+        raise UsageError(
+            f"--export-dir {display(args.export_dir)}: the publish step copies into a folder "
+            "on disk; a retrain without --stage-to publishes to object storage itself"
         )
     stage_dir, export_dir = Path(args.staged), Path(args.export_dir)
     manifest, manifest_sha256 = read_manifest(stage_dir)

@@ -16,7 +16,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from artifact.contract import normalize_pixels
-from artifact.repository import read_report
+from artifact.storage import location
 from training import cli, data, distributed, finetune, runs, train_any
 from training.errors import NumericsError, UsageError
 from training.estimator import (
@@ -38,6 +38,7 @@ from training.tabular_schema import (
     MAX_INTEGER_CLASSES,
     TASKS,
 )
+from training.versions import published_report
 
 # Measured here (README): 10 epochs of batch 100, Adam 1e-3 with cosine decay: 0.93 in ~3.5 min.
 DEFAULT_EPOCHS = 10
@@ -434,7 +435,7 @@ def cmd_train(args) -> int:
         _train_and_evaluate(estimator, args, train_split, test_split, max_steps, model_dir, task)
     else:
         print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
-        exported = runs.exported_version_of(Path(args.export_dir), model_dir, start_step)
+        exported = runs.exported_version_of(location(args.export_dir), model_dir, start_step)
         if exported is not None and not args.no_export:
             print(f"Step {start_step} is already exported as {exported}; not exporting it again.")
             return 0
@@ -568,7 +569,9 @@ def _export(args, model_dir, params, labels, test_images, test_labels, train_sec
     version = export_evaluated(
         estimator, args.export_dir, labels, test_images, test_labels, context
     )
-    print(format_report(read_report(version)), flush=True)
+    report = published_report(version)
+    if report is not None:
+        print(format_report(report), flush=True)
     print(f"Exported {version} after {train_seconds / 60:.1f} min of training.")
     sys.stdout.flush()
     return 0

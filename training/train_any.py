@@ -18,6 +18,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from artifact.storage import location
 from training import cli, distributed, image_folder, runs, tabular
 from training.errors import UsageError
 from training.evaluation import format_report
@@ -156,7 +157,7 @@ def train_any(args, default_epochs: float) -> TrainedRun:
     _check_options(args)
     name = data_name(args)
     model_dir = Path(args.model_dir or f"runs/{name}")
-    export_dir = Path(args.export_dir or f"models/{name}")
+    export_dir = location(args.export_dir or f"models/{name}")
     if args.csv:
         schema = infer_schema(args.csv, args.label, args.task, args.max_vocabulary)
         kind, count, data = args.model or "linear", schema.train_rows, schema.to_json()

@@ -8,6 +8,9 @@
   filesystem is copied beside the versions first. TF Serving and the service, which poll the
   folder, never see half a version.
 - A label moved onto a published version (`move_label`), within training.promote's rules.
+- A model folder on object storage (`s3://`, `gs://`; artifact/storage.py) takes the same
+  calls: a version is uploaded with its manifest last instead of renamed in, and the serving
+  version is downloaded to judge against.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from artifact.contract import ASSETS_EXTRA, REPORT_FILE
 from artifact.model_config import ConfigError, ModelEntry, Policy, parse_config
-from artifact.repository import list_versions, parse_version
+from artifact.repository import list_versions, parse_version, read_report
+from artifact.storage import RemoteModel, StorageError, basename, display, is_url, location
 from training.errors import UsageError
 from training.promote import promote
 
@@ -38,11 +43,12 @@ class Baseline:
     """The version serving now, and why it is the one."""
 
     version: int
-    path: Path
+    # A folder on disk (for a model on object storage: its local copy, or its URL).
+    path: Path | str
     chosen_by: str
 
 
-def config_entry(config: str | Path, export_dir: Path) -> ModelEntry:
+def config_entry(config: str | Path, export_dir: Path | str) -> ModelEntry:
     """The model config's entry whose base_path is export_dir (UsageError when none is)."""
     path = Path(config)
     try:
@@ -53,9 +59,8 @@ def config_entry(config: str | Path, export_dir: Path) -> ModelEntry:
         entries = parse_config(text, path)
     except ConfigError as err:
         raise UsageError(str(err)) from err
-    target = export_dir.resolve()
     for entry in entries:
-        if entry.base_path.resolve() == target:
+        if _same_place(entry.base_path, export_dir):
             return entry
     listed = ", ".join(f"{e.name} at {e.base_path}" for e in entries)
     raise UsageError(
@@ -64,9 +69,49 @@ def config_entry(config: str | Path, export_dir: Path) -> ModelEntry:
     )
 
 
-def serving_baseline(entry: ModelEntry | None, export_dir: Path) -> Baseline | None:
-    """The version serving now (None when no version is on disk)."""
+def _same_place(a: Path | str, b: Path | str) -> bool:
+    if is_url(a) or is_url(b):
+        return location(str(a)) == location(str(b))
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def serving_baseline(
+    entry: ModelEntry | None, export_dir: Path | str, fetch_to: Path | None = None
+) -> Baseline | None:
+    """The version serving now (None when no version is on disk).
+
+    Args:
+        fetch_to: for a model on object storage, a local folder to download the serving
+            version into (its `path` is then that copy; otherwise its URL).
+    Raises:
+        UsageError: a model on object storage that cannot be listed or downloaded.
+    """
+    if is_url(export_dir):
+        return _remote_baseline(entry, export_dir, fetch_to)
     on_disk = dict(list_versions(export_dir))
+    return _choose_baseline(entry, export_dir, on_disk)
+
+
+def _remote_baseline(entry, url: str, fetch_to: Path | None) -> Baseline | None:
+    model = RemoteModel(url)
+    try:
+        complete, _, _ = model.versions()
+    except StorageError as err:
+        raise UsageError(f"--export-dir: {err}") from None
+    chosen = _choose_baseline(entry, url, {v: found.url for v, found in complete.items()})
+    if chosen is None or fetch_to is None:
+        return chosen
+    target = Path(fetch_to) / str(chosen.version)
+    if target.exists():
+        shutil.rmtree(target)
+    try:
+        model.download(complete[chosen.version], target)
+    except StorageError as err:
+        raise UsageError(f"--export-dir: the serving version cannot be downloaded: {err}") from None
+    return dataclasses.replace(chosen, path=target)
+
+
+def _choose_baseline(entry, export_dir, on_disk: dict) -> Baseline | None:
     if not on_disk:
         return None
     if entry is not None:
@@ -75,7 +120,7 @@ def serving_baseline(entry: ModelEntry | None, export_dir: Path) -> Baseline | N
             if stable not in on_disk:
                 raise UsageError(
                     f"--config: the stable label names version {stable}, which is not in "
-                    f"{export_dir} (on disk: {', '.join(map(str, on_disk))})"
+                    f"{display(export_dir)} (on disk: {', '.join(map(str, on_disk))})"
                 )
             return Baseline(stable, on_disk[stable], "the stable label")
         served = entry.aspired(on_disk)
@@ -180,7 +225,7 @@ def publish_staged(
     staged: str | Path,
     export_base: str | Path,
     before_rename: Callable[[int, Path], None] | None = None,
-) -> Path:
+) -> Path | str:
     """Move a complete version staged outside the repository in as the next version.
 
     Atomic either way: renamed in directly when `staged` is on the repository's filesystem,
@@ -191,9 +236,16 @@ def publish_staged(
         staged: the complete version folder (training.publish.staged_version's).
         export_base: the model's directory in the repository (created when missing).
         before_rename: as publish_next's.
+        A URL (s3://, gs://) as export_base: uploaded as the next version there, its
+        manifest last (artifact/storage.py), before_rename called before the upload.
     Returns:
-        The published version directory.
+        The published version directory (its URL on object storage).
+    Raises:
+        UsageError: the upload to object storage failed (no version was published: readers
+            never take a version without its manifest).
     """
+    if is_url(str(export_base)):
+        return publish_remote(staged, str(export_base), before_rename)
     staged, base = Path(staged), Path(export_base)
     base.mkdir(parents=True, exist_ok=True)
     sweep_stale_staging(base)
@@ -208,6 +260,37 @@ def publish_staged(
         return publish_next(target, base, before_rename)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
+
+
+def publish_remote(
+    staged: str | Path, url: str, before_upload: Callable[[int, Path], None] | None = None
+) -> str:
+    """Upload a complete staged version as the next version of the model at `url`.
+
+    Raises:
+        UsageError: the upload failed (one line, without secrets).
+    """
+    try:
+        return RemoteModel(location(url)).publish(Path(staged), before_upload)
+    except StorageError as err:
+        raise UsageError(f"--export-dir: nothing published: {err}") from None
+
+
+def published_number(published: Path | str) -> int:
+    """The version number of a published version's folder or URL."""
+    return int(basename(published))
+
+
+def published_report(published: Path | str) -> dict | None:
+    """A published version's evaluation report (read back from object storage for a URL)."""
+    if not is_url(published):
+        return read_report(published)
+    parent, number = str(published).rsplit("/", 1)
+    try:
+        text = RemoteModel(parent).read_text(f"{number}/{ASSETS_EXTRA}/{REPORT_FILE}")
+    except StorageError:
+        return None
+    return json.loads(text) if text else None
 
 
 def fsync_tree(root: Path) -> None:

@@ -40,6 +40,8 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
         allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models,
         default_model=default,
         allow_signature_changes=settings.allow_signature_changes,
+        allow_file_system_ops=settings.allow_file_system_ops,
+        model_cache_dir=settings.model_cache_dir,
     )
     if settings.batch_max_size > 1:
         backend = BatchingBackend(

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from artifact.contract import PROBABILITIES_KEY, SIGNATURE_NAME
+from artifact.file_ops import file_system_problems
 from artifact.model_config import ModelEntry
 from artifact.repository import read_labels, version_labels
 from artifact.saved_model import ModelInputError, SavedModelPredictor, servable_problems
@@ -23,6 +24,7 @@ from artifact.warmup import read_warmup_requests
 from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
+from service.backends.sources import Sources
 from service.codecs.signatures import signature_specs
 from service.errors import BadInput, NotFound, SignatureNotFound
 from service.types import (
@@ -63,10 +65,17 @@ def answer_labels(path: Path, contract: dict[str, SignatureSpec]) -> tuple[str, 
 
 
 class TensorFlowLoader:
-    """Loads and warms SavedModels in TensorFlow's worker thread (the registry's Loader)."""
+    """Loads and warms SavedModels in TensorFlow's worker thread (the registry's Loader).
 
-    def __init__(self, executor: concurrent.futures.Executor):
+    Args:
+        executor: TensorFlow's worker thread.
+        allow_file_system_ops: ALLOW_FILE_SYSTEM_OPS: load versions whose graphs reach the
+            file system (refused otherwise, before anything of them runs).
+    """
+
+    def __init__(self, executor: concurrent.futures.Executor, allow_file_system_ops: bool = False):
         self.executor = executor
+        self.allow_file_system_ops = allow_file_system_ops
         self.device: str | None = None
 
     async def load(self, version: int, path: Path) -> LoadedVersion:
@@ -78,6 +87,16 @@ class TensorFlowLoader:
         return loaded
 
     def _load_blocking(self, version: int, path: Path) -> LoadedVersion:
+        if not self.allow_file_system_ops:
+            # From saved_model.pb alone, before loading runs its init op and warmup its
+            # signatures: a model is code, and these ops reach what the server can reach.
+            problems = file_system_problems(path)
+            if problems:
+                raise ValueError(
+                    "its graph reads or writes files: "
+                    + "; ".join(problems)
+                    + "; set ALLOW_FILE_SYSTEM_OPS=true to serve it"
+                )
         predictor = SavedModelPredictor(path, device=self.device)
         # Only a version no request could use never serves (no usable signature, or labels
         # that do not name every class).
@@ -129,6 +148,10 @@ class InProcessBackend(Backend):
         default_model: the model /predict serves.
         allow_signature_changes: a new version whose signatures differ from the serving
             version's may serve (ALLOW_SIGNATURE_CHANGES).
+        allow_file_system_ops: a version whose graph reads or writes files may serve
+            (ALLOW_FILE_SYSTEM_OPS; artifact/file_ops.py).
+        model_cache_dir: where versions on object storage are copied before they load
+            (MODEL_CACHE_DIR; None = the default under the user's cache folder).
     """
 
     def __init__(
@@ -141,6 +164,8 @@ class InProcessBackend(Backend):
         allow_unavailable_labels: bool = False,
         default_model: str | None = None,
         allow_signature_changes: bool = False,
+        allow_file_system_ops: bool = False,
+        model_cache_dir: str | Path | None = None,
     ):
         super().__init__(default_model or models[0].name)
         self._entries = list(models)
@@ -153,10 +178,11 @@ class InProcessBackend(Backend):
         self._shadow_executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="tf-shadow"
         )
-        self._loader = TensorFlowLoader(self._executor)
+        self._loader = TensorFlowLoader(self._executor, allow_file_system_ops)
         self.registry = ModelRegistry(
-            self._loader, allow_unavailable_labels, allow_signature_changes
-        )
+            self._loader, allow_unavailable_labels, allow_signature_changes,
+            Sources(model_cache_dir),
+        )  # fmt: skip
         self._poller: asyncio.Task | None = None
 
     def _model(self, name: str, version: int | None = None) -> VersionRegistry:

@@ -18,6 +18,10 @@ model config (artifact/model_config.py):
   one (so a new export does not go live by itself), otherwise to the newest AVAILABLE one;
   a request naming a version or a label gets it if it is AVAILABLE, and TF Serving's
   "Servable not found" (404) otherwise.
+
+The versions come from the model's source (service/backends/sources.py): its folder on
+disk, or a URL on object storage whose complete versions are copied into a local cache
+before they load. A listing that fails changes nothing: what is loaded keeps serving.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from artifact.model_config import ConfigError, ModelEntry
-from artifact.repository import assets_stamp, files_stamp, foreign_entries, list_versions
+from artifact.repository import assets_stamp
+from artifact.storage import StorageError
+from service.backends.sources import Sources
 from service.errors import BadInput, NotFound, NotReady, check_label_name
 from service.types import VersionState, VersionStatus
 
@@ -100,8 +106,8 @@ class VersionRecord:
     path: Path
     state: VersionState = VersionState.START
     error: str = ""
-    # The newest modification time of its files when it was last tried.
-    stamp: float = 0.0
+    # Its files' stamp (the source's: modification times, or a listing) when last tried.
+    stamp: Any = 0.0
     servable: Any = None
     loading: asyncio.Future | None = None
     inflight: int = 0
@@ -143,11 +149,20 @@ class VersionRegistry:
         allow_signature_changes: ALLOW_SIGNATURE_CHANGES: a new version whose signatures
             differ from the serving version's may serve (refused otherwise, so a retrain
             cannot silently change what clients must send).
+        sources: makes the source of the entry's base path (a folder, or a URL and its cache).
     """
 
-    def __init__(self, entry: ModelEntry, loader: Loader, allow_signature_changes: bool = False):
+    def __init__(
+        self,
+        entry: ModelEntry,
+        loader: Loader,
+        allow_signature_changes: bool = False,
+        sources: Sources | None = None,
+    ):
         self.entry = entry
         self.loader = loader
+        self._sources = sources or Sources()
+        self.source = self._sources.open(entry.base_path)
         self.allow_signature_changes = allow_signature_changes
         self.records: dict[int, VersionRecord] = {}
         self._reason = "the model is loading"
@@ -162,7 +177,8 @@ class VersionRegistry:
 
     @property
     def model_dir(self) -> Path:
-        return self.entry.base_path
+        """The folder the versions load from: the model's own, or its cache for a URL."""
+        return self.source.local_dir
 
     @property
     def labels(self) -> dict[str, int]:
@@ -262,6 +278,8 @@ class VersionRegistry:
 
     def configure(self, entry: ModelEntry) -> None:
         """Take a new config entry (policy, labels); the next refresh() applies it."""
+        if entry.base_path != self.entry.base_path:
+            self.source = self._sources.open(entry.base_path)
         self.entry = entry
 
     def label_problems(self, labels: dict[str, int], allow_unavailable: bool) -> list[str]:
@@ -287,7 +305,13 @@ class VersionRegistry:
         async with self._refreshing:
             if self._closed:
                 return
-            on_disk = dict(list_versions(self.model_dir))
+            try:
+                on_disk = await self.source.scan()
+            except StorageError as err:
+                # Nothing changes: what is loaded keeps serving (the source logs it).
+                if self.serving is None:
+                    self._reason = f"cannot list the versions of {self.name}: {err}"
+                return
             self._warn_foreign()
             # A version gone from the folder is forgotten only if it never loaded: an unloaded
             # or failed one keeps its END status, as TF Serving keeps it.
@@ -303,7 +327,7 @@ class VersionRegistry:
                     if not (
                         v in self.records
                         and self.records[v].failed
-                        and self.records[v].stamp == files_stamp(path)
+                        and self.records[v].stamp == self.source.stamp(v, path)
                     )
                 ]
                 aspired = self.entry.aspired(loadable)
@@ -321,6 +345,9 @@ class VersionRegistry:
                 if not failed_now:
                     break
             self._unload_unaspired(aspired)
+            self.source.retain(
+                {v for v, r in self.records.items() if r.servable is not None or r.loading}
+            )
             await self._reload_changed_assets()
             serving = self.serving
             if serving is None:
@@ -382,7 +409,11 @@ class VersionRegistry:
 
     def _why_nothing_serves(self, on_disk: dict[int, Path]) -> str:
         if not on_disk:
-            return f"no version under {self.model_dir}"
+            waiting = sorted(self.source.waiting.items())
+            if waiting:
+                version, why = waiting[-1]
+                return f"no complete version under {self.source.where} yet ({version}: {why})"
+            return f"no version under {self.source.where}"
         failures = [r for r in self.records.values() if r.failed]
         if failures:
             newest = max(failures, key=lambda r: r.version)
@@ -398,14 +429,14 @@ class VersionRegistry:
         return record
 
     def _warn_foreign(self) -> None:
-        for name in foreign_entries(self.model_dir):
+        for name in self.source.foreign():
             if name not in self._warned:
                 self._warned.add(name)
                 log.warning(
                     "Ignoring %r in %s: a version folder is named by a non-negative integer "
                     "in ASCII digits",
                     name,
-                    self.model_dir,
+                    self.source.where,
                 )
 
     async def _load(self, record: VersionRecord) -> Any:
@@ -414,10 +445,8 @@ class VersionRegistry:
             return record.servable
         if record.loading is None:
             record.state, record.error = VersionState.LOADING, ""
-            record.stamp = files_stamp(record.path)
-            # Before the load reads them: a change during the load is seen next time.
-            record.assets_stamp = assets_stamp(record.path)
-            record.loading = asyncio.ensure_future(self.loader.load(record.version, record.path))
+            record.stamp = self.source.stamp(record.version, record.path)
+            record.loading = asyncio.ensure_future(self._fetch_and_load(record))
         pending = record.loading
         try:
             servable = await asyncio.shield(pending)
@@ -434,6 +463,13 @@ class VersionRegistry:
             record.state, record.servable = VersionState.AVAILABLE, servable
             log.info("%s version %s is AVAILABLE", self.name, record.version)
         return servable
+
+    async def _fetch_and_load(self, record: VersionRecord) -> Any:
+        # A URL's version is copied into the cache first; a folder on disk is used in place.
+        record.path = await self.source.fetch(record.version, record.path)
+        # Before the load reads them: a change during the load is seen next time.
+        record.assets_stamp = assets_stamp(record.path)
+        return await self.loader.load(record.version, record.path)
 
     def _check_signatures(self, version: int, servable: Any) -> None:
         """Refuse (and let go of) a new version whose signatures differ from the serving
@@ -466,6 +502,7 @@ class VersionRegistry:
                         self._finish_unload(record)
             self.records = {v: r for v, r in self.records.items() if r.inflight}
             self._reason = "the model was unloaded"
+            self.source.close()
         if self._unloads:
             await asyncio.gather(*self._unloads, return_exceptions=True)
 
@@ -478,6 +515,7 @@ class ModelRegistry:
         allow_unavailable_labels: TF Serving's --allow_version_labels_for_unavailable_models:
             a new label may point to a version that is not AVAILABLE (yet).
         allow_signature_changes: ALLOW_SIGNATURE_CHANGES (see VersionRegistry).
+        sources: makes each model's source (MODEL_CACHE_DIR for URLs).
     """
 
     def __init__(
@@ -485,8 +523,10 @@ class ModelRegistry:
         loader: Loader,
         allow_unavailable_labels: bool = False,
         allow_signature_changes: bool = False,
+        sources: Sources | None = None,
     ):
         self.loader = loader
+        self.sources = sources or Sources()
         self.allow_unavailable_labels = allow_unavailable_labels
         self.allow_signature_changes = allow_signature_changes
         self.models: dict[str, VersionRegistry] = {}
@@ -524,6 +564,7 @@ class ModelRegistry:
                         dataclasses.replace(entry, labels={}),
                         self.loader,
                         self.allow_signature_changes,
+                        self.sources,
                     )
                     fresh[entry.name] = registry
                     await registry.refresh()
@@ -567,3 +608,4 @@ class ModelRegistry:
         for registry in self.models.values():
             await registry.close()
         self.models.clear()
+        self.sources.close()

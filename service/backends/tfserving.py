@@ -29,9 +29,10 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from artifact.contract import INPUT_KEY, SIGNATURE_NAME
+from artifact.contract import ASSETS_EXTRA, DIGIT_LABELS, INPUT_KEY, LABELS_FILE, SIGNATURE_NAME
 from artifact.model_config import ModelEntry
 from artifact.repository import assets_stamp, version_labels
+from artifact.storage import RemoteModel, StorageError, is_url
 from service.backends.base import Backend
 from service.backends.registry import STABLE, servable_not_found
 from service.codecs.signatures import signature_specs
@@ -157,12 +158,29 @@ class TFServingBackend(Backend):
         entry = self.entries.get(name)
         if entry is None:
             raise NotFound(servable_not_found(name, version))
+        if is_url(entry.base_path):
+            return self._remote_labels(name, entry.base_path, version)
         path = entry.base_path / str(version)
         stamp = assets_stamp(path)
         cached = self._labels.get((name, version))
         if cached is None or cached[0] != stamp:
             cached = self._labels[(name, version)] = (stamp, version_labels(path))
         return cached[1]
+
+    def _remote_labels(self, name: str, url: str, version: int) -> tuple[str, ...]:
+        """A version's labels.txt on object storage, read once per version (a version there
+        is published whole; its labels do not change)."""
+        cached = self._labels.get((name, version))
+        if cached is not None:
+            return cached[1]
+        try:
+            text = RemoteModel(url).read_text(f"{version}/{ASSETS_EXTRA}/{LABELS_FILE}")
+        except StorageError as err:
+            log.warning("%s version %s: labels not read, digits meanwhile: %s", name, version, err)
+            return DIGIT_LABELS
+        labels = tuple(line for line in (text or "").splitlines() if line) or DIGIT_LABELS
+        self._labels[(name, version)] = (0.0, labels)
+        return labels
 
     def _set_serving(self, name: str, version: int | None, reason: str = "") -> None:
         before = self._serving.get(name)

@@ -1,10 +1,19 @@
-"""Who may call what over gRPC, decided from the call's metadata before its message is read.
+"""Who may call what over gRPC, decided from the call's metadata before its message is read,
+and how long a call may take to send its message.
 
 One table (`METHOD_SCOPES`) says the token scope each method of GRPC_PORT's services needs,
-and one interceptor (`TokenInterceptor`) enforces it for every service on the server, with
-HTTP's token rule (service/security.py's `bearer_problem`, over the same `TokenFile`). A
-refused call is answered from its metadata alone: the request message (up to
-GRPC_MAX_MESSAGE_BYTES) is never deserialized, and no servicer runs.
+and one interceptor (`CallGuard`) enforces it for every service on the server, with HTTP's
+token rule (service/security.py's `bearer_problem`, over the same `TokenFile`). A refused
+call is answered from its metadata alone, at once: the server does not wait for its request
+message (up to GRPC_MAX_MESSAGE_BYTES), never deserializes it, and runs no servicer. So a
+client without a token cannot hold one of GRPC_MAX_CONCURRENT_RPCS by opening calls that
+never send their message.
+
+A call that is let through must send its message within `receive_timeout`
+(BODY_TIMEOUT_SECONDS, HTTP's for a request body); past it the call ends with
+DEADLINE_EXCEEDED and its slot is free. gRPC itself waits for a unary call's message for as
+long as the client likes: the guard serves each unary method as a client-streaming one that
+reads the first message under a timer, then calls the method's own handler with it.
 
 A bearer token sent over plaintext gRPC (no TLS_CERT_FILE) is refused unless
 GRPC_ALLOW_PLAINTEXT_TOKENS says the network is trusted (a mesh that encrypts, loopback):
@@ -13,6 +22,7 @@ anyone on the path could read it and replay it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -53,27 +63,56 @@ PLAINTEXT_TOKEN = (
 )
 
 
+# What a call to a method no service has is counted as (grpc_requests_total{method}): its
+# name comes from the client, which must not grow the label set without bound.
+OTHER_METHOD = "other"
+
+
+def metric_name(method: str) -> str:
+    """A gRPC method's name in the metrics: its own (`Predict`) for a method in the table,
+    `other` for any other name a client sends."""
+    return method.rsplit("/", 1)[-1] if method in METHOD_SCOPES else OTHER_METHOD
+
+
 def scope_of_method(method: str) -> str | None:
     """The scope a gRPC method (`/package.Service/Method`) needs, or None when it is open."""
     return METHOD_SCOPES.get(method, DEFAULT_SCOPE)
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+# A call's message must come within this long by default (BODY_TIMEOUT_SECONDS's default).
+RECEIVE_TIMEOUT_SECONDS = 30.0
+
+
+class CallGuard(grpc.aio.ServerInterceptor):
     """Every call's bearer token checked against its method's scope, before its message is
-    deserialized: a refused call costs its metadata, not its message.
+    read (a refused call costs its metadata, not its message, and ends at once); every call
+    let through given `receive_timeout` seconds to send its message.
 
     Args:
-        tokens: token -> scopes (a `TokenFile`), the HTTP side's own.
+        tokens: token digest -> scopes (a `TokenFile`), the HTTP side's own; None: no token
+            is asked for.
         refuse_plaintext: refuse any call that carries a token (the server has no TLS and
             GRPC_ALLOW_PLAINTEXT_TOKENS is off).
         count: `count(method_name, code_name)`, called for each refused call (the metrics'
-            grpc_requests_total, which the servicers count for the calls they answer).
+            grpc_requests_total, which the servicers count for the calls they answer), with
+            `metric_name`'s name for the method.
+        receive_timeout: seconds a call may take to send its request message
+            (BODY_TIMEOUT_SECONDS).
     """
 
-    def __init__(self, tokens, refuse_plaintext: bool = False, count=None):
+    def __init__(
+        self,
+        tokens=None,
+        refuse_plaintext: bool = False,
+        count=None,
+        receive_timeout: float = RECEIVE_TIMEOUT_SECONDS,
+    ):
         self.tokens = tokens
         self.refuse_plaintext = refuse_plaintext
         self.count = count
+        self.receive_timeout = receive_timeout
+        # Each served method's guarded handler, made once (the methods are the services').
+        self._guarded: dict[str, grpc.RpcMethodHandler | None] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
@@ -83,17 +122,24 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 header = value if isinstance(value, str) else value.decode("latin-1")
         refusal = self._refusal(method, header)
         if refusal is None:
-            return await continuation(handler_call_details)
+            guarded = self._guarded.get(method)
+            if guarded is None:
+                handler = await continuation(handler_call_details)
+                guarded = receiving_within(handler, self.receive_timeout)
+                if handler is not None:  # a method no service has: not kept
+                    self._guarded[method] = guarded
+            return guarded
         code, message = refusal
-        name = method.rsplit("/", 1)[-1]
         if self.count is not None:
-            self.count(name, code.name)
-        log.info("gRPC %s -> %s: %s", printable(name), code.name, message)
+            self.count(metric_name(method), code.name)
+        log.info("gRPC %s -> %s: %s", printable(method), code.name, message)
         return _refusing_handler(code, message)
 
     def _refusal(self, method: str, header: str) -> tuple[grpc.StatusCode, str] | None:
         if self.refuse_plaintext and header:
             return grpc.StatusCode.UNAUTHENTICATED, PLAINTEXT_TOKEN
+        if self.tokens is None:
+            return None
         needed = scope_of_method(method)
         if needed is None:
             return None
@@ -107,9 +153,44 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return code, message
 
 
+def receiving_within(handler, seconds: float):
+    """A unary-unary method's handler as a client-streaming one that waits at most `seconds`
+    for the request message, then answers as the method does; other handlers (and None, a
+    method no service has) as they are.
+
+    The client sees no difference: a unary call is one message and a half-close either way.
+    """
+    if handler is None or handler.request_streaming or handler.response_streaming:
+        return handler
+    answer = handler.unary_unary
+
+    async def receive_then_answer(requests, context):
+        try:
+            async with asyncio.timeout(seconds):
+                # The context's own read: no async generator around it (`requests` is one).
+                request = await context.read()
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the request message did not arrive within {seconds:g} s (BODY_TIMEOUT_SECONDS)",
+            )
+        if request is grpc.aio.EOF:  # a half-close with no message: not a unary call
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "the call ended without its request message"
+            )
+        return await answer(request, context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        receive_then_answer,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 def _refusing_handler(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    # No request_deserializer: the message stays the bytes gRPC received, never parsed.
-    async def refuse(request, context):
+    # Client-streaming, and nothing read: the call ends now, whether or not its message ever
+    # comes, and the bytes gRPC received are never parsed.
+    async def refuse(requests, context):
         await context.abort(code, message)
 
-    return grpc.unary_unary_rpc_method_handler(refuse)
+    return grpc.stream_unary_rpc_method_handler(refuse)

@@ -56,7 +56,7 @@ from service.errors import (
     printable,
     redact_paths,
 )
-from service.protocols.grpc_access import TokenInterceptor
+from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
 from service.types import Inputs, ModelMetadata, SignatureSpec
 
 log = logging.getLogger("service.grpc")
@@ -495,6 +495,8 @@ class GRPCServer:
             itself answers those past it RESOURCE_EXHAUSTED.
         body_budget: the bytes the process holds for requests (MAX_BODY_BYTES_IN_FLIGHT),
             shared with HTTP: the tf.Examples a call's context is copied into count in it.
+        receive_timeout: BODY_TIMEOUT_SECONDS: how long a call may take to send its request
+            message; then DEADLINE_EXCEEDED, and its slot is free.
     """
 
     def __init__(
@@ -513,8 +515,10 @@ class GRPCServer:
         allow_plaintext_tokens: bool = False,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
         body_budget: BodyBudget | None = None,
+        receive_timeout: float = RECEIVE_TIMEOUT_SECONDS,
     ):
         self.body_budget = body_budget
+        self.receive_timeout = receive_timeout
         self.tls = tls
         self.allow_plaintext_tokens = allow_plaintext_tokens
         self.max_concurrent_rpcs = max_concurrent_rpcs
@@ -537,22 +541,22 @@ class GRPCServer:
         Raises:
             RuntimeError: the address cannot be bound.
         """
-        interceptors = []
-        if self.tokens is not None:
+
+        def count(name: str, code: str) -> None:
             metrics = self.dataplane.metrics
+            metrics.child(metrics.grpc_requests, name, code).inc()
 
-            def count(name: str, code: str) -> None:
-                metrics.child(metrics.grpc_requests, name, code).inc()
-
-            interceptors.append(
-                TokenInterceptor(
-                    self.tokens,
-                    refuse_plaintext=self.tls is None and not self.allow_plaintext_tokens,
-                    count=count,
-                )
-            )
+        # Every call: its token (when tokens are on) and the time it has to send its message.
+        guard = CallGuard(
+            self.tokens,
+            refuse_plaintext=(
+                self.tokens is not None and self.tls is None and not self.allow_plaintext_tokens
+            ),
+            count=count,
+            receive_timeout=self.receive_timeout,
+        )
         server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=[guard],
             maximum_concurrent_rpcs=self.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),

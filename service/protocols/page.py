@@ -213,7 +213,9 @@ class PageAPI:
         answer = {
             "model_name": name,
             "ready": readiness.ready,
-            "reason": readiness.reason,
+            # /readyz's words: why, without the server's folders (a failed version's error
+            # names its files).
+            "reason": redact_paths(readiness.reason),
             "model_version": None if readiness.version is None else str(readiness.version),
             "form": None,
             "problem": None,
@@ -222,7 +224,7 @@ class PageAPI:
             try:
                 answer["form"] = (await model_form(self.dataplane, name)).to_json()
             except NotReady as err:  # unloaded since readiness answered
-                answer.update(ready=False, reason=err.message)
+                answer.update(ready=False, reason=redact_paths(err.message))
             except BadInput as err:  # no signature /predict can choose
                 answer["problem"] = err.message
         return json_response(answer)

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import uvicorn
 from google.protobuf import struct_pb2
 
 from artifact.contract import (
@@ -36,7 +35,8 @@ from service.app import create_app
 from service.backends.base import Backend
 from service.backends.registry import servable_not_found
 from service.errors import BadInput, NotFound, NotReady, SignatureNotFound, UpstreamError
-from service.server import uvicorn_config
+from service.security import is_loopback
+from service.server import granian_server
 from service.settings import Settings
 from service.types import (
     ModelMetadata,
@@ -320,12 +320,20 @@ def write_version(model_dir: Path, version: int | str, content: str = "good") ->
     return path
 
 
+# The Host Starlette's TestClient sends.
+TESTCLIENT_HOST = "testserver"
+
+
 @contextlib.contextmanager
 def app_client(backend: Backend, serve_grpc: bool = False, **settings) -> Iterator[TestClient]:
     """Starlette's TestClient on the real app over a fake backend (lifespan included; with
     serve_grpc, the gRPC server too, on the TestClient's event loop, at settings' grpc_port).
     `client.app` is the Service (service/app.py)."""
     defaults = {"model_name": backend.model_name, "max_images": 16, "max_body_bytes": 200_000}
+    if "allowed_hosts" not in settings and is_loopback(settings.get("host", "127.0.0.1")):
+        # On loopback only loopback names are answered for (DNS rebinding): TestClient's
+        # requests name `testserver`.
+        defaults["allowed_hosts"] = TESTCLIENT_HOST
     app = create_app(Settings(**{**defaults, **settings}), backend, serve_grpc=serve_grpc)
     app.dataplane.traffic._random.seed(0)
     with TestClient(app) as client:
@@ -345,25 +353,46 @@ def wait_until(condition, what: str, timeout: float = WAIT_SECONDS) -> None:
 
 
 @contextlib.contextmanager
-def threaded_server(app, settings: Settings | None = None) -> Iterator[tuple[str, uvicorn.Server]]:
+def threaded_server(app, settings: Settings | None = None) -> Iterator[tuple[str, object]]:
     """A real server for `app` in a thread of the test process, configured as the service
-    configures it (service/server.py) from `settings` (the app's, or the defaults);
-    (url, server).
-    """
-    settings = settings or Settings()
-    # The server gets the bound socket itself: no window for another process to take the port.
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    scheme = "https" if settings.tls_cert_file else "http"
-    server = uvicorn.Server(uvicorn_config(app, settings, "warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    configures it (service/server.py) from `settings` (the app's, or the defaults) on a free
+    loopback port; (url, the server). Stopped, and its thread joined, on exit."""
+    from support.servers import free_port
+
+    settings = (settings or Settings()).model_copy(
+        update={"host": "127.0.0.1", "port": free_port()}
+    )
+    server = granian_server(app, settings)
+    loop = asyncio.new_event_loop()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.serve())
+        except BaseException as err:  # noqa: BLE001 - told to the test below
+            failed.append(err)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    scheme = "https" if settings.tls_cert_file else "http"
+    url = f"{scheme}://127.0.0.1:{settings.port}"
     try:
-        wait_until(lambda: server.started or not thread.is_alive(), "the server to start")
-        assert thread.is_alive(), "the server did not start"
-        yield f"{scheme}://127.0.0.1:{port}", server
+        wait_until(lambda: failed or not thread.is_alive() or _accepts(settings.port),
+                   "the server to start")  # fmt: skip
+        assert thread.is_alive() and not failed, f"the server did not start: {failed}"
+        yield url, server
     finally:
-        server.should_exit = True
+        if thread.is_alive():
+            loop.call_soon_threadsafe(server.stop)
         thread.join(WAIT_SECONDS)
-        sock.close()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False

@@ -104,7 +104,7 @@ def open_upload(url: str, path: str, length: int, first: bytes) -> socket.socket
     host, port = url.split("//")[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n".encode()
         + first
     )

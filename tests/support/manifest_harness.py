@@ -122,6 +122,10 @@ def validation_errors(obj: dict) -> list[str]:
 # --- walking the objects --------------------------------------------------------------------
 
 
+# The label KServe sets on every pod of an InferenceService: its name.
+KSERVE_POD_LABEL = "serving.kserve.io/inferenceservice"
+
+
 @dataclass(frozen=True)
 class Pod:
     """A pod template found in a rendered object."""
@@ -149,7 +153,12 @@ def pods(obj: dict) -> list[Pod]:
         ]  # fmt: skip
     if kind == "InferenceService":
         predictor = spec["predictor"]
-        return [Pod(f"{name} predictor", kind, predictor, obj["metadata"].get("labels", {}))]
+        # KServe gives the predictor's pods the InferenceService's labels and its own.
+        labels = {
+            **obj["metadata"].get("labels", {}),
+            KSERVE_POD_LABEL: obj["metadata"]["name"],
+        }
+        return [Pod(f"{name} predictor", kind, predictor, labels)]
     return []
 
 

@@ -243,6 +243,20 @@ def wait_for(condition, what: str, server: Server, timeout: float = 60.0):
         time.sleep(0.1)
 
 
+def wait_until_answering(url: str, path: str = "/healthz", timeout: float = 60.0) -> None:
+    """Wait (bounded) until a server just started answers `path` with 200."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + path, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}{path} did not answer 200 within {timeout:g} s")
+        time.sleep(0.05)
+
+
 def resident_bytes(pid: int, field: str = "VmRSS") -> int:
     """A process's resident memory now (VmRSS), or the most it ever had (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

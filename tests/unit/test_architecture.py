@@ -140,8 +140,8 @@ def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
     assert {"artifact", "training"} <= trainer and "service" not in trainer
     service_lock = (ROOT / "requirements-service.lock").read_text()
     training_lock = (ROOT / "requirements-training.lock").read_text()
-    assert "fastapi" in service_lock and "fastapi" not in training_lock
-    assert "uvicorn" not in training_lock
+    assert "granian" in service_lock and "granian" not in training_lock
+    assert "starlette" not in training_lock
 
 
 # The service's floors, lowest first: a module imports only from its own floor or below, so

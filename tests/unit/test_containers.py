@@ -216,3 +216,15 @@ def test_the_stop_grace_period_covers_the_drain_and_the_shutdown(config):
         grace = config["services"][name]["stop_grace_period"]
         seconds = float(str(grace).rstrip("s")) if not isinstance(grace, int | float) else grace
         assert seconds > needed, (name, grace, needed)
+
+
+def test_the_api_images_own_environment_needs_tokens_to_start(tmp_path):
+    """The image listens on every interface: without AUTH_TOKENS_FILE (or ALLOW_ANONYMOUS=true)
+    its defaults stop the start (they served everything to anyone, with a warning line)."""
+    from support.entry import run_main_in_process
+    from support.manifest_harness import dockerfile_stages
+
+    host = dockerfile_stages()["api"]["env"]["HOST"]
+    assert host == "0.0.0.0"
+    result = run_main_in_process(HOST=host, MODEL_BASE_PATH=str(tmp_path))
+    assert result.returncode == 2 and "ALLOW_ANONYMOUS=true" in result.stderr

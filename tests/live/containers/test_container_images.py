@@ -27,7 +27,7 @@ def test_the_trainer_image_carries_debians_fashion_mnist(images):
     ("target", "absent"),
     [
         pytest.param("api", "training", id="no-training-code-in-the-api"),
-        pytest.param("trainer", "fastapi", id="no-web-framework-in-the-trainer"),
+        pytest.param("trainer", "starlette", id="no-web-framework-in-the-trainer"),
         pytest.param("trainer", "service", id="no-service-code-in-the-trainer"),
     ],
 )

@@ -8,6 +8,8 @@ Slow only because TF Serving's protos import TensorFlow; no model runs (the fake
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import threading
 
 import grpc
 import numpy as np
@@ -179,3 +181,102 @@ def test_calls_past_grpc_max_concurrent_rpcs_are_refused_by_grpc():
         assert [call.result().model_spec.version.value for call in held] == [1, 1]
         # Once they are answered there is room again.
         assert code_of(stub.Predict, ONE_IMAGE)[0] == grpc.StatusCode.OK
+
+
+STALLED_SECONDS = 10.0
+
+
+@contextlib.contextmanager
+def stalled_calls(channel, count: int, metadata=()):
+    """`count` calls to Predict that open their stream and never send their message (a
+    client-streaming call whose iterator waits); their futures. Released at the end."""
+    release = threading.Event()
+
+    def never():
+        release.wait(WAIT_SECONDS)
+        return
+        yield  # a generator that yields nothing, once released
+
+    call = channel.stream_unary(
+        "/tensorflow.serving.PredictionService/Predict",
+        request_serializer=predict_pb2.PredictRequest.SerializeToString,
+        response_deserializer=predict_pb2.PredictResponse.FromString,
+    )
+    try:
+        yield [
+            call.future(never(), metadata=metadata, timeout=STALLED_SECONDS) for _ in range(count)
+        ]
+    finally:
+        release.set()
+
+
+def ended_with(futures) -> list[grpc.StatusCode]:
+    codes = []
+    for future in futures:
+        try:
+            future.result()
+        except grpc.RpcError as err:
+            codes.append(err.code())
+        else:
+            codes.append(grpc.StatusCode.OK)
+    return codes
+
+
+def server_live(channel) -> tuple[grpc.StatusCode, str]:
+    live = channel.unary_unary(
+        f"/{v2_proto.SERVICE}/ServerLive",
+        request_serializer=v2_proto.ServerLiveRequest.SerializeToString,
+        response_deserializer=v2_proto.ServerLiveResponse.FromString,
+    )
+    return code_of(live, v2_proto.ServerLiveRequest())
+
+
+def test_a_refused_call_ends_without_waiting_for_its_message(tokens):
+    """Calls without a token that never send their message are refused at once: they cannot
+    fill GRPC_MAX_CONCURRENT_RPCS (the review's 256 stalled calls, here 4 of 4)."""
+    port = free_port()
+    with (
+        app_client(
+            FakeBackend(),
+            serve_grpc=True,
+            grpc_port=port,
+            auth_tokens_file=tokens,
+            grpc_allow_plaintext_tokens=True,
+            grpc_max_concurrent_rpcs=4,
+        ),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+        stalled_calls(channel, 4) as stalled,
+    ):
+        assert ended_with(stalled) == [grpc.StatusCode.UNAUTHENTICATED] * 4
+        assert server_live(channel)[0] == grpc.StatusCode.OK
+
+
+def test_a_call_whose_message_never_comes_ends_at_the_receive_deadline():
+    """A call the server takes (no tokens here) must send its message within
+    BODY_TIMEOUT_SECONDS, as an HTTP body must; then its slot is free again."""
+    port = free_port()
+    with (
+        app_client(
+            FakeBackend(),
+            serve_grpc=True,
+            grpc_port=port,
+            grpc_max_concurrent_rpcs=4,
+            body_timeout_seconds=0.5,
+        ),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+        stalled_calls(channel, 4) as stalled,
+    ):
+        assert ended_with(stalled) == [grpc.StatusCode.DEADLINE_EXCEEDED] * 4
+        details = {future.exception().details() for future in stalled}
+        assert details == {"the request message did not arrive within 0.5 s (BODY_TIMEOUT_SECONDS)"}
+        assert server_live(channel)[0] == grpc.StatusCode.OK
+        # A call that sends its message is answered as before.
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert code_of(stub.Predict, ONE_IMAGE)[0] == grpc.StatusCode.OK
+        # One that ends its stream without a message is not a unary call.
+        empty = channel.stream_unary("/tensorflow.serving.PredictionService/Predict")
+        code, details = code_of(empty, iter(()))
+        assert (code, details) == (
+            grpc.StatusCode.INTERNAL,
+            "the call ended without its request message",
+        )

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 from PIL import Image
 from support.fakes import MODEL_NAME
-from support.servers import free_port, resident_bytes
+from support.servers import free_port, resident_bytes, wait_until_answering
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 TOKEN = "predictor-token-0123456789"
@@ -34,12 +34,13 @@ WAIT_SECONDS = 60.0
 ROOT = Path(__file__).resolve().parents[3]
 
 SERVE = """
-import asyncio, io, socket, sys, threading
+import asyncio, io, sys, threading
 sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, whatever the working folder
-import uvicorn
 from PIL import Image
 from support.fakes import FakeBackend
+from support.servers import free_port
 from service.codecs import images
+from service.server import serve
 from service.app import create_app
 from service.settings import Settings
 
@@ -79,11 +80,10 @@ settings = Settings(grpc_port={grpc_port}, auth_tokens_file={tokens!r},
                     grpc_allow_plaintext_tokens=True, grpc_max_concurrent_rpcs={grpc_cap},
                     max_images=4096, feedback_dir={feedback!r}, max_body_bytes=8 * 1024 * 1024,
                     max_request_pixels={request_pixels}, max_pixels_in_flight={pixels_cap})
+settings = settings.model_copy(update={{"host": "127.0.0.1", "port": free_port()}})
 backend = HeldBackend()
-sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(256)
-print(sock.getsockname()[1], flush=True)
-config = uvicorn.Config(create_app(settings, backend, serve_grpc=True), log_level="error")
-uvicorn.Server(config).run(sockets=[sock])
+print(settings.port, flush=True)
+asyncio.run(serve(create_app(settings, backend, serve_grpc=True), settings))
 """
 
 
@@ -143,7 +143,7 @@ def test_many_large_grpc_calls_and_slow_decodes_stay_within_the_caps(tmp_path):
     try:
         url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
         headers = {"authorization": f"Bearer {TOKEN}"}
-        httpx.get(url + "/healthz", timeout=30).raise_for_status()
+        wait_until_answering(url)
         before = resident_bytes(proc.pid)
         with (
             grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel,

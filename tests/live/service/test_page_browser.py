@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -145,9 +145,13 @@ def test_images(small_test_data, server, tmp_path_factory) -> list[tuple[Path, d
 
 
 def wait(driver: WebDriver, condition, what: str):
-    """Wait (bounded) until condition(driver) is truthy; fail naming what never happened."""
+    """Wait (bounded) until condition(driver) is truthy; fail naming what never happened. An
+    element the page re-rendered between its finding and its reading is looked for again."""
     try:
-        return WebDriverWait(driver, WAIT_SECONDS, poll_frequency=0.05).until(condition)
+        return WebDriverWait(
+            driver, WAIT_SECONDS, poll_frequency=0.05,
+            ignored_exceptions=(StaleElementReferenceException,),
+        ).until(condition)  # fmt: skip
     except TimeoutException:
         screenshot(driver, "timeout")
         pytest.fail(f"gave up after {WAIT_SECONDS:.0f} s waiting for {what}")
@@ -718,7 +722,8 @@ def test_an_image_bytes_model_gets_each_file_and_the_drawing_as_they_are(
         ),
         "the drawing's card",
     )
-    # The drawing's PNG, as the pad holds it, answered the same when sent by hand.
+    # The drawing's PNG, as the pad holds it, answered the same when sent by hand (the card
+    # is read once the page has drawn its answer: it may render the card more than once).
     drawn = base64.b64decode(browser.execute_script(PAD_PNG, pad))
     (expected,) = ok_json(
         httpx.post(
@@ -726,10 +731,8 @@ def test_an_image_bytes_model_gets_each_file_and_the_drawing_as_they_are(
             files=[("files", ("drawing.png", drawn))],
         )
     )["predictions"]
-    (card,) = cards(browser)
-    assert bars(card) == [
-        (label, f"{100 * p:.1f}%") for label, p in expected["probabilities"].items()
-    ]
+    shown = [(label, f"{100 * p:.1f}%") for label, p in expected["probabilities"].items()]
+    wait(browser, lambda d: [bars(c) for c in cards(d)] == [shown], "the drawing's answer")
     assert visible_error(browser, "try-error") == ""
     assert page_errors(browser) == []
 

@@ -116,3 +116,28 @@ def test_grpc_errors_name_no_folder_of_the_server():
     assert "/srv" not in caught.value.details()
     assert caught.value.details().endswith("failed to load: saved_model.pb")
     assert http.status_code == 503 and http.json()["error"].endswith(caught.value.details()[-40:])
+
+
+def test_made_up_methods_are_counted_as_other(tmp_path):
+    """Refused calls to methods no service has (200 names a client made up) are one series,
+    `method="other"`: an anonymous client cannot grow /metrics without bound."""
+    path = tmp_path / "tokens"
+    path.write_text(f"{OLD_TOKEN} status\n")
+    port = free_port()
+    with (
+        app_client(
+            FakeBackend(), serve_grpc=True, grpc_port=port, auth_tokens_file=str(path)
+        ) as client,
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        for number in range(200):
+            call = channel.unary_unary(f"/made.Up/Method{number}")
+            with pytest.raises(grpc.RpcError) as caught:
+                call(b"", timeout=WAIT_SECONDS)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # A known method's name under a made-up service is not that method either.
+        with pytest.raises(grpc.RpcError):
+            channel.unary_unary("/made.Up/Predict")(b"", timeout=WAIT_SECONDS)
+        metrics = client.get("/metrics", headers={"authorization": f"Bearer {OLD_TOKEN}"}).text
+    assert 'grpc_requests_total{code="UNAUTHENTICATED",method="other"} 201.0' in metrics
+    assert "Method1" not in metrics and 'method="Predict"' not in metrics

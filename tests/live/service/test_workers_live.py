@@ -58,4 +58,4 @@ def test_two_workers_share_the_port_the_metrics_and_the_stop(trained_model, tmp_
         code = server.stop()
     log = server.log()
     assert code == 0, log
-    assert log.count("Finished server process") == 2, log
+    assert log.count("Stopped serving on") == 2, log

@@ -1,5 +1,6 @@
-"""deploy/make_tokens.py (`make tokens`): a tokens file the service reads, with a client
-token and a feedback token, private to its owner, never overwritten, and git-ignored."""
+"""deploy/make_tokens.py (`make tokens`): the service's tokens file, which holds only the
+tokens' digests, and the tokens themselves in a copy beside it, with a client token and a
+feedback token, private to their owner, never overwritten, and git-ignored."""
 
 from __future__ import annotations
 
@@ -7,38 +8,97 @@ import stat
 import subprocess
 import sys
 
+import pytest
+from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import REPO_ROOT
 
-from service.security import FEEDBACK, PREDICT, STATUS, read_tokens
+from artifact.feedback import SENDER_PATTERN
+from service.security import FEEDBACK, PREDICT, STATUS, read_tokens, token_digest
 
 
-def test_the_file_holds_a_client_and_a_feedback_token_for_its_owner_only(make_tokens, tmp_path):
+def issued_tokens(path) -> dict[str, tuple[str, str]]:
+    """name -> (token, scopes) of a `.issued` file."""
+    lines = [line.split() for line in path.read_text().splitlines() if not line.startswith("#")]
+    return {name: (token, scopes) for token, scopes, name in lines}
+
+
+def test_the_service_file_holds_digests_and_the_copy_the_tokens(make_tokens, tmp_path):
     path = tmp_path / "secrets" / "api-tokens"
-    make_tokens.write_tokens(path)
+    issued = make_tokens.write_tokens(path)
+    assert issued == tmp_path / "secrets" / "api-tokens.issued"
     tokens = read_tokens(path)
     assert sorted(tokens.values(), key=len) == [{FEEDBACK}, {PREDICT, STATUS}]
     # Named: the feedback store records the name with each image, never the token.
-    assert sorted(scopes.name for scopes in tokens.values()) == ["clients", "feedback"]
-    assert all(len(token) >= 40 for token in tokens)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(scopes.name for scopes in tokens.values()) == ["clients", "feedback-1"]
+    handed_out = issued_tokens(issued)
+    assert sorted(handed_out) == ["clients", "feedback-1"]
+    for name, (token, _) in handed_out.items():
+        assert len(token) >= 40
+        assert token not in path.read_text(), "the service's file holds a token"
+        assert tokens[token_digest(token)].name == name
+    for written in (path, issued):
+        assert stat.S_IMODE(written.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    # The service takes the tokens handed out, against the file of digests.
+    with app_client(FakeBackend(), auth_tokens_file=str(path)) as client:
+        headers = {"Authorization": f"Bearer {handed_out['clients'][0]}"}
+        assert client.get(f"/v1/models/{MODEL_NAME}", headers=headers).status_code == 200
     # Random each time.
     other = tmp_path / "other"
     make_tokens.write_tokens(other)
     assert not set(read_tokens(other)) & set(tokens)
 
 
-def test_an_existing_file_is_left_alone(tmp_path):
+def test_each_sender_gets_a_token_and_a_name_of_its_own(make_tokens, tmp_path):
+    """The review: one shared `feedback` name made the per-sender bounds bound little."""
     path = tmp_path / "api-tokens"
-    path.write_text("kept-token-0123456789 status\n")
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "deploy" / "make_tokens.py"), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 1 and "exists: left as it is" in result.stderr
-    assert path.read_text() == "kept-token-0123456789 status\n"
+    make_tokens.write_tokens(path, ["lab-a", "lab-b"])
+    tokens = read_tokens(path)
+    senders = sorted(s.name for s in tokens.values() if s == {FEEDBACK})
+    assert senders == ["lab-a", "lab-b"]
+    # One more, later, to both files; a name taken, or one the service would refuse, is not.
+    token = make_tokens.add_sender(path, "lab-c")
+    assert read_tokens(path)[token_digest(token)].name == "lab-c"
+    assert issued_tokens(make_tokens.issued_path(path))["lab-c"] == (token, FEEDBACK)
+    for name, error in (("lab-a", "named 'lab-a' already"), ("-x", "a sender's name")):
+        with pytest.raises(ValueError, match=error):
+            make_tokens.add_sender(path, name)
+    with pytest.raises(ValueError, match="a name of its own"):
+        make_tokens.write_tokens(tmp_path / "twice", ["lab-a", "lab-a"])
+    assert not (tmp_path / "twice").exists()
+
+
+def test_the_names_are_the_ones_the_service_takes(make_tokens):
+    assert make_tokens.NAME_PATTERN.pattern == SENDER_PATTERN.pattern
+
+
+def test_make_tokens_takes_the_senders(tmp_path):
+    path = tmp_path / "api-tokens"
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO_ROOT), "tokens", f"TOKENS_FILE={path}", "SENDERS=a b"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert sorted(s.name for s in read_tokens(path).values()) == ["a", "b", "clients"]
+
+
+def test_an_existing_file_is_left_alone(tmp_path):
+    for existing in ("api-tokens", "api-tokens.issued"):
+        folder = tmp_path / existing
+        folder.mkdir()
+        (folder / existing).write_text("kept-token-0123456789 status\n")
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO_ROOT / "deploy" / "make_tokens.py"),
+                str(folder / "api-tokens"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1 and "both files left as they are" in result.stderr
+        assert [p.name for p in folder.iterdir()] == [existing]
+        assert (folder / existing).read_text() == "kept-token-0123456789 status\n"
 
 
 def test_the_default_file_is_git_ignored_and_the_makefile_writes_it(make_tokens):

@@ -21,7 +21,7 @@ from support.compose import env, port_bindings
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import REPO_ROOT
 
-from service.security import read_tokens
+from service.security import read_tokens, token_digest
 
 APIS = ("api", "api-tfserving")
 SECRETS_DIR = "/run/secrets/"
@@ -82,13 +82,15 @@ def test_the_api_with_composes_environment_refuses_anonymous_calls(
     service = request.getfixturevalue(which)["services"]["api"]
     variables = env(service)
     host_file = tmp_path / variables["AUTH_TOKENS_FILE"].lstrip("/")
-    make_tokens.write_tokens(host_file)
+    issued = make_tokens.write_tokens(host_file)
     settings = {"host": variables["HOST"], "auth_tokens_file": str(host_file)}
     if "FEEDBACK_DIR" in variables:
         settings["feedback_dir"] = str(tmp_path / variables["FEEDBACK_DIR"].lstrip("/"))
-    tokens = read_tokens(host_file)
-    (client_token,) = [t for t, scopes in tokens.items() if "predict" in scopes]
-    (feedback_token,) = [t for t, scopes in tokens.items() if scopes == {"feedback"}]
+    # The tokens as handed out; the mounted file holds their digests.
+    issued_lines = [line.split() for line in issued.read_text().splitlines() if line[:1] != "#"]
+    (client_token,) = [token for token, scopes, _ in issued_lines if "predict" in scopes]
+    (feedback_token,) = [token for token, scopes, _ in issued_lines if scopes == "feedback"]
+    assert set(read_tokens(host_file)) == {token_digest(t) for t, _, _ in issued_lines}
     body = {"instances": [[[0.0] * 28] * 28]}
     predict_url = f"/v1/models/{MODEL_NAME}:predict"
     feedback_url = f"/v1/models/{MODEL_NAME}/feedback"
@@ -97,11 +99,11 @@ def test_the_api_with_composes_environment_refuses_anonymous_calls(
         assert client.post(feedback_url, json={**body, "labels": [1]}).status_code == 401
         for path in ("/metrics", f"/v1/models/{MODEL_NAME}", f"/page/models/{MODEL_NAME}/versions"):
             assert client.get(path).status_code == 401, path
-        as_client = {"Authorization": f"Bearer {client_token.decode()}"}
+        as_client = {"Authorization": f"Bearer {client_token}"}
         assert client.post(predict_url, json=body, headers=as_client).status_code == 200
         refused = client.post(feedback_url, json={**body, "labels": [1]}, headers=as_client)
         assert refused.status_code == 403
-        as_teacher = {"Authorization": f"Bearer {feedback_token.decode()}"}
+        as_teacher = {"Authorization": f"Bearer {feedback_token}"}
         stored = client.post(feedback_url, json={**body, "labels": [1]}, headers=as_teacher)
         if "feedback_dir" in settings:
             assert stored.status_code == 200 and stored.json()["stored"] == 1

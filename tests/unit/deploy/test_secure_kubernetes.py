@@ -141,6 +141,42 @@ def test_tfserving_admits_only_the_api_on_grpc(directory):
     assert [p["port"] for p in ports] == ["grpc"]
 
 
+def tfserving_pods(objects: list[dict]):
+    """Every pod that runs TF Serving: the tensorflow/serving image, or KServe's TF Serving
+    runtime (an InferenceService predictor whose model format is tensorflow)."""
+    found = []
+    for obj in objects:
+        for pod in pods(obj):
+            images = {c.get("image", "").split(":")[0] for c in containers(pod)}
+            model = pod.spec.get("model", {}).get("modelFormat", {}).get("name")
+            if "tensorflow/serving" in images or model == "tensorflow":
+                found.append(pod)
+    return found
+
+
+def test_every_tf_serving_admits_only_the_apis_pods(renders):
+    """TF Serving has no authentication: wherever it runs (overlays/tfserving, its GPU
+    variant, KServe's runtime in overlays/kserve), one NetworkPolicy selects its pods and
+    admits the API's pods alone, on named ports (the review found KServe's open to every pod)."""
+    checked = set()
+    for where, objects in renders.items():
+        for pod in tfserving_pods(objects):
+            (api_label,) = {p.labels["app.kubernetes.io/name"] for p, _ in api_pods(objects)}
+            policies = policies_for(objects, pod.labels)
+            assert len(policies) == 1, f"{where} {pod.owner}: {len(policies)} NetworkPolicies"
+            (policy,) = policies
+            assert policy["spec"]["policyTypes"] == ["Ingress"], where
+            found = peers(policy)
+            assert found, f"{where} {pod.owner}: no rule"
+            for peer, _ports in found:  # peers() checked each rule names its ports
+                assert set(peer) == {"podSelector"}, f"{where}: a peer in this namespace only"
+                assert peer["podSelector"] == {
+                    "matchLabels": {"app.kubernetes.io/name": api_label}
+                }, where
+            checked.add(where)
+    assert checked >= {"overlays/tfserving", "overlays/tfserving-gpu", "overlays/kserve"}
+
+
 def test_feedback_is_on_only_where_the_feedback_component_is(renders):
     on = set()
     for where, objects in renders.items():

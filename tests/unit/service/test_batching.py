@@ -208,7 +208,7 @@ def test_a_client_that_gives_up_is_dropped_from_the_queue(images):
         quitter = socket.create_connection(("127.0.0.1", port))
         content = body.read()
         quitter.sendall(
-            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(content)}\r\n\r\n".encode()
             + content
         )

@@ -10,14 +10,15 @@ from service import v2_proto
 from service.protocols.grpc_access import (
     METHOD_SCOPES,
     PLAINTEXT_TOKEN,
-    TokenInterceptor,
+    CallGuard,
+    metric_name,
     scope_of_method,
 )
-from service.security import PREDICT, STATUS
+from service.security import PREDICT, STATUS, token_digest
 
 TOKENS = {
-    b"predictor-token-0123456789": frozenset({PREDICT}),
-    b"watcher-token-0123456789": frozenset({STATUS}),
+    token_digest("predictor-token-0123456789"): frozenset({PREDICT}),
+    token_digest("watcher-token-0123456789"): frozenset({STATUS}),
 }
 
 
@@ -68,7 +69,21 @@ def test_scope_of_method(method, scope):
     ],
 )  # fmt: skip
 def test_the_token_rule(method, header, refuse_plaintext, code):
-    refusal = TokenInterceptor(TOKENS, refuse_plaintext)._refusal(method, header)
+    refusal = CallGuard(TOKENS, refuse_plaintext)._refusal(method, header)
     assert (refusal and refusal[0]) == code
     if refuse_plaintext and header:
         assert refusal[1] == PLAINTEXT_TOKEN
+
+
+@pytest.mark.parametrize(
+    ("method", "name"),
+    [
+        pytest.param("/tensorflow.serving.PredictionService/Predict", "Predict", id="served"),
+        pytest.param("/inference.GRPCInferenceService/ServerLive", "ServerLive", id="v2"),
+        pytest.param("/made.Up/Method7", "other", id="made-up"),
+        pytest.param("/made.Up/Predict", "other", id="served-name-elsewhere"),
+        pytest.param("", "other", id="empty"),
+    ],
+)
+def test_the_metrics_name_a_method_only_when_a_service_has_it(method, name):
+    assert metric_name(method) == name

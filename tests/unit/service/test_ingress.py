@@ -91,6 +91,7 @@ def settings(tmp_path_factory) -> Settings:
         max_body_bytes=200_000,
         auth_tokens_file=str(tokens),
         cors_allow_origins=ALLOWED,
+        allowed_hosts="testserver",  # TestClient's Host (on loopback, only named hosts answer)
     )
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from support.helpers import logged
+from support.entry import run_main_in_process
+from support.helpers import assert_one_error_line, logged
 from support.servers import free_port
 
 import artifact.quiet
@@ -36,17 +37,29 @@ def start(monkeypatch, tmp_path, **env) -> None:
 
 
 @pytest.mark.parametrize(
-    "host, level",
+    "env, level",
     [
-        pytest.param("127.0.0.1", logging.INFO, id="loopback"),
-        pytest.param("0.0.0.0", logging.WARNING, id="every-interface"),
+        pytest.param({"HOST": "127.0.0.1"}, logging.INFO, id="loopback"),
+        pytest.param({"HOST": "0.0.0.0", "ALLOW_ANONYMOUS": "true"}, logging.WARNING,
+                     id="every-interface-when-allowed"),
     ],
-)
-def test_no_tokens_is_said_once_at_start(monkeypatch, tmp_path, host, level):
+)  # fmt: skip
+def test_no_tokens_is_said_once_at_start(monkeypatch, tmp_path, env, level):
     with logged("service") as records:
-        start(monkeypatch, tmp_path, HOST=host)
+        start(monkeypatch, tmp_path, **env)
     (record,) = [r for r in records if NOTICE in r.getMessage()]
-    assert record.levelno == level and f"HOST={host}" in record.getMessage()
+    assert record.levelno == level and f"HOST={env['HOST']}" in record.getMessage()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5"])
+def test_off_loopback_without_tokens_the_start_is_refused(tmp_path, host):
+    """The image's defaults (HOST=0.0.0.0, no tokens) served everything to anyone with a
+    warning line; now they stop the start, unless ALLOW_ANONYMOUS=true says so."""
+    result = run_main_in_process(MODEL_BASE_PATH=str(tmp_path), HOST=host, GRPC_PORT="0")
+    assert result.returncode == 2, result.stderr
+    assert assert_one_error_line(
+        result.stderr, "AUTH_TOKENS_FILE", f"HOST={host}", "ALLOW_ANONYMOUS=true"
+    )
 
 
 def test_with_tokens_nothing_is_said(monkeypatch, tmp_path):

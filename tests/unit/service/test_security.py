@@ -4,6 +4,7 @@ the one line said at start when there are no tokens. Fast tier: fakes, no Tensor
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -27,6 +28,7 @@ from service.security import (
     open_access_notice,
     read_tokens,
     scope_of,
+    token_digest,
     token_name,
 )
 from service.settings import Settings
@@ -112,7 +114,51 @@ def test_a_predict_token_cannot_post_feedback_and_a_feedback_token_can(tokens_fi
 def test_a_tokens_file_may_name_the_feedback_scope(tmp_path):
     path = tmp_path / "tokens"
     path.write_text(f"{PREDICT_TOKEN} predict,feedback,status\n")
-    assert read_tokens(path) == {PREDICT_TOKEN.encode(): {PREDICT, FEEDBACK, STATUS}}
+    assert read_tokens(path) == {token_digest(PREDICT_TOKEN): {PREDICT, FEEDBACK, STATUS}}
+
+
+def test_only_digests_of_the_tokens_are_kept(tokens_file):
+    """The process holds the sha256 of each token, never the token: a model that reads the
+    server's memory or files finds nothing to replay."""
+    tokens = TokenFile(tokens_file)
+    for token in (PREDICT_TOKEN, FEEDBACK_TOKEN, STATUS_TOKEN):
+        assert token.encode() not in tokens
+        assert tokens[token_digest(token)] >= set()
+    assert all(len(key) == 32 for key in tokens)
+    assert token_digest(PREDICT_TOKEN) == hashlib.sha256(PREDICT_TOKEN.encode()).digest()
+
+
+def test_a_tokens_file_of_digests_takes_the_raw_tokens(tmp_path):
+    """`sha256:<hex>` entries (what `make tokens` writes): the server's file holds no token a
+    reader of it could send, and raw entries still work beside them."""
+    path = tmp_path / "tokens"
+    hexdigest = hashlib.sha256(PREDICT_TOKEN.encode()).hexdigest()
+    path.write_text(f"sha256:{hexdigest} predict,status\n{STATUS_TOKEN} status watcher\n")
+    body = {"instances": ZEROS}
+    with app_client(FakeBackend(), auth_tokens_file=str(path)) as client:
+        assert client.post(PREDICT_URL, json=body, headers=bearer(PREDICT_TOKEN)).status_code == 200
+        # The entry itself is no token.
+        by_digest = bearer(f"sha256:{hexdigest}")
+        assert client.post(PREDICT_URL, json=body, headers=by_digest).status_code == 401
+        status = client.get(f"/v1/models/{MODEL_NAME}", headers=bearer(STATUS_TOKEN))
+        assert status.status_code == 200
+    # A digest line and a raw line of one token name it alike.
+    assert read_tokens(path)[token_digest(PREDICT_TOKEN)].name == token_name(PREDICT_TOKEN)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param("sha256:abc", id="short"),
+        pytest.param("sha256:" + "g" * 64, id="not-hex"),
+        pytest.param("sha512:" + "0" * 128, id="another-hash"),
+    ],
+)
+def test_a_bad_digest_names_its_line(tmp_path, entry):
+    path = tmp_path / "tokens"
+    path.write_text(f"{STATUS_TOKEN} status\n{entry} predict\n")
+    with pytest.raises(TokenFileError, match=f"{path}:2: "):
+        read_tokens(path)
 
 
 def test_each_token_has_a_name_that_is_not_the_token(tmp_path):
@@ -124,8 +170,8 @@ def test_each_token_has_a_name_that_is_not_the_token(tmp_path):
     names = {token: scopes.name for token, scopes in tokens.items()}
     # Two tokens of one name (a rotation) are one sender; a line without a name gets one
     # from the token's hash, which tells tokens apart without showing them.
-    assert names[PREDICT_TOKEN.encode()] == names[NEW_TOKEN.encode()] == "alice"
-    unnamed = names[FEEDBACK_TOKEN.encode()]
+    assert names[token_digest(PREDICT_TOKEN)] == names[token_digest(NEW_TOKEN)] == "alice"
+    unnamed = names[token_digest(FEEDBACK_TOKEN)]
     assert unnamed == token_name(FEEDBACK_TOKEN) and unnamed.startswith("token-")
     assert len(unnamed) == len("token-") + 8 and FEEDBACK_TOKEN[:8] not in unnamed
     assert unnamed != token_name(PREDICT_TOKEN)
@@ -147,7 +193,7 @@ def test_a_bad_token_name_names_its_line(tmp_path, line, message):
 
 
 def test_the_decision_names_the_sender_by_its_token_and_never_by_the_token():
-    tokens = {PREDICT_TOKEN.encode(): Scopes({PREDICT, FEEDBACK}, "alice")}
+    tokens = {token_digest(PREDICT_TOKEN): Scopes({PREDICT, FEEDBACK}, "alice")}
     access = Access(tokens, [])
 
     def request(authorization: str | None, path: str = FEEDBACK_URL) -> dict:
@@ -256,31 +302,63 @@ def rewrite(path, text: str) -> None:
 def test_the_token_file_is_read_again_when_it_changes_at_most_every_check(tokens_file):
     clock = Clock()
     tokens = TokenFile(tokens_file, check_seconds=2.0, clock=clock)
-    assert set(tokens) == {PREDICT_TOKEN.encode(), FEEDBACK_TOKEN.encode(), STATUS_TOKEN.encode()}
+    assert set(tokens) == {token_digest(t) for t in (PREDICT_TOKEN, FEEDBACK_TOKEN, STATUS_TOKEN)}
     rewrite(tokens_file, f"{NEW_TOKEN} predict\n")
     clock.now += 1.0
-    assert PREDICT_TOKEN.encode() in tokens, "looked at again before check_seconds"
+    assert token_digest(PREDICT_TOKEN) in tokens, "looked at again before check_seconds"
     clock.now += 1.5
     with logged("service.security") as records:
-        assert dict(tokens.items()) == {NEW_TOKEN.encode(): {PREDICT}}
+        assert dict(tokens.items()) == {token_digest(NEW_TOKEN): {PREDICT}}
     assert any("AUTH_TOKENS_FILE read again: 1 tokens" in r.getMessage() for r in records)
 
 
-def test_a_bad_new_token_file_keeps_the_old_tokens_and_says_so_once(tokens_file, caplog):
+@pytest.mark.parametrize(
+    "change, left, warning",
+    [
+        pytest.param(lambda path: rewrite(path, ""), set(), "holds no token", id="emptied"),
+        pytest.param(lambda path: path.write_text(""), set(), "holds no token", id="truncated"),
+        pytest.param(lambda path: rewrite(path, "# all revoked\n"), set(), "holds no token",
+                     id="only-comments"),
+        pytest.param(os.remove, set(), "cannot read it", id="deleted"),
+        pytest.param(lambda path: rewrite(path, f"{STATUS_TOKEN} status\nshort predict\n"),
+                     {STATUS_TOKEN}, ":2: a token must have 16 characters or more",
+                     id="a-bad-line"),
+        pytest.param(lambda path: rewrite(path, f"{STATUS_TOKEN} status\n{FEEDBACK_TOKEN} owner\n"),
+                     {STATUS_TOKEN}, ":2: unknown scope(s) owner", id="a-bad-scope"),
+        pytest.param(lambda path: path.write_bytes(f"{STATUS_TOKEN} status\n\xff\xfe predict\n".encode("latin-1")),
+                     {STATUS_TOKEN}, ":2: not UTF-8", id="a-line-not-utf-8"),
+    ],
+)  # fmt: skip
+def test_revocation_fails_closed(tokens_file, change, left, warning):
+    """An emptied, deleted or partly malformed tokens file revokes what it no longer holds:
+    an empty or missing file every token, a bad line that line's (the review kept every old
+    token in force)."""
     clock = Clock()
     tokens = TokenFile(tokens_file, check_seconds=0, clock=clock)
-    before = dict(tokens.items())
-    rewrite(tokens_file, "short predict\n")
-    with caplog.at_level(logging.WARNING, "service.security"):
+    change(tokens_file)
+    with logged("service.security") as records:
         for _ in range(3):
             clock.now += 10
-            assert dict(tokens.items()) == before
-    (record,) = caplog.records
-    assert "cannot be used, the 3 tokens read before stay in force" in record.getMessage()
-    assert "16 characters or more" in record.getMessage()
+            assert set(tokens) == {token_digest(token) for token in left}
+    (record,) = [r for r in records if r.levelno == logging.WARNING]  # said once
+    assert warning in record.getMessage()
     rewrite(tokens_file, f"{NEW_TOKEN} status\n")
     clock.now += 10
-    assert dict(tokens.items()) == {NEW_TOKEN.encode(): {STATUS}}
+    assert dict(tokens.items()) == {token_digest(NEW_TOKEN): {STATUS}}
+
+
+def test_http_refuses_a_revoked_token(tokens_file):
+    with app_client(
+        FakeBackend(), auth_tokens_file=str(tokens_file), auth_tokens_check_seconds=0
+    ) as client:
+        status_url = f"/v1/models/{MODEL_NAME}"
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 200
+        tokens_file.write_text("")
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 401
+        tokens_file.write_text(f"{STATUS_TOKEN} status\n")
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 200
+        os.remove(tokens_file)
+        assert client.get(status_url, headers=bearer(STATUS_TOKEN)).status_code == 401
 
 
 def test_http_sees_a_rotated_token(tokens_file):

@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from service.door import canonical_v1_path
 from support.fakes import MODEL_NAME, FakeBackend, FakeLoader, app_client, write_version
 
 from artifact.model_config import ModelEntry, Policy
+from service.app import create_app
 from service.backends.registry import VersionRegistry
 from service.codecs import json_body, tfserving_json
 from service.codecs.signatures import IMAGE_INPUT
 from service.errors import BadInput
+from service.settings import Settings
 from service.types import SignatureSpec, VersionState, VersionStatus
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
@@ -110,24 +111,31 @@ def test_the_usual_body_stays_on_the_fast_path(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("path", "canonical"),
+    ("method", "path", "template", "params"),
     [
-        pytest.param("/V1/MODELS/Fashion:PREDICT", "/v1/models/Fashion:predict", id="predict"),
-        pytest.param("/v1/Models/M/Versions/3:Classify", "/v1/models/M/versions/3:classify", id="version"),
-        pytest.param("/V1/models/M/LABELS/Stable:regress", "/v1/models/M/labels/Stable:regress", id="label"),
-        pytest.param("/V1/MODELS/M/VERSIONS/3/METADATA", "/v1/models/M/versions/3/metadata", id="metadata"),
-        pytest.param("/V1/MODELS/M/ROLLOUT", "/v1/models/M/rollout", id="rollout"),
-        pytest.param("/V1/MODELS/METADATA", "/v1/models/METADATA", id="a-model-named-metadata"),
-        pytest.param("/V1/MODELS/M:Explain", "/v1/models/M:Explain", id="unknown-verb"),
-        pytest.param("/V2/MODELS/M/INFER", "/V2/MODELS/M/INFER", id="v2-untouched"),
-        pytest.param("/v1/models/m:predict", "/v1/models/m:predict", id="already"),
+        pytest.param("POST", "/V1/MODELS/Fashion:PREDICT", "/v1/models/{name}:predict", {"name": "Fashion"}, id="predict"),
+        pytest.param("POST", "/v1/Models/M/Versions/3:Classify", "/v1/models/{name}/versions/{version}:classify", {"name": "M", "version": "3"}, id="version"),
+        pytest.param("POST", "/V1/models/M/LABELS/Stable:regress", "/v1/models/{name}/labels/{label}:regress", {"name": "M", "label": "Stable"}, id="label"),
+        pytest.param("GET", "/V1/MODELS/M/VERSIONS/3/METADATA", "/v1/models/{name}/versions/{version}/metadata", {"name": "M", "version": "3"}, id="metadata"),
+        pytest.param("GET", "/V1/MODELS/M/ROLLOUT", "/v1/models/{name}/rollout", {"name": "M"}, id="rollout"),
+        pytest.param("POST", "/V1/MODELS/M/FEEDBACK", "/v1/models/{name}/feedback", {"name": "M"}, id="feedback"),
+        pytest.param("GET", "/V1/MODELS/METADATA", "/v1/models/{name}", {"name": "METADATA"}, id="a-model-named-metadata"),
+        pytest.param("GET", "/v1/models/m", "/v1/models/{name}", {"name": "m"}, id="already"),
     ],
 )  # fmt: skip
-def test_canonical_v1_paths(path, canonical):
-    assert canonical_v1_path(path) == canonical
+def test_v1_words_match_in_any_case_and_names_keep_theirs(method, path, template, params):
+    table = create_app(Settings(), FakeBackend()).ingress.table
+    found = table.match(method, path)
+    assert (found.route.template, found.params) == (template, params)
 
 
-def test_fastapi_routes_match_in_any_case_too():
+@pytest.mark.parametrize("path", ["/V1/MODELS/M:Explain", "/V2/MODELS/M/INFER"])
+def test_paths_that_are_no_route_in_any_case(path):
+    table = create_app(Settings(), FakeBackend()).ingress.table
+    assert table.match("POST", path) is None
+
+
+def test_status_routes_match_in_any_case_too():
     with app_client(FakeBackend()) as client:
         assert client.get(f"/V1/MODELS/{MODEL_NAME}/ROLLOUT").json()["model"] == MODEL_NAME
         assert client.get(f"/V1/MODELS/{MODEL_NAME}").status_code == 200

@@ -1,4 +1,5 @@
-"""The feedback a retrain reads, bounded per sender: the newest N of each, senders excluded,
+"""The feedback a retrain reads, bounded per sender: N of each spread across the days it sent
+them, senders excluded,
 old examples left out, shards older than provenance read as the unknown sender, chosen from
 the shards' bookkeeping; and `expire-feedback`. No TensorFlow (the fast tier)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+import numpy as np
 import pytest
 from support.feedback_stores import (
     closed_name,
@@ -61,9 +63,11 @@ def test_everything_is_read_in_the_order_it_came_without_bounds(store):
     }  # fmt: skip
 
 
-def test_each_sender_gives_at_most_its_newest_n(store):
+def test_each_sender_gives_at_most_n_spread_across_its_days(store):
     source = select_feedback(store, max_per_sender=3, now=NOW)
-    assert numbers(source) == [3, 27, 28, 29, 10, 11]
+    # alice: one of day 1's four (its middle) and both of day 3's (the newest day gets the
+    # share left over); mallory: three of its ten, evenly spread.
+    assert numbers(source) == [2, 21, 25, 28, 10, 11]
     assert source.detail["senders"]["mallory"]["over_cap"] == 7
     assert source.detail["senders"]["alice"] == {
         "stored": 6, "read": 3, "excluded": 0, "expired": 0, "over_cap": 3
@@ -81,6 +85,32 @@ def test_each_sender_gives_at_most_its_newest_n(store):
     assert table.splitlines()[2].split() == ["mallory", "10", "3", "0", "0", "7"]
 
 
+def test_a_flood_in_one_day_does_not_push_out_a_senders_history(tmp_path):
+    """One name for several senders (the review: `make tokens` issued one), or one sender
+    turned hostile: a month of an example a day, then 3,000 in an hour. The newest 60 were
+    all the flood's; spread across the days, the month keeps its place."""
+    writer = FeedbackWriter(tmp_path / "m", shard_examples=500, max_bytes=10**9)
+    writer.open()
+    for day in range(30):
+        when = NOW - (31 - day) * DAY
+        writer.append(numbered_records(day, 1), [1], sender="lab", received_at=when)
+    flood = numbered_records(200, 1) * 500  # example 200, again and again
+    for part in range(6):
+        when = NOW - DAY + dt.timedelta(minutes=10 * part)
+        writer.append(flood, [1] * 500, sender="lab", received_at=when)
+    writer.close()
+    source = select_feedback(tmp_path / "m", max_per_sender=60, now=NOW)
+    kept = numbers(source)
+    assert len(kept) == 60
+    assert [n for n in kept if n < 200] == list(range(30)), "the month's examples"
+    assert kept.count(200) == 30
+    # The flood's share, spread over it (positions in the order the store holds them).
+    positions = np.flatnonzero(np.concatenate(source.keep))
+    flood_kept = positions[positions >= 30] - 30
+    assert flood_kept.min() < 100 and flood_kept.max() > 2900
+    assert source.detail["senders"]["lab"]["over_cap"] == 3000 - 30
+
+
 def test_an_excluded_sender_gives_nothing_and_old_images_are_left_out(store):
     source = select_feedback(store, exclude=("mallory",), max_age=2 * DAY, now=NOW)
     assert numbers(source) == [10, 11]
@@ -96,7 +126,8 @@ def test_shards_older_than_provenance_are_the_unknown_senders(tmp_path):
         write_idx_shard(tmp_path, name, *numbered(start, 5), [None] * 5)
     source = select_feedback(tmp_path, max_per_sender=7, now=NOW)
     keep = [mask.tolist() for mask in source.keep]
-    assert keep == [[False, False, False, True, True], [True] * 5]  # the newest seven
+    # Received at latest when its shard closed (one day): seven spread over the ten.
+    assert keep == [[True, False, True, True, False], [True, True, True, False, True]]
     assert list(source.detail["senders"]) == ["unknown"]
     assert [shard.format for shard in source.shards] == ["idx", "idx"]
     assert select_feedback(tmp_path, exclude=("unknown",)).read == 0

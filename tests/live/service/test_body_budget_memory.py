@@ -1,7 +1,7 @@
-"""Bodies in flight, memory bounded across requests (service/door.py): hundreds of slow 8 MiB
-uploads to a real server process over a fake backend keep its resident memory within
-MAX_BODY_BYTES_IN_FLIGHT. Live: a server process and 240 MiB through loopback take seconds;
-the door's other checks are fast, in tests/unit/service/test_door.py.
+"""Bodies in flight, memory bounded across requests (service/ingress.py, service/budgets.py):
+hundreds of slow 8 MiB uploads to a real server process over a fake backend keep its resident
+memory within MAX_BODY_BYTES_IN_FLIGHT. Live: a server process and 240 MiB through loopback
+take seconds; the ingress's other checks are fast, in tests/unit/service/test_ingress.py.
 """
 
 from __future__ import annotations
@@ -11,31 +11,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 from support.fakes import MODEL_NAME
 from support.helpers import open_upload
-from support.servers import resident_bytes
+from support.servers import resident_bytes, wait_until_answering
 
 V1 = f"/v1/models/{MODEL_NAME}"
 
 
 SERVE_WITH_A_FAKE = """
-import socket, sys
+import asyncio, sys
 sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, not whatever is installed
-import uvicorn
 from support.fakes import FakeBackend
+from support.servers import free_port
 from service.app import create_app
-from service.budgets import BodyBudget
-from service.errors import BodiesInFlight
-from service.server import Drain, guarded_protocol
+from service.server import serve
 from service.settings import Settings
-settings = Settings(max_body_bytes=8 * 1024 * 1024, max_body_bytes_in_flight={budget},
-                    body_timeout_seconds=600)
-sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(2048)
-print(sock.getsockname()[1], flush=True)
-config = uvicorn.Config(create_app(settings, FakeBackend()), log_level="error", limit_concurrency=4096,
-                        http=guarded_protocol(16 * 1024, 60.0, Drain()), timeout_keep_alive=60)
-uvicorn.Server(config).run(sockets=[sock])
+settings = Settings(host="127.0.0.1", port=free_port(), max_body_bytes=8 * 1024 * 1024,
+                    max_body_bytes_in_flight={budget}, body_timeout_seconds=600,
+                    header_timeout_seconds=60)
+print(settings.port, flush=True)
+asyncio.run(serve(create_app(settings, FakeBackend()), settings))
 """
 
 
@@ -55,7 +50,7 @@ def test_hundreds_of_slow_8_mib_uploads_keep_memory_within_the_budget():
     try:
         port = int(proc.stdout.readline())
         url = f"http://127.0.0.1:{port}"
-        httpx.get(url + "/healthz", timeout=30).raise_for_status()
+        wait_until_answering(url)
         before = resident_bytes(proc.pid)
         part = b" " * (1024 * 1024)
         refused = 0

@@ -1,0 +1,93 @@
+"""`--export-dir s3://...`: export and the gated retrain publish a version to a real
+S3-compatible server (moto's, started here on loopback, checking credentials), files first
+and the manifest last, as the service's readers require (artifact/storage.py); the retrain
+judges against a downloaded copy of the serving version. Serving from S3:
+tests/live/service/test_object_storage.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from support.object_storage import BUCKET, S3Server
+from support.training_harness import call_main
+
+from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, LABELS_FILE
+from artifact.storage import MANIFEST_FILE, RemoteModel
+
+URL = f"s3://{BUCKET}/models/fashion_mnist"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in server.env().items():
+            patch.setenv(name, value)
+        yield server
+    server.stop()
+
+
+def complete_versions() -> dict:
+    complete, waiting, _ = RemoteModel(URL, settle_seconds=0).versions()
+    assert waiting == {}, waiting
+    return complete
+
+
+def test_export_and_retrain_publish_whole_versions_to_s3(
+    s3, trained_model, small_data_dir, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.model_dir, run)
+    code = call_main("export", "--model-dir", run, "--data-dir", small_data_dir,
+                     "--export-dir", URL)  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and f"as {URL}/1" in out, out
+    (found,) = complete_versions().values()
+    assert found.has_manifest  # complete by its manifest, at once
+    copy = RemoteModel(URL).download(found, tmp_path / "copy" / "1")  # sizes and sha256 checked
+    assert (copy / ASSETS_EXTRA / LABELS_FILE).read_text().splitlines()[0] == "T-shirt/top"
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    assert (
+        "saved_model.pb" in manifest["files"] and "variables/variables.index" in manifest["files"]
+    )
+
+    # The gated retrain: judged against version 1 downloaded, published as version 2.
+    code = call_main(
+        "retrain",
+        "--data-dir", small_data_dir,
+        "--model-dir", tmp_path / "runs",
+        "--export-dir", URL,
+        "--max-steps", 60,
+        "--batch-size", 50,
+        "--eval-every-secs", 1000,
+        "--hooks", "none",
+        "--max-accuracy-drop", 1,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"Blessed: published {URL}/2" in out, out
+    versions = complete_versions()
+    assert sorted(versions) == [1, 2]
+    copy = RemoteModel(URL).download(versions[2], tmp_path / "copy" / "2")
+    blessing = json.loads((copy / ASSETS_EXTRA / BLESSING_FILE).read_text())
+    assert blessing["blessed"] is True
+    assert blessing["versions"]["candidate"] == 2 and blessing["versions"]["baseline"] == 1
+    assert (tmp_path / "runs" / ".baseline" / "1" / "saved_model.pb").is_file()
+
+
+def test_a_wrong_secret_key_publishes_nothing_and_never_shows_it(
+    s3, trained_model, small_data_dir, tmp_path, capsys, monkeypatch
+):
+    wrong = "wrong-secret-key-Hk3d9Q"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.model_dir, run)
+    code = call_main("export", "--model-dir", run, "--data-dir", small_data_dir,
+                     "--export-dir", f"s3://{BUCKET}/models/other")  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    assert "access denied" in captured.err and "nothing published" in captured.err
+    assert wrong not in captured.out + captured.err
+    assert s3.secret_key not in captured.out + captured.err
