@@ -251,22 +251,25 @@ class PeopleAPI:
     async def _json_images(self, body: bytes, form: ModelForm, invert: str) -> np.ndarray:
         """A JSON body's images as model input. Any other type is read as JSON, as TF Serving
         does (`curl -d` says form-urlencoded)."""
-        read = functools.partial(
-            simple_json.read_images, body, form.image, form.image_contract,
-            self.dataplane.max_images,
-        )  # fmt: skip
         if len(body) > INLINE_PARSE_BYTES:
-            return await self._decode(self._read_and_decode, read, invert)
-        instances = read()
-        decode = functools.partial(
-            instances.decode, invert, self.max_request_pixels, in_flight=self.pixels_in_flight
+            return await self._decode(self._read_images, body, form, invert)
+        read = simple_json.read_images(
+            body, form.image, form.image_contract, self.dataplane.max_images
         )
         # Image files on the decoding thread, however their JSON is spelled: the body read
         # says it holds one (a key written "\u0062\u0036\u0034" is "b64" too).
-        return await self._decode(decode) if instances.files else decode()
+        if read.files:
+            return await self._decode(self._decode_images, read, invert)
+        return self._decode_images(read, invert)
 
-    def _read_and_decode(self, read, invert: str, cancelled=None) -> np.ndarray:
-        return read().decode(invert, self.max_request_pixels, cancelled, self.pixels_in_flight)
+    def _read_images(self, body: bytes, form: ModelForm, invert: str, cancelled=None):
+        read = simple_json.read_images(
+            body, form.image, form.image_contract, self.dataplane.max_images
+        )
+        return self._decode_images(read, invert, cancelled)
+
+    def _decode_images(self, read, invert: str, cancelled=None) -> np.ndarray:
+        return read.decode(invert, self.max_request_pixels, cancelled, self.pixels_in_flight)
 
     # --- models that decode their own images ---------------------------------------------
 
