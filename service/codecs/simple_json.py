@@ -91,7 +91,8 @@ class Feature:
         return f"{self.name} ({words})"
 
 
-def _leaf(value: Any, dtype: np.dtype, where: str) -> Any:
+def _feature_element(value: Any, dtype: np.dtype, where: str) -> Any:
+    """One value of a feature, by a person's rules (values.element, lenient), in their words."""
     try:
         return element(value, dtype, lenient=True)
     except Misfit as misfit:
@@ -105,13 +106,13 @@ def _feature_values(value: Any, feature: Feature, where: str) -> list:
     if not shape or (shape == (1,) and not isinstance(value, list)):
         if isinstance(value, list):
             raise BadInput(f"{where}: expected one {feature.type_name}, got {kind_of(value)}")
-        return [_leaf(value, feature.dtype, where)]
+        return [_feature_element(value, feature.dtype, where)]
     flat: list = []
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
     while stack:
         item, depth, path = stack.pop()
         if depth == len(shape):
-            flat.append(_leaf(item, feature.dtype, path))
+            flat.append(_feature_element(item, feature.dtype, path))
             continue
         if not isinstance(item, list) or len(item) != shape[depth]:
             raise BadInput(
