@@ -17,8 +17,7 @@ from pathlib import Path
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
-from service.budgets import BodyBudget
-from service.codec import PixelBudget
+from service.budgets import BodyBudget, PixelBudget
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.ingress import Ingress
@@ -28,7 +27,7 @@ from service.protocols.docs import DocsAPI
 from service.protocols.feedback import FeedbackAPI, SenderRates
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
-from service.protocols.people import PeopleAPI
+from service.protocols.simple_predict import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
 from service.routes import RouteTable

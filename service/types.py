@@ -138,7 +138,8 @@ def batchable(signature: SignatureSpec) -> bool:
 class ModelMetadata:
     """A version's signatures: a SignatureDefMap proto (what TF Serving's metadata returns) and
     the same signatures as typed values, for protocols that must not parse protos (the Open
-    Inference Protocol's metadata; service.tensors.signature_specs reads them off the proto)."""
+    Inference Protocol's metadata; service.codecs.signatures.signature_specs reads them off the
+    proto)."""
 
     name: str
     version: int

@@ -25,8 +25,8 @@ from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
 from service.backends.sources import Sources
+from service.codecs.signatures import signature_specs
 from service.errors import BadInput, NotFound, SignatureNotFound
-from service.tensors import signature_specs
 from service.types import (
     Inputs,
     ModelMetadata,

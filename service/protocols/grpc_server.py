@@ -3,9 +3,10 @@
 A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on
 port 8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus,
 and Classify, Regress and MultiInference for signatures that parse serialized tf.Examples (a
-parsing receiver's export), checked as TF Serving 2.15 checks them (service/examples.py). The server
-runs on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC
-requests share HTTP's limits, metrics and batches.
+parsing receiver's export), checked as TF Serving 2.15 checks them. The tensors and examples
+are read and written by service/codecs/ (tensor_proto.py, tf_example.py). The server runs
+on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC requests
+share HTTP's limits, metrics and batches.
 
 Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
@@ -27,7 +28,6 @@ import time
 from collections.abc import Sequence
 
 import grpc
-import numpy as np
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -40,9 +40,9 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
-from service import examples
+from artifact.contract import SIGNATURE_NAME
 from service.budgets import BodyBudget, Held
+from service.codecs import tensor_proto, tf_example
 from service.dataplane import DataPlane
 from service.errors import (
     GRPC_ERRORS,
@@ -57,13 +57,7 @@ from service.errors import (
     redact_paths,
 )
 from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
-from service.tensors import (
-    array_from_tensor_proto,
-    fill_tensor_proto,
-    images_from_tensor_proto,
-    is_image_signature,
-)
-from service.types import ModelMetadata, SignatureSpec
+from service.types import Inputs, ModelMetadata, SignatureSpec
 
 log = logging.getLogger("service.grpc")
 
@@ -193,7 +187,7 @@ def _debug_string(metadata: ModelMetadata, signature_name: str) -> str:
 def _fill_classifications(result, outputs, count: int) -> None:
     """A ClassificationResult: each example's (label, score) pairs, as TF Serving pairs the
     classes and scores outputs (servables/tensorflow/classifier.cc)."""
-    for row in examples.classifications(outputs, count):
+    for row in tf_example.classifications(outputs, count):
         classification = result.classifications.add()
         for class_label, score in row:
             classification.classes.add(label=class_label, score=score)
@@ -201,7 +195,7 @@ def _fill_classifications(result, outputs, count: int) -> None:
 
 def _fill_regressions(result, outputs, count: int) -> None:
     """A RegressionResult: each example's value (servables/tensorflow/regressor.cc)."""
-    for value in examples.regressions(outputs, count):
+    for value in tf_example.regressions(outputs, count):
         result.regressions.add(value=value)
 
 
@@ -234,76 +228,29 @@ class _Servicer(
         return spec.name, None, None
 
     async def _feed_name(
-        self, name: str, version: int | None, label: str | None, signature_name: str
+        self, name: str, version: int | None, label: str | None, signature_name: str, alias: str
     ) -> str:
         """The graph tensor an input alias feeds (TF Serving's messages name it)."""
         metadata = await self.dataplane.metadata(name, version, label)
         # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
         signature = metadata.signature_defs.signature_def.get(signature_name)
-        if signature is None or INPUT_KEY not in signature.inputs:
-            return INPUT_KEY
-        return signature.inputs[INPUT_KEY].name
+        if signature is None or alias not in signature.inputs:
+            return alias
+        return signature.inputs[alias].name
 
     # --- PredictionService --------------------------------------------------------------
     async def _predict_inputs(
-        self, request, name: str, version: int | None, label: str | None, signature_name: str
-    ) -> tuple[np.ndarray, list[str]]:
-        """The request's images and output filter, checked as TF Serving checks them."""
-        sent = sorted(request.inputs)
-        if len(sent) != 1:
-            raise BadInput(
-                f"input size does not match signature: {len(sent)}!=1 len({{{','.join(sent)}}})"
-                f" != len({{{INPUT_KEY}}}). Sent extra: "
-                f"{{{','.join(k for k in sent if k != INPUT_KEY)}}}. Missing but required: "
-                f"{{{'' if INPUT_KEY in sent else INPUT_KEY}}}."
-            )
-        if INPUT_KEY not in request.inputs:
-            feed_name = await self._feed_name(name, version, label, signature_name)
-            raise BadInput(
-                f"Signature input alias: {INPUT_KEY}(feed name: {feed_name}) not found in "
-                f"request and no default value provided. Inputs expected to be in the request "
-                f"{{{','.join(sent)}}}, or default input alias set: "
-            )
-        images = images_from_tensor_proto(
-            request.inputs[INPUT_KEY],
-            INPUT_KEY,
-            self.dataplane.check_image_count,
-            self.strict_numbers,
+        self, request, signature: SignatureSpec, name: str, version: int | None, label: str | None
+    ) -> Inputs:
+        """The request's inputs, checked and read as TF Serving reads them
+        (service/codecs/tensor_proto.py: the aliases, then each tensor)."""
+        missing = tensor_proto.missing_alias(request.inputs, signature)
+        if missing is not None:
+            feed_name = await self._feed_name(name, version, label, signature.name, missing)
+            raise tensor_proto.alias_not_found(missing, feed_name, request.inputs)
+        return tensor_proto.read_inputs(
+            request.inputs, signature, self.dataplane.check_image_count, self.strict_numbers
         )
-        return images, self._output_filter(request, OUTPUT_KEYS)
-
-    def _generic_inputs(self, request, signature: SignatureSpec) -> dict[str, np.ndarray]:
-        """Every input of any signature from the request, checked as TF Serving checks them
-        (servables/tensorflow/predict_util.cc: the aliases, then each tensor's type)."""
-        sent = sorted(request.inputs)
-        wanted = [spec.name for spec in signature.inputs]
-        if set(sent) != set(wanted):
-            raise BadInput(
-                f"input size does not match signature: {len(sent)}!={len(wanted)} "
-                f"len({{{','.join(sent)}}}) != len({{{','.join(sorted(wanted))}}}). "
-                f"Sent extra: {{{','.join(k for k in sent if k not in wanted)}}}. "
-                f"Missing but required: {{{','.join(k for k in sorted(wanted) if k not in sent)}}}."
-            )
-        inputs = {
-            spec.name: array_from_tensor_proto(
-                request.inputs[spec.name],
-                spec,
-                position,
-                self.dataplane.check_image_count,
-                self.strict_numbers,
-            )
-            for position, spec in enumerate(signature.inputs)
-        }
-        rows = {
-            len(array)
-            for spec, array in zip(signature.inputs, inputs.values(), strict=True)
-            if spec.shape and spec.shape[0] == -1
-        }
-        if len(rows) > 1:
-            raise BadInput(
-                f"the inputs' batch sizes differ ({sorted(rows)}); each must hold as many instances"
-            )
-        return inputs
 
     @staticmethod
     def _output_filter(request, outputs) -> list[str]:
@@ -330,20 +277,17 @@ class _Servicer(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f'Serving signature key "{signature_name}" not found.',
             ) from err
-        if is_image_signature(signature):
-            inputs, wanted = await self._predict_inputs(
-                request, name, version, label, signature_name
-            )
-        else:
-            inputs = self._generic_inputs(request, signature)
-            wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
+        inputs = await self._predict_inputs(request, signature, name, version, label)
+        wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
         result = await self.dataplane.predict(name, inputs, version, signature_name, label)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = signature_name
         for key in wanted or result.outputs:
-            fill_tensor_proto(response.outputs[key], result.outputs[key], self.tensor_content)
+            tensor_proto.fill_tensor_proto(
+                response.outputs[key], result.outputs[key], self.tensor_content
+            )
         return response
 
     @_rpc
@@ -381,7 +325,7 @@ class _Servicer(
         name, version, label = self.servable(_model_spec(request))
         metadata = await self.dataplane.metadata(name, version, label)
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        examples.check_example_signature(
+        tf_example.check_example_signature(
             metadata.signatures.get(signature_name),
             signature_name,
             kind,
@@ -390,7 +334,7 @@ class _Servicer(
         with self.body_budget.hold() as held:
             serialized = await self._serialized_examples(request.input, held)
             result = await self.dataplane.predict(
-                name, examples.example_inputs(serialized), version, signature_name, label
+                name, tf_example.example_inputs(serialized), version, signature_name, label
             )
         return name, version, label, signature_name, result, len(serialized)
 
@@ -420,7 +364,7 @@ class _Servicer(
             return [example.SerializeToString() for example in listed]
         held.reserve(context.ByteSize() * len(listed))
         return await asyncio.to_thread(
-            lambda: examples.with_context(
+            lambda: tf_example.with_context(
                 context.SerializeToString(), [e.SerializeToString() for e in listed]
             )
         )
@@ -457,7 +401,7 @@ class _Servicer(
                     grpc.StatusCode.UNIMPLEMENTED,
                     f"Unsupported signature method_name: {task.method_name}",
                 )
-            examples.check_example_signature(
+            tf_example.check_example_signature(
                 metadata.signatures[signature_name],
                 signature_name,
                 kind,
@@ -473,7 +417,7 @@ class _Servicer(
         for task, signature_name in zip(request.tasks, signature_names, strict=True):
             # The version the first task found, for every task: one model, one version.
             result = await self.dataplane.predict(
-                name, examples.example_inputs(serialized), metadata.version, signature_name
+                name, tf_example.example_inputs(serialized), metadata.version, signature_name
             )
             answer = response.results.add()
             if MULTI_INFERENCE_KINDS[task.method_name] == "classification":

@@ -39,7 +39,7 @@ sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, whatever the wo
 from PIL import Image
 from support.fakes import FakeBackend
 from support.servers import free_port
-from service import codec
+from service.codecs import images
 from service.server import run
 from service.app import create_app
 from service.settings import Settings
@@ -58,7 +58,7 @@ class HeldBackend(FakeBackend):
         await done
         return await super().predict(*args, **kwargs)
 
-original = codec.image_file_pixels
+original = images.image_file_pixels
 
 def slow_decode(data, where, invert):
     # A slow decoder: the photo decoded whole, and held until the test says so.
@@ -67,7 +67,7 @@ def slow_decode(data, where, invert):
     released.wait()
     return original(data, where, invert)
 
-codec.image_file_pixels = slow_decode
+images.image_file_pixels = slow_decode
 
 def release():
     sys.stdin.readline()
