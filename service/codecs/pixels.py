@@ -247,6 +247,8 @@ def image_rows(body: bytes, max_images: int, extra_key: str | None = None):
     """
     if body.startswith(b"\xef\xbb\xbf"):
         return None  # simdjson skips a byte order mark; orjson refuses it, and says so
+    if body.count(b"[") < _arrays_in_rows(1):
+        return None  # not even one image's brackets: no parse (a tabular row's body, say)
     try:
         # A parser per call: its documents stay valid only until its next parse, and a body
         # may be parsed on a worker thread too. Making one costs well under a microsecond.

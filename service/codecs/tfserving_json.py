@@ -371,7 +371,78 @@ def _check_shape(array: np.ndarray, spec: TensorSpec, where: str) -> None:
         )
 
 
+# Integers numpy turns into float32 by the same rounding whichever way they go: float64 holds
+# every integer below 2**53 exactly.
+_EXACT_INT = 2**53
+
+
+def _scalar_column(values: list, dtype: np.dtype) -> np.ndarray | None:
+    """One input's values, one plain scalar per instance, as its array in one conversion: the
+    fast path of tabular rows. None when any value is not a plain scalar of the input's kind
+    (a bool among numbers, a float for an integer, an integer out of range, a list, b64...):
+    the general path reads those, one by one, and says what is wrong."""
+    kind = dtype.kind
+    if kind == "f":
+        for value in values:
+            kind_of = type(value)
+            if kind_of is not float and (
+                kind_of is not int or not -_EXACT_INT < value < _EXACT_INT
+            ):
+                return None
+        with np.errstate(over="ignore"):  # past float32's range: inf, as _cast casts
+            return np.array(values, dtype=np.float64).astype(dtype)
+    if kind in "iu":
+        if any(type(value) is not int for value in values):
+            return None
+        low, high = INT_RANGES[dtype.type]
+        if min(values) < low or max(values) > high:
+            return None
+        return np.array(values, dtype=dtype)
+    if kind == "O":
+        if any(type(value) is not str for value in values):
+            return None
+        column = np.empty(len(values), dtype=object)
+        column[:] = [value.encode("utf-8") for value in values]
+        return column
+    if kind == "b" and all(type(value) is bool for value in values):
+        return np.array(values, dtype=dtype)
+    return None
+
+
+def _scalar_rows(instances: list, specs: dict[str, TensorSpec], names: list[str]):
+    """Instances of one plain scalar per input (`{"x1": 0.5, "rooms": 3, "color": "red"}`, or
+    bare scalars for a signature of one input of shape [-1]) read straight into one column per
+    input; None for anything else (the general path, _rows, reads it)."""
+    if any(specs[name].shape != (-1,) or specs[name].dtype is None for name in names):
+        return None
+    if len(names) == 1 and type(instances[0]) is not dict:
+        columns = {names[0]: instances}
+    else:
+        columns = {name: [] for name in names}
+        lists = [columns[name] for name in names]
+        width = len(names)
+        for item in instances:
+            if type(item) is not dict or len(item) != width:
+                return None
+            try:
+                for name, column in zip(names, lists, strict=True):
+                    column.append(item[name])
+            except KeyError:
+                return None
+    inputs = {}
+    for name in names:
+        array = _scalar_column(columns[name], specs[name].dtype)
+        if array is None:
+            return None
+        inputs[name] = array
+    return inputs
+
+
 def _rows(instances: Any, specs: dict[str, TensorSpec], max_instances: int) -> dict:
+    if isinstance(instances, list) and 0 < len(instances) <= max_instances:
+        fast = _scalar_rows(instances, specs, sorted(specs))
+        if fast is not None:
+            return fast
     if not isinstance(instances, list):
         raise BadInput(
             f"Expecting 'instances' to be an list/array; instances: expected a list with one "
@@ -489,18 +560,12 @@ def _jsonable(array: np.ndarray, key: str) -> Any:
     Inf as TF Serving's literals), strings as UTF-8 text or, for keys ending in `_bytes`,
     {"b64": ...} objects."""
     if array.dtype == np.object_ or array.dtype.kind == "S":
-        b64 = key.endswith("_bytes")
-
-        def text(item):
-            if isinstance(item, list):
-                return [text(i) for i in item]
-            data = item if isinstance(item, bytes) else str(item).encode()
-            if b64:
-                return {"b64": base64.b64encode(data).decode("ascii")}
-            return data.decode("utf-8", errors="replace")
-
-        return text(array.tolist())
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        if key.endswith("_bytes"):
+            return _strings(array, _b64_text)
+        return _strings(array, _utf8_text)
+    # A sum that is finite has no NaN or infinity in it (one that overflows only takes the
+    # careful way).
+    if array.dtype.kind == "f" and not np.isfinite(array.sum()):
         holder = np.empty(array.size, dtype=object)
         holder[:] = [v if np.isfinite(v) else _NON_FINITE[str(float(v))] for v in array.ravel()]
         return holder.reshape(array.shape).tolist()
@@ -508,6 +573,43 @@ def _jsonable(array: np.ndarray, key: str) -> Any:
         raise BadInput(f"output '{key}' is complex: JSON cannot hold it")
     # orjson writes numpy scalars, not 0-d arrays.
     return array[()] if array.ndim == 0 else array
+
+
+def _utf8_text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _b64_text(data: bytes) -> dict:
+    return {"b64": base64.b64encode(data).decode("ascii")}
+
+
+# Outputs' strings come mostly from a small vocabulary (a classifier's class names): each is
+# turned into text once, not once per answer. Bounded: emptied when full.
+_TEXTS: dict[bytes, str] = {}
+_TEXTS_MAX = 4096
+
+
+def _strings(array: np.ndarray, to_text) -> Any:
+    """A string output's elements as text (or b64 objects), in its nesting."""
+    flat = []
+    for item in array.ravel().tolist():
+        data = item if isinstance(item, bytes) else str(item).encode()
+        if to_text is _utf8_text:
+            text = _TEXTS.get(data)
+            if text is None:
+                if len(_TEXTS) >= _TEXTS_MAX:
+                    _TEXTS.clear()
+                text = _TEXTS[data] = _utf8_text(data)
+            flat.append(text)
+        else:
+            flat.append(to_text(data))
+    if array.ndim == 1:
+        return flat
+    if array.ndim == 0:
+        return flat[0]
+    holder = np.empty(len(flat), dtype=object)
+    holder[:] = flat
+    return holder.reshape(array.shape).tolist()
 
 
 def render_outputs(outputs: dict[str, np.ndarray], columnar: bool) -> tuple[str, Any]:

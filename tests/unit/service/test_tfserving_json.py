@@ -333,3 +333,81 @@ COMPENSATED = "[[],[1,2]," + ",".join(["0.5"] * 26) + "]"
 def test_anything_unusual_is_read_as_the_general_path_reads_it(raw):
     data = raw.encode("utf-8", "surrogateescape") if raw != "\xff" else b"\xff"
     assert outcome(data) == general(data)
+
+
+# --- tabular rows' fast path against the general one -------------------------------------
+
+BOOL = np.dtype(np.bool_)
+INT32 = np.dtype(np.int32)
+WIDE = SignatureSpec(
+    "predict",
+    "tensorflow/serving/predict",
+    (
+        TensorSpec("color", STRING, (-1,)),
+        TensorSpec("flag", BOOL, (-1,)),
+        TensorSpec("rooms", INT64, (-1,)),
+        TensorSpec("small", INT32, (-1,)),
+        TensorSpec("x1", FLOAT, (-1,)),
+    ),
+    (TensorSpec("probabilities", FLOAT, (-1, 3)),),
+)
+ONE_SCALAR = SignatureSpec("s", "", (TensorSpec("x", FLOAT, (-1,)),), ())
+
+
+def row(**changes):
+    return {"color": "red", "flag": True, "rooms": 3, "small": -7, "x1": 0.5, **changes}
+
+
+@pytest.mark.parametrize(
+    "signature, instances",
+    [
+        pytest.param(WIDE, [row(), row(color="é", rooms=-(2**63), x1=2)], id="plain"),
+        pytest.param(WIDE, [row(x1=1e300)], id="past-float32-is-inf"),
+        pytest.param(WIDE, [row(x1=2**53 + 1)], id="an-integer-past-2**53-for-a-float"),
+        pytest.param(WIDE, [row(x1=True)], id="a-bool-for-a-float"),
+        pytest.param(WIDE, [row(rooms=3.0)], id="a-float-for-an-integer"),
+        pytest.param(WIDE, [row(rooms=2**63)], id="past-int64"),
+        pytest.param(WIDE, [row(small=2**31)], id="past-int32"),
+        pytest.param(WIDE, [row(flag=1)], id="a-number-for-a-bool"),
+        pytest.param(WIDE, [row(color={"b64": "/w=="})], id="b64"),
+        pytest.param(WIDE, [row(color=["red"])], id="a-list-for-a-scalar"),
+        pytest.param(WIDE, [row(x1=None)], id="null"),
+        pytest.param(WIDE, [{**row(), "extra": 1}], id="an-extra-key"),
+        pytest.param(WIDE, [{k: v for k, v in row().items() if k != "flag"}], id="a-missing-key"),
+        pytest.param(WIDE, [row(), [1, 2]], id="a-list-for-an-instance"),
+        pytest.param(ONE_SCALAR, [1.5, 2, -3e40], id="bare-scalars"),
+        pytest.param(ONE_SCALAR, [{"x": 1.5}, {"x": 2}], id="one-named"),
+        pytest.param(ONE_SCALAR, [1.5, {"x": 2}], id="bare-then-named"),
+        pytest.param(ONE_SCALAR, [{"b64": "AAAA"}], id="b64-for-a-float"),
+    ],
+)
+def test_scalar_rows_read_as_the_general_path_reads_them(monkeypatch, signature, instances):
+    """The fast path (one conversion per input) gives the general path's arrays, dtypes and
+    all; whatever it does not take, the general path reads, and its words are the answer."""
+
+    def read():
+        try:
+            inputs, _ = read_inputs({"instances": instances}, signature, 10)
+        except BadInput as err:
+            return err.message
+        return {name: (array.dtype, array.tolist()) for name, array in inputs.items()}
+
+    fast = read()
+    monkeypatch.setattr(tfserving_json, "_scalar_rows", lambda *args: None)
+    assert fast == read()
+
+
+def test_scalar_rows_take_the_fast_path():
+    calls = []
+    column = tfserving_json._scalar_column
+
+    def counted(values, dtype):
+        calls.append(dtype)
+        return column(values, dtype)
+
+    try:
+        tfserving_json._scalar_column = counted
+        inputs, _ = read_inputs({"instances": [row(), row()]}, WIDE, 10)
+    finally:
+        tfserving_json._scalar_column = column
+    assert len(calls) == 5 and inputs["x1"].tolist() == [0.5, 0.5]
