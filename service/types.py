@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Any
 
 import numpy as np
@@ -124,14 +125,21 @@ class SignatureSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
+    @functools.cached_property
+    def batchable(self) -> bool:
+        """Whether requests may share a model call (the function `batchable`); worked out once
+        per signature, not per request."""
+        tensors = (*self.inputs, *self.outputs)
+        return bool(self.inputs) and all(
+            spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1
+            for spec in tensors
+        )
+
 
 def batchable(signature: SignatureSpec) -> bool:
     """Whether requests for a signature may share a model call: every input and output has a
     batch dimension of any size first (an input without one is fed as it is, alone)."""
-    tensors = (*signature.inputs, *signature.outputs)
-    return bool(signature.inputs) and all(
-        spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1 for spec in tensors
-    )
+    return signature.batchable
 
 
 @dataclasses.dataclass(frozen=True)
