@@ -34,6 +34,9 @@ RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nolo
  && chown app:app /models /app/runs /feedback \
  && python -m venv /opt/venv
 WORKDIR /src
+# pip itself first, from its lock: Debian's refuses an extra's requirement in hash mode.
+COPY requirements-pip.lock ./
+RUN pip install --require-hashes --no-deps --requirement requirements-pip.lock
 
 # --- api-deps / trainer-deps: each image's pinned packages, installed into /opt/venv --------
 # Two TensorFlows (docs/architecture.md, "Two TensorFlows"): the api on current TensorFlow
