@@ -22,8 +22,10 @@ name, and the exit code is non-zero when any fails. Extra arguments go to every 
 `--repeat N` (`make test-repeat`) is the flake hunt: the chosen sides run N times over, each
 run from nothing (the shared models made again), and a table lists every test that failed
 in any run, how often and in which runs (from each session's JUnit XML), with each run's
-time; the exit code is non-zero when any test failed in any run. `--cpu-hog K` keeps K
-CPU-bound processes busy beside the sessions meanwhile, as a loaded CI machine would.
+time; the exit code is non-zero when any test failed in any run. Each run's temp folders stay
+in build/pytest/repeat/run-N/ until the next hunt, for a failure to be looked into.
+`--cpu-hog K` keeps K CPU-bound processes busy beside the sessions meanwhile, as a loaded CI
+machine would.
 
 Standard library only: it runs from any interpreter.
 """
@@ -63,11 +65,11 @@ def interpreter(venv: str) -> Path:
     return ROOT / venv / "bin" / "python"
 
 
-def side_command(side: str, extra: list[str]) -> list[str]:
+def side_command(side: str, extra: list[str], basetemp: Path | None = None) -> list[str]:
     venv, selection = SIDES[side]
     # A base temp folder of its own: two sessions sharing /tmp/pytest-of-<user> delete each
     # other's folders (pytest keeps the newest three there).
-    basetemp = ROOT / "build" / "pytest" / side
+    basetemp = basetemp or ROOT / "build" / "pytest" / side
     basetemp.parent.mkdir(parents=True, exist_ok=True)
     return [str(interpreter(venv)), "-m", "pytest", *selection, "--basetemp", str(basetemp), *extra]
 
@@ -115,9 +117,12 @@ def run(sides: list[str], extra: list[str]) -> int:
     return max(codes.values(), default=0)
 
 
-def run_sides(sides: list[str], extra_of) -> dict[str, tuple[int, float]]:
-    """Every side's session at once (extra_of(side): its extra pytest arguments), output
-    relayed; each side's exit code and seconds."""
+def run_sides(
+    sides: list[str], extra_of, folder: Path | None = None
+) -> dict[str, tuple[int, float]]:
+    """Every side's session at once (extra_of(side): its extra pytest arguments; folder: where
+    each side's base temp folder goes, build/pytest by default), output relayed; each side's
+    exit code and seconds."""
     # What an earlier run made is not this run's: its sessions make the shared models anew.
     shutil.rmtree(SHARED_DIR, ignore_errors=True)
     lock = threading.Lock()
@@ -125,7 +130,7 @@ def run_sides(sides: list[str], extra_of) -> dict[str, tuple[int, float]]:
     running, ended = {}, {}
     for side in sides:
         process = subprocess.Popen(
-            side_command(side, extra_of(side)),
+            side_command(side, extra_of(side), folder / side if folder else None),
             cwd=ROOT,
             env=side_env(),
             stdout=subprocess.PIPE,
@@ -239,7 +244,8 @@ def repeat(sides: list[str], extra: list[str], repeats: int, hogs: int) -> int:
             def junit(side: str, folder: Path = folder) -> list[str]:
                 return [*extra, "--junitxml", str(folder / f"{side}.xml")]
 
-            for side, (code, seconds) in run_sides(sides, junit).items():
+            # Each run's files are kept (REPEAT_DIR/run-N/SIDE) for a failure to be looked into.
+            for side, (code, seconds) in run_sides(sides, junit, folder).items():
                 report = folder / f"{side}.xml"
                 failed = failed_tests(report.read_text()) if report.is_file() else ()
                 results.append(SideRun(side, number, code, seconds, failed))
