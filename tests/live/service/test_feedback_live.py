@@ -107,6 +107,7 @@ def test_feedback_through_the_service_is_in_the_next_retrain_and_serves_as_canar
             "--batch-size", 50,
             "--eval-every-secs", 1000,
             "--hooks", "none",
+            "--deterministic",
         )  # fmt: skip
         (row,) = [line for line in done.stdout.splitlines() if line.startswith("feedback ")]
         assert row.split()[1] == "20"  # the two closed shards
