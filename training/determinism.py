@@ -16,10 +16,10 @@ What made two runs of the same command differ, and what takes that away:
   sets the same one): tf.data keeps its order whatever a dataset's options say, a kernel
   without a deterministic form fails instead of running, and an unseeded random op is refused.
 - The threads: the Estimator's sessions run with INTRA_OP_THREADS and INTER_OP_THREADS
-  (RunConfig's session_config, the inter-op threads the session's own), and so does the
-  process's eager context (data scans, the exported model's evaluation) when no TensorFlow
-  op ran before the command: TensorFlow makes one intra-op pool per process, sized by
-  whichever asks first, and keeps it.
+  (RunConfig's session_config; the inter-op threads are each session's own), and so does
+  the process's eager context (data scans, the exported model's evaluation) when no
+  TensorFlow op ran before the command: TensorFlow makes one intra-op pool per process,
+  sized by whichever asks first (a session or the eager context), and keeps it.
 
 Measured here (TF 2.15.1, 2 cores): with the seeded initializers, the same command gives
 bit-identical checkpoints with 1, 2 or 8 intra-op threads and under a second CPU-bound
