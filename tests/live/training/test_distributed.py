@@ -310,7 +310,8 @@ def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     assert report["model_dir"] == str(model_dir)
     images, labels = small_test_data
     # 150 steps on 600 images: well above chance (0.1). The workers are asynchronous, so no
-    # two runs are the same; measured 0.823 under load (97 of the 300 images above the bound).
+    # two runs are the same; measured 0.823 to 0.840 under load (97 of the 300 images above the
+    # bound, or more).
     assert report["accuracy"] > 0.5
 
     with serve(export_dir) as client:
