@@ -22,8 +22,8 @@ name, and the exit code is non-zero when any fails. Extra arguments go to every 
 `--repeat N` (`make test-repeat`) is the flake hunt: the chosen sides run N times over, each
 run from nothing (the shared models made again), and a table lists every test that failed
 in any run, how often and in which runs (from each session's JUnit XML), with each run's
-time; the exit code is non-zero when any test failed in any run. Each run's temp folders stay
-in build/pytest/repeat/run-N/ until the next hunt, for a failure to be looked into.
+time; the exit code is non-zero when any test failed in any run. A failed session's temp
+folder stays in build/pytest/repeat/run-N/SIDE until the next hunt, to be looked into.
 `--cpu-hog K` keeps K CPU-bound processes busy beside the sessions meanwhile, as a loaded CI
 machine would.
 
@@ -244,11 +244,14 @@ def repeat(sides: list[str], extra: list[str], repeats: int, hogs: int) -> int:
             def junit(side: str, folder: Path = folder) -> list[str]:
                 return [*extra, "--junitxml", str(folder / f"{side}.xml")]
 
-            # Each run's files are kept (REPEAT_DIR/run-N/SIDE) for a failure to be looked into.
+            # A failed session's files are kept (REPEAT_DIR/run-N/SIDE) to be looked into; a
+            # green one's go (the training side's are gigabytes a run).
             for side, (code, seconds) in run_sides(sides, junit, folder).items():
                 report = folder / f"{side}.xml"
                 failed = failed_tests(report.read_text()) if report.is_file() else ()
                 results.append(SideRun(side, number, code, seconds, failed))
+                if code == 0:
+                    shutil.rmtree(folder / side, ignore_errors=True)
     text, green = repeat_report(results, repeats)
     print(text)
     return 0 if green else 1
