@@ -80,7 +80,7 @@ def repository(tmp_path_factory, images, run_id, container_data) -> Path:
             "--export-dir", "/models/fashion_mnist",
             "--max-steps", str(FIRST_TRAIN_STEPS),
             "--batch-size", str(TRAIN_BATCH_SIZE),
-            "--seed", "0",
+            "--deterministic",
         ],
         name=f"{run_id}-train",
         data=container_data,
