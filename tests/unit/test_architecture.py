@@ -149,7 +149,7 @@ SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
      "service.budgets", "service.routes",
      "service.security", "service.codec", "service.tensors", "service.tensor_json",
      "service.examples", "service.v2_codec",
-     "service.v2_proto", "service.config_files"),
+     "service.v2_proto", "service.config_files", "service.healthcheck"),
     ("service.backends",),
     ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),
     ("service.protocols", "service.openapi"),
