@@ -105,6 +105,8 @@ class TFServingBackend(Backend):
         default_model: the model /predict serves (the first by default).
     """
 
+    loads_models = False  # TF Serving does, from its own config
+
     def __init__(
         self,
         models: list[ModelEntry],

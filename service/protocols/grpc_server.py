@@ -2,11 +2,12 @@
 
 A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on
 port 8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus,
-and Classify, Regress and MultiInference for signatures that parse serialized tf.Examples (a
-parsing receiver's export), checked as TF Serving 2.15 checks them. The tensors and examples
-are read and written by service/codecs/ (tensor_proto.py, tf_example.py). The server runs
-on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC requests
-share HTTP's limits, metrics and batches.
+HandleReloadConfigRequest (service/protocols/grpc_reload.py), and Classify, Regress and
+MultiInference for signatures that parse serialized tf.Examples (a parsing receiver's
+export), checked as TF Serving 2.15 checks them. The tensors and examples are read and written
+by service/codecs/ (tensor_proto.py, tf_example.py). The server runs on the app's event loop
+and calls the same data plane as the HTTP adapters, so gRPC requests share HTTP's limits,
+metrics and batches.
 
 Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
@@ -43,6 +44,7 @@ from tensorflow_serving.apis import (
 from artifact.contract import SIGNATURE_NAME
 from service.budgets import BodyBudget, Held
 from service.codecs import tensor_proto, tf_example
+from service.config_files import GRPCTLS
 from service.dataplane import DataPlane
 from service.errors import (
     GRPC_ERRORS,
@@ -57,6 +59,7 @@ from service.errors import (
     redact_paths,
 )
 from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
+from service.protocols.grpc_reload import ConfigReloader, ReloadRefused, reload_config
 from service.types import Inputs, ModelMetadata, SignatureSpec
 
 log = logging.getLogger("service.grpc")
@@ -209,11 +212,13 @@ class _Servicer(
         tensor_content: bool = False,
         strict_numbers: bool = False,
         body_budget: BodyBudget | None = None,
+        reload_config: ConfigReloader | None = None,
     ):
         self.dataplane = dataplane
         self.tensor_content = tensor_content
         self.strict_numbers = strict_numbers
         self.body_budget = body_budget or BodyBudget(1 << 62)
+        self.reload_config = reload_config
 
     # --- model specs --------------------------------------------------------------------
     def servable(self, spec) -> tuple[str, int | None, str | None]:
@@ -463,11 +468,15 @@ class _Servicer(
 
     @_rpc
     async def HandleReloadConfigRequest(self, request, context):  # noqa: N802
-        raise RPCError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "the model's versions come from MODEL_BASE_PATH, polled every MODEL_POLL_SECONDS; "
-            "a model server config cannot be reloaded",
-        )
+        if self.reload_config is None:
+            raise RPCError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "with BACKEND=tfserving, TF Serving serves the models: send the reload to it",
+            )
+        try:
+            return await reload_config(request, self.reload_config, self.dataplane.backend)
+        except ReloadRefused as err:
+            raise RPCError(grpc.StatusCode[err.code], err.message) from err
 
 
 class GRPCServer:
@@ -486,8 +495,12 @@ class GRPCServer:
             `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
         tensor_content: GRPC_TENSOR_CONTENT: answer outputs as raw bytes, not typed fields.
         strict_numbers: STRICT_NUMBERS: refuse values that are not finite, short float_val.
-        tls: (certificate chain, private key), PEM bytes (TLS_CERT_FILE, TLS_KEY_FILE): serve
-            TLS only; None: plaintext.
+        tls: the certificate chain and key, and the CA of the clients' certificates when
+            they must have one (TLS_CERT_FILE and TLS_KEY_FILE, or SSL_CONFIG_FILE): serve TLS
+            only; None: plaintext.
+        socket_path: GRPC_SOCKET_PATH: also listen on this UNIX socket (with `tls` too).
+        reload_config: serves HandleReloadConfigRequest's configs; None: that call answers
+            UNIMPLEMENTED.
         allow_plaintext_tokens: GRPC_ALLOW_PLAINTEXT_TOKENS: without `tls`, take calls that
             carry a token; false refuses them (UNAUTHENTICATED) rather than read a token
             anyone on the path could.
@@ -511,7 +524,9 @@ class GRPCServer:
         services: Sequence = (),
         tensor_content: bool = False,
         strict_numbers: bool = False,
-        tls: tuple[bytes, bytes] | None = None,
+        tls: GRPCTLS | None = None,
+        socket_path: str | None = None,
+        reload_config: ConfigReloader | None = None,
         allow_plaintext_tokens: bool = False,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
         body_budget: BodyBudget | None = None,
@@ -520,6 +535,8 @@ class GRPCServer:
         self.body_budget = body_budget
         self.receive_timeout = receive_timeout
         self.tls = tls
+        self.socket_path = socket_path
+        self.reload_config = reload_config
         self.allow_plaintext_tokens = allow_plaintext_tokens
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.tensor_content = tensor_content
@@ -567,31 +584,47 @@ class GRPCServer:
             ],
         )
         servicer = _Servicer(
-            self.dataplane, self.tensor_content, self.strict_numbers, self.body_budget
+            self.dataplane,
+            self.tensor_content,
+            self.strict_numbers,
+            self.body_budget,
+            self.reload_config,
         )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:
             service.add_to_server(server)
-        try:
-            if self.tls is None:
-                port = server.add_insecure_port(self.address)
-            else:
-                chain, key = self.tls
-                credentials = grpc.ssl_server_credentials([(key, chain)])
-                port = server.add_secure_port(self.address, credentials)
-        except RuntimeError as err:
-            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT): {err}") from err
-        if port == 0:
-            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT)")
-        self.port = port
+        listening = []
+        if self.port:
+            self.port = self._listen(server, self.address, "GRPC_PORT")
+            listening.append(self.address)
+        if self.socket_path:
+            self._listen(server, f"unix:{self.socket_path}", "GRPC_SOCKET_PATH")
+            listening.append(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
-        log.info(
-            "TensorFlow Serving's gRPC API on %s (%s)",
-            self.address,
-            "TLS" if self.tls is not None else "plaintext",
-        )
+        kind = "plaintext"
+        if self.tls is not None:
+            kind = "TLS, client certificates required" if self.tls.client_ca else "TLS"
+        log.info("TensorFlow Serving's gRPC API on %s (%s)", ", ".join(listening), kind)
+
+    def _listen(self, server: grpc.aio.Server, address: str, variable: str) -> int:
+        """Listen on `address` (TLS or plaintext); the port bound."""
+        try:
+            if self.tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self.tls.key, self.tls.chain)],
+                    root_certificates=self.tls.client_ca,
+                    require_client_auth=self.tls.client_ca is not None,
+                )
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError as err:
+            raise RuntimeError(f"gRPC cannot listen on {address} ({variable}): {err}") from err
+        if port == 0:
+            raise RuntimeError(f"gRPC cannot listen on {address} ({variable})")
+        return port
 
     def begin_stop(self) -> None:
         """Refuse new calls from now on; those in flight get `grace` seconds to finish. Called

@@ -150,7 +150,7 @@ SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("service.types", "service.settings", "service.cli", "service.errors", "service.metrics",
      "service.budgets", "service.routes",
      "service.security",
-     "service.v2_proto"),
+     "service.v2_proto", "service.config_files", "service.healthcheck"),
     ("service.codecs",),
     ("service.backends",),
     ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),
