@@ -34,6 +34,9 @@ RUN useradd --uid "${APP_UID}" --user-group --create-home --shell /usr/sbin/nolo
  && chown app:app /models /app/runs /feedback \
  && python -m venv /opt/venv
 WORKDIR /src
+# pip itself first, from its lock: Debian's refuses an extra's requirement in hash mode.
+COPY requirements-pip.lock ./
+RUN pip install --require-hashes --no-deps --requirement requirements-pip.lock
 
 # --- api-deps / trainer-deps: each image's pinned packages, installed into /opt/venv --------
 # Two TensorFlows (docs/architecture.md, "Two TensorFlows"): the api on current TensorFlow
@@ -76,20 +79,41 @@ ENTRYPOINT ["python", "-m", "training"]
 CMD ["train", "--data-dir", "/usr/share/datasets/fashion-mnist", \
      "--model-dir", "/app/runs/fashion_mnist", "--export-dir", "/models/fashion_mnist"]
 
-# --- api: the FastAPI service on 0.0.0.0:8000 (the last stage: the default target) ---------
+# --- api: the service, as a drop-in for tensorflow/serving (the last stage: the default target)
+# Its ports (gRPC 8500, REST 8501), its variables (MODEL_NAME=model, MODEL_BASE_PATH=/models)
+# and an entry point that passes its arguments on: TF Serving's quickstart runs with only the
+# image name changed (`docker run -p 8501:8501 -v $PWD/x:/models/x -e MODEL_NAME=x IMAGE`), and
+# so do manifests that run /usr/bin/tensorflow_model_server with TF Serving's flags (KServe's
+# TF Serving runtime). The flags win over the variables; every setting is also a variable
+# (`docker run IMAGE --help` lists both).
 FROM api-deps AS api
 WORKDIR /app
 COPY artifact /app/artifact
 COPY service /app/service
+# TF Serving's binary and its image's entry point, by their names: the same main as
+# `python -m service`, exec'd so it is the container's first process and gets SIGTERM.
+RUN printf '#!/bin/sh\nexec /opt/venv/bin/python -m service "$@"\n' > /usr/bin/tensorflow_model_server \
+ && printf '#!/bin/sh\nexec /usr/bin/tensorflow_model_server "$@"\n' > /usr/bin/tf_serving_entrypoint.sh \
+ && chmod 755 /usr/bin/tensorflow_model_server /usr/bin/tf_serving_entrypoint.sh
+# ALLOW_ANONYMOUS=true: TF Serving's image answers anyone, and so does this one run bare (one
+# WARNING line says so at start); docker-compose.yml and the Kubernetes manifests pass
+# AUTH_TOKENS_FILE. `python -m service` outside the image still refuses a reachable HOST
+# without tokens (docs/security.md).
 ENV HOST=0.0.0.0 \
-    PORT=8000
+    PORT=8501 \
+    GRPC_PORT=8500 \
+    MODEL_NAME=model \
+    MODEL_BASE_PATH=/models \
+    ALLOW_ANONYMOUS=true
 USER app
-EXPOSE 8000
+EXPOSE 8500 8501
 # SIGTERM drains (readyz 503, DRAIN_SECONDS) and lets in-flight requests finish
 # (SHUTDOWN_TIMEOUT_SECONDS), then exits 0: give `docker stop -t 40` (compose sets
 # stop_grace_period: 40s; Docker's default 10 s is shorter than that).
 STOPSIGNAL SIGTERM
-# No curl in the slim image: Python asks /readyz (any answer but 200 raises, exit 1).
+# No curl in the slim image: Python asks /readyz on the port the service listens on (its
+# --rest_api_port, else PORT; service/healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PORT', '8000'), timeout=4)"]
-CMD ["python", "-m", "service"]
+    CMD ["python", "-m", "service.healthcheck"]
+ENTRYPOINT ["/usr/bin/tf_serving_entrypoint.sh"]
+CMD []

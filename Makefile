@@ -48,7 +48,7 @@ UV_SYNC := $(UV) pip sync --quiet --require-hashes --compile-bytecode
 # `-e`), built with the locked setuptools (no isolated build environment fetched unlocked).
 UV_PROJECT := $(UV) pip install --quiet --no-deps --no-build-isolation --compile-bytecode -e .
 
-.PHONY: setup data compose browser tools venv train serve test test-fast k8s lint format bench bench-peers clean \
+.PHONY: setup data compose browser tools venv train serve test test-fast test-repeat k8s lint format bench bench-peers clean \
         figures docs tokens tls containers test-containers serve-examples runtime shipped-model
 
 # Everything `make test` needs: both venvs with the tests' and docs' tools, the data, and the
@@ -256,6 +256,15 @@ serve-examples: runtime data
 test: setup
 	@$(PY) tools/podman.py check >/dev/null || echo "*** the container tier (tests/live/containers) will be SKIPPED: $$($(PY) tools/podman.py check) ***"
 	$(PY) tools/test_sides.py
+
+# The flake hunt: the chosen sides N times over from nothing, beside HOG CPU-bound processes,
+# then a table of every test that failed in any run (tools/test_sides.py --repeat), e.g.
+# `make test-repeat N=3 SIDES="training service" HOG=1`.
+N ?= 3
+SIDES ?= training service
+HOG ?= 0
+test-repeat: setup
+	$(PY) tools/test_sides.py --repeat $(N) --cpu-hog $(HOG) $(foreach side,$(SIDES),--side $(side))
 
 # The container tier alone: the base image and both images (cached between runs), training,
 # serving, the retrain, stop and compose in containers (docs/containers.md).

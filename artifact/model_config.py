@@ -189,9 +189,26 @@ def parse_config(text: str, source: str | Path = "model config") -> list[ModelEn
         text_format.Parse(text, config)
     except text_format.ParseError as err:
         raise ConfigError(f"{source}: not a ModelServerConfig in text format: {err}") from err
+    return config_entries(config, source, Path(source).parent)
+
+
+def config_entries(
+    config: model_server_config_pb2.ModelServerConfig,
+    source: str | Path = "model config",
+    folder: Path | None = None,
+) -> list[ModelEntry]:
+    """The models of a ModelServerConfig message.
+
+    Args:
+        config: the message.
+        source: where it came from, named in messages.
+        folder: where relative base paths start; None: a relative base path is refused, as TF
+            Serving refuses it (model_servers/server_core.cc, ValidateModelConfigList).
+    Raises:
+        ConfigError: it breaks a rule (the message says which).
+    """
     if config.WhichOneof("config") == "custom_model_config":
         raise ConfigError(f"{source}: custom_model_config is not supported; use model_config_list")
-    folder = Path(source).parent
     entries, seen = [], set()
     for model in config.model_config_list.config:
         where = f"{source}: model {model.name!r}"
@@ -211,6 +228,12 @@ def parse_config(text: str, source: str | Path = "model config") -> list[ModelEn
             raise ConfigError(f"{where}: base_path is empty")
         base_path = location(model.base_path)
         if isinstance(base_path, Path) and not base_path.is_absolute():
+            if folder is None:
+                # TF Serving's own words.
+                raise ConfigError(
+                    f"Expected model {model.name} to have an absolute path or URI; got "
+                    f"base_path()={model.base_path}"
+                )
             base_path = folder / base_path
         for label, version in model.version_labels.items():
             if not LABEL_PATTERN.match(label):

@@ -50,7 +50,9 @@ SERVERS_SCRIPT = Path(__file__).resolve().parent / "servers.py"
 
 
 def wrk(port: int, body: Path, seconds: int, concurrency: int = 64) -> str:
-    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH}
+    # BENCH_STATUSES: wrk counts the answers by status (benchmarks/post.lua), so that an
+    # answer other than 200 is told apart by its status.
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH, "BENCH_STATUSES": "1"}
     command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "-s", str(LUA), "--latency",
                f"http://127.0.0.1:{port}"]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
@@ -140,7 +142,8 @@ def measure(
             used = process_cpu_seconds(server.pid) - before
             requests = int(re.search(r"(\d+) requests in", out).group(1))
             if "Non-2xx" in out:
-                raise RuntimeError(f"{side}: answers other than 200:\n{out}")
+                statuses = re.search(r"^BENCH_STATUSES (.*)$", out, re.MULTILINE)
+                raise RuntimeError(f"{side}: answers other than 200: {statuses and statuses[1]}")
             rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
             readings[concurrency] = Reading(rate, used / requests * 1e6, p50_ms(out))
         return readings

@@ -24,7 +24,9 @@ per model and concurrency, into benchmarks/results/profiles/ (or `--out`):
 
 A thread with no Python frame at that moment (the HTTP server's own threads, the native
 code of a C extension) is one leaf, "(native)", unless `--native` unwinds it too (slower,
-and py-spy must be able to read the binaries' symbols). The docs' Benchmarks page shows the
+and py-spy must be able to read the binaries' symbols). py-spy does not always tell a thread
+waiting in native code from one running: a thread's sampled time can exceed its CPU from
+/proc (Granian's threads do), so the summary gives both. The docs' Benchmarks page shows the
 summaries found in benchmarks/results/profiles/ (`profiles_block`, rendered by
 docs/figures.py), each label side by side.
 

@@ -17,7 +17,7 @@ import asyncio
 import os
 import sys
 
-SERVERS = ("uvicorn-httptools", "uvicorn-h11", "granian", "hypercorn")
+SERVERS = ("uvicorn-httptools", "uvicorn-h11", "granian", "granian-uvloop", "hypercorn")
 
 
 def constant_run(self, inputs, signature_name="serving_default"):
@@ -58,7 +58,7 @@ def main(server: str) -> None:
 
         uvicorn.run(service, host=host, port=port, http=server.split("-", 1)[1], loop="asyncio",
                     access_log=False, log_level="warning", lifespan="on")  # fmt: skip
-    elif server == "granian":
+    elif server.startswith("granian"):
         from granian.constants import HTTPModes, Interfaces
         from granian.server.embed import Server
 
@@ -67,7 +67,12 @@ def main(server: str) -> None:
                               http=HTTPModes.http1, websockets=False, log_access=False)  # fmt: skip
             await embedded.serve()
 
-        asyncio.run(serve())
+        if server == "granian-uvloop":
+            import uvloop
+
+            uvloop.run(serve())
+        else:
+            asyncio.run(serve())
     elif server == "hypercorn":
         from hypercorn.asyncio import serve
         from hypercorn.config import Config

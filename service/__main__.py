@@ -1,5 +1,5 @@
-"""`python -m service`: read settings from the environment and serve with uvicorn
-(`--help` lists them)."""
+"""`python -m service` and `tensorflow_model_server`: read the flags and the settings, check
+them, and serve (`--help` lists them)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
 from artifact.model_config import ConfigError
-from service.cli import UsageError, build_parser, parse
+from service.cli import PROG, UsageError, build_parser, parse, version_text
+from service.config_files import ServerFileError, read_server_files
 from service.security import (
     TokenFileError,
     anonymous_refusal,
@@ -32,18 +34,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if command.help:
-        print(build_parser().format_help(), end="")
+        print(build_parser(program_name()).format_help(), end="")
         return 0
+    if command.version:
+        print(version_text(), end="")
+        return 0
+    for warning in command.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     os.environ.update(command.environment)
     try:
         settings = Settings()
     except ValidationError as err:
         for problem in err.errors():
             field = ".".join(str(p) for p in problem["loc"]).upper() or "settings"
+            if field in command.flags:
+                field = f"{command.flags[field]} ({field})"
             print(
                 f"error: {field}: {problem['msg']} (got {problem.get('input')!r})", file=sys.stderr
             )
         return 2
+    try:
+        files = read_server_files(settings)
+    except ServerFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if worker_index() is None:
+        for warning in files.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     for variable, folder in (
         ("FEEDBACK_DIR", settings.feedback_dir),
         ("PREDICTION_LOG_DIR", settings.prediction_log_dir),
@@ -83,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     worker = worker_index()
     if worker is not None:
         die_with_supervisor()
+    sock = None
     try:
         # Bound before anything slow, so a bad address is one line and exit code 2. A worker
         # shares the port with the others (the supervisor checked nobody else holds it).
-        sock = listening_socket(settings.host, settings.port, share=worker is not None)
+        if settings.port:
+            sock = listening_socket(settings.host, settings.port, share=worker is not None)
     except OSError as err:
         print(
             f"error: HOST, PORT: cannot listen on {settings.host}:{settings.port}: "
@@ -99,12 +118,20 @@ def main(argv: list[str] | None = None) -> int:
             # gRPC binds its own socket once the model serves; a port taken is found now.
             listening_socket(settings.host, settings.grpc_port, share=worker is not None).close()
         except OSError as err:
-            sock.close()
+            if sock is not None:
+                sock.close()
             print(
                 f"error: HOST, GRPC_PORT: cannot listen on {settings.host}:{settings.grpc_port}"
                 f": {err.strerror or err}",
                 file=sys.stderr,
             )
+            return 2
+    if settings.grpc_socket_path:
+        problem = socket_path_problem(settings.grpc_socket_path)
+        if problem is not None:
+            if sock is not None:
+                sock.close()
+            print(f"error: GRPC_SOCKET_PATH: {problem}", file=sys.stderr)
             return 2
     who = "" if worker is None else f" [worker {worker}]"
     logging.basicConfig(
@@ -113,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if settings.workers > 1 and worker is None:
         announce_access(settings)  # once: the supervisor's, not each worker's
-        sock.close()  # the workers bind their own, beside each other
+        if sock is not None:
+            sock.close()  # the workers bind their own, beside each other
         # Stopping: each worker's drain and shutdown, and a margin before it is killed.
         stop_seconds = settings.drain_seconds + settings.shutdown_timeout_seconds + 10
         return supervise(settings.workers, stop_seconds)
@@ -145,10 +173,10 @@ def announce_access(settings: Settings) -> None:
         logging.getLogger("service").log(*notice)
 
 
-def serve(settings: Settings, models, sock: socket.socket, announce: bool = True) -> int:
-    """Build the backend and the service, and serve on the port `sock` holds until stopped.
-    With `announce`, say at start when every endpoint is open (a worker leaves that to its
-    supervisor)."""
+def serve(settings: Settings, models, sock: socket.socket | None, announce: bool = True) -> int:
+    """Build the backend and the service, and serve on the port `sock` holds (None: PORT=0, no
+    HTTP) until stopped. With `announce`, say at start when every endpoint is open (a worker
+    leaves that to its supervisor)."""
     from service.app import create_app
     from service.backends.device import DeviceError, configure_tensorflow
     from service.backends.factory import make_backend
@@ -164,21 +192,52 @@ def serve(settings: Settings, models, sock: socket.socket, announce: bool = True
     if announce:
         # After the checks that stop the start with one line: then it is said to a server.
         announce_access(settings)
-    service = create_app(
-        settings, make_backend(settings, models), serve_grpc=settings.grpc_port != 0
-    )
-    scheme = "https" if settings.tls_cert_file else "http"
-    logging.getLogger("service").info(
-        "Listening on %s://%s:%s", scheme, settings.host, settings.port
-    )
-    # The server binds the port itself: the socket that held it since the start lets go.
-    sock.close()
+    try:
+        service = create_app(
+            settings,
+            make_backend(settings, models),
+            serve_grpc=bool(settings.grpc_port or settings.grpc_socket_path),
+        )
+    except ServerFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if sock is not None:
+        scheme = "https" if settings.tls_cert_file else "http"
+        logging.getLogger("service").info(
+            "Listening on %s://%s:%s", scheme, settings.host, settings.port
+        )
+        # The server binds the port itself: the socket that held it since the start lets go.
+        sock.close()
+    else:
+        logging.getLogger("service").info("No HTTP server (PORT=0): gRPC only")
     run(service, settings)
     if service.startup_error is not None:
         # The config could not be realized (a label to a version that does not load).
         print(f"error: MODEL_CONFIG_FILE: {service.startup_error}", file=sys.stderr)
         return 2
     return 0
+
+
+def program_name() -> str:
+    """The name `--help` shows: tensorflow_model_server when run by that name."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name == "tensorflow_model_server" else PROG
+
+
+def socket_path_problem(path: str) -> str | None:
+    """Why gRPC cannot listen on a UNIX socket at `path`, or None. A socket file there is
+    replaced (one a stopped server left); anything else is not."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        return f"{path}: its folder {target.parent} does not exist"
+    if target.exists() and not target.is_socket():
+        return f"{path}: exists and is not a socket"
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"{path}: cannot create a socket in {target.parent}"
+    # A UNIX socket's address holds at most 107 bytes (sun_path).
+    if len(os.fsencode(path)) > 107:
+        return f"{path}: longer than a UNIX socket's 107 bytes"
+    return None
 
 
 def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:

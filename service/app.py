@@ -17,8 +17,9 @@ from pathlib import Path
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
-from service.budgets import BodyBudget
-from service.codec import PixelBudget
+from service.budgets import BodyBudget, PixelBudget
+from service.cli import SERVER_NAME, VERSION
+from service.config_files import GRPCTLS, ServerFileError, read_server_files
 from service.config_watcher import ConfigWatcher
 from service.dataplane import DataPlane
 from service.ingress import Ingress
@@ -28,19 +29,17 @@ from service.protocols.docs import DocsAPI
 from service.protocols.feedback import FeedbackAPI, SenderRates
 from service.protocols.operations import Operations
 from service.protocols.page import PageAPI
-from service.protocols.people import PeopleAPI
+from service.protocols.simple_predict import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
-from service.routes import RouteTable
+from service.routes import NoSuchMethod, RouteTable
 from service.security import Access, TokenFile, allowed_hosts, enforces_hosts
 from service.settings import Settings
 from service.traffic import Traffic
 
 log = logging.getLogger("service")
 
-SERVER_NAME = "estimator-serving"
 TITLE = "Estimator serving"
-VERSION = "0.1.0"
 DESCRIPTION = (
     "Serve TensorFlow Estimator exports (any SavedModel signature). TensorFlow Serving's REST "
     "API under /v1, the Open Inference Protocol (KServe V2) under /v2, a friendlier /predict "
@@ -97,8 +96,14 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         backend: the model runtime (service.backends.factory.make_backend(settings) builds the
             one the settings name; tests pass fakes).
         serve_grpc: also serve TF Serving's gRPC API on HOST:GRPC_PORT, started and stopped with
-            the app (the entry point asks for it unless GRPC_PORT is 0).
+            the app (the entry point asks for it unless GRPC_PORT is 0 and GRPC_SOCKET_PATH
+            unset), on those and GRPC_SOCKET_PATH.
+
+    Raises:
+        ServerFileError: a TF Serving config file the settings name cannot be used
+            (service/config_files.py), or MONITORING_CONFIG_FILE's path is a route's already.
     """
+    files = read_server_files(settings)
     metrics = Metrics()
     dataplane, prediction_log = _dataplane(settings, backend, metrics)
     tokens = None
@@ -125,7 +130,12 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     )
     # Request bytes held at once, HTTP and gRPC together (MAX_BODY_BYTES_IN_FLIGHT).
     body_budget = BodyBudget(settings.max_body_bytes_in_flight)
-    grpc_server = _grpc_server(settings, dataplane, tokens, body_budget) if serve_grpc else None
+    grpc_server = None
+    if serve_grpc:
+        grpc_server = _grpc_server(
+            settings, dataplane, tokens, body_budget, files.grpc_tls or _tls_pair(settings),
+            _config_reloader(backend, watcher),
+        )  # fmt: skip
     parts = _Parts(dataplane, watcher, feedback, prediction_log, grpc_server)
     service = Service(dataplane, grpc_server)
     tf_serving = TFServingREST(
@@ -135,11 +145,19 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         dataplane, settings.max_body_bytes, settings.max_request_pixels, pixels_in_flight
     )
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
-    protocols = [tf_serving, v2, people, feedback, Operations(dataplane), PageAPI(dataplane)]
+    operations = Operations(dataplane)
+    protocols = [tf_serving, v2, people, feedback, operations, PageAPI(dataplane)]
     routes = [route for protocol in protocols for route in protocol.routes()]
     # Written from the same routes the ingress dispatches on, the docs' own included.
     docs = DocsAPI(lambda: openapi_document(table, TITLE, VERSION, DESCRIPTION), TITLE)
     table = RouteTable([*routes, *docs.routes()])
+    if files.prometheus_path is not None and files.prometheus_path != "/metrics":
+        if _answers(table, files.prometheus_path):
+            raise ServerFileError(
+                f"MONITORING_CONFIG_FILE: prometheus_config.path {files.prometheus_path} is "
+                "one of the service's own paths; choose another"
+            )
+        table = RouteTable([*table.routes, operations.metrics_route(files.prometheus_path)])
     hosts = settings.allowed_host_names()
     access = Access(
         tokens,
@@ -156,8 +174,33 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
         body_budget,
         lifespan=_lifespan(parts, service),
         unmatched={"/v1": tf_serving.malformed_url},
+        request_timeout=settings.request_timeout_seconds,
     )
     return service
+
+
+def _answers(table: RouteTable, path: str) -> bool:
+    """Whether a route of the table answers `path` (for some method)."""
+    try:
+        return table.match("GET", path) is not None
+    except NoSuchMethod:
+        return True
+
+
+def _config_reloader(backend: Backend, watcher: ConfigWatcher | None):
+    """What gRPC's HandleReloadConfigRequest calls with a new config's entries: through the
+    config watcher when MODEL_CONFIG_FILE is watched (its status says what was applied, from
+    where), else the backend's own apply. None when another server loads the models
+    (BACKEND=tfserving: a reload goes to TF Serving itself)."""
+    if not backend.loads_models:
+        return None
+
+    async def reload(entries) -> list[str]:
+        if watcher is not None:
+            return await watcher.apply(entries, "HandleReloadConfigRequest")
+        return await backend.apply_config(entries)
+
+    return reload
 
 
 def _dataplane(settings: Settings, backend: Backend, metrics: Metrics):
@@ -180,7 +223,14 @@ def _dataplane(settings: Settings, backend: Backend, metrics: Metrics):
     return dataplane, prediction_log
 
 
-def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: BodyBudget):
+def _grpc_server(
+    settings: Settings,
+    dataplane: DataPlane,
+    tokens,
+    body_budget: BodyBudget,
+    tls: GRPCTLS | None,
+    reload_config,
+):
     # Imported only when asked for: TF Serving's protos import TensorFlow (seconds).
     from service.protocols.grpc_server import GRPCServer
     from service.protocols.v2_grpc import OpenInferenceGRPC
@@ -196,7 +246,9 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: 
         services=[OpenInferenceGRPC(dataplane, SERVER_NAME, VERSION)],
         tensor_content=settings.grpc_tensor_content,
         strict_numbers=settings.strict_numbers,
-        tls=_tls_pair(settings),
+        tls=tls,
+        socket_path=settings.grpc_socket_path,
+        reload_config=reload_config,
         allow_plaintext_tokens=settings.grpc_allow_plaintext_tokens,
         max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         body_budget=body_budget,
@@ -204,11 +256,12 @@ def _grpc_server(settings: Settings, dataplane: DataPlane, tokens, body_budget: 
     )
 
 
-def _tls_pair(settings: Settings) -> tuple[bytes, bytes] | None:
-    """(certificate chain, private key) as PEM bytes, for gRPC; None without TLS."""
+def _tls_pair(settings: Settings) -> GRPCTLS | None:
+    """TLS_CERT_FILE and TLS_KEY_FILE for gRPC (no client certificates); None without them."""
     if settings.tls_cert_file is None or settings.tls_key_file is None:
         return None
-    return Path(settings.tls_cert_file).read_bytes(), Path(settings.tls_key_file).read_bytes()
+    chain = Path(settings.tls_cert_file).read_bytes()
+    return GRPCTLS(chain, Path(settings.tls_key_file).read_bytes())
 
 
 def _lifespan(parts: _Parts, service: Service):

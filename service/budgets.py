@@ -1,10 +1,12 @@
-"""Budgets the process shares across requests: memory held for request bodies."""
+"""Budgets the process shares across requests: memory held for request bodies
+(`BodyBudget`), and pixels being decoded from image files (`PixelBudget`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
-from service.errors import BodiesInFlight, ClientClosedRequest, PayloadTooLarge
+from service.errors import BodiesInFlight, ClientClosedRequest, PayloadTooLarge, PixelsInFlight
 
 
 class BodyBudget:
@@ -77,3 +79,46 @@ class Held:
 
     def reserve(self, count: int) -> None:
         self.budget._reserve(self, count)
+
+
+class PixelBudget:
+    """Pixels being decoded from image files at once, process-wide (MAX_PIXELS_IN_FLIGHT):
+    a request's files reserve their pixel count, read from their headers, before the first
+    is decoded, and give it back when the last is done. Decoders run on worker threads:
+    reserving is thread-safe.
+
+    Args:
+        limit: the most pixels being decoded at once.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most ever held (tests and benchmarks read it)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int):
+        """Reserve `pixels` for the block's length.
+
+        Raises:
+            PixelsInFlight: no room for them now (503 with Retry-After).
+        """
+        with self._lock:
+            if self.held + pixels > self.limit:
+                raise PixelsInFlight(
+                    f"other requests' images are being decoded to {self.held / 1e6:.1f} "
+                    f"megapixels already; this request's {pixels / 1e6:.1f} would pass "
+                    f"MAX_PIXELS_IN_FLIGHT={self.limit}; retry shortly"
+                )
+            self.held += pixels
+            self.peak = max(self.peak, self.held)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= pixels
+
+
+# For callers outside the service's own budget (tests, tools): never full.
+UNBOUNDED_PIXELS = PixelBudget(1 << 62)

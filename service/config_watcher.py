@@ -6,6 +6,10 @@ unloaded, new ones loaded, policies and labels changed. A config that does not p
 a rule, or cannot be realized (a label to a version that is not available) is refused whole:
 the previous one keeps serving, the log says why at ERROR, and the status says it too; the
 file is tried again at the next poll.
+
+A config can also come over gRPC (ModelService.HandleReloadConfigRequest): `apply` serves it
+the same way, and it holds until the file changes (TF Serving, which re-applies the file at
+every poll, would undo it within MODEL_CONFIG_FILE_POLL_SECONDS).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import datetime as dt
 import logging
 from pathlib import Path
 
-from artifact.model_config import ConfigError, read_config
+from artifact.model_config import ConfigError, ModelEntry, read_config
 from service.backends.base import Backend
 
 log = logging.getLogger("service.config")
@@ -41,6 +45,7 @@ class ConfigWatcher:
         self._text = self._read()
         self._task: asyncio.Task | None = None
         self.applied_at = _now()
+        self.applied_from = "file"
         self.error: str | None = None
         self.error_at: str | None = None
 
@@ -89,16 +94,32 @@ class ConfigWatcher:
             self.error = str(err)
             return False
         self.error, self.error_at, self.applied_at = None, None, _now()
+        self.applied_from = "file"
         log.info(
             "Model config %s applied%s", self.path, ": " + "; ".join(changes) if changes else ""
         )
         return True
+
+    async def apply(self, entries: list[ModelEntry], source: str) -> list[str]:
+        """Serve a config that came from `source` (not the file), whole, or refuse it whole;
+        what changed. It holds until the file changes.
+
+        Raises:
+            ConfigError: the backend refused it; the previous config keeps serving.
+        """
+        changes = await self.backend.apply_config(entries)
+        # The file, unchanged from now on, is not applied over it at the next poll.
+        self._text = self._read()
+        self.error, self.error_at, self.applied_at = None, None, _now()
+        self.applied_from = source
+        return changes
 
     def status(self) -> dict:
         return {
             "file": str(self.path),
             "poll_seconds": self.poll_seconds,
             "applied_at": self.applied_at,
+            "applied_from": self.applied_from,
             "error": self.error,
             "error_at": self.error_at,
         }

@@ -21,7 +21,8 @@ Every request passes the same steps, in this order:
    chunked one passes it), so memory is bounded across requests, not only per request.
 6. **Handler**: called with a `Call` (body, headers, query, the sender the access rules found)
    and its path parameters, and cancelled if the client leaves before the answer is ready
-   (which frees its place in the batch queue).
+   (which frees its place in the batch queue), or when it is not done within
+   REQUEST_TIMEOUT_SECONDS (504, TF Serving's --rest_api_timeout_in_ms).
 7. **Answer**: errors rendered by the one renderer (service/errors.py: error_response); every
    answer gets `X-Content-Type-Options: nosniff` and, for allowed origins, CORS headers. An
    answer says `connection: close` when the connection must not carry another request: the
@@ -52,6 +53,7 @@ from service.errors import (
     PayloadTooLarge,
     RequestTimeout,
     ServiceError,
+    UpstreamTimeout,
     error_response,
     printable,
 )
@@ -102,6 +104,7 @@ class Ingress:
         metrics: the service's metrics.
         access: the host, origin and token rules.
         max_body_bytes, body_timeout: MAX_BODY_BYTES and BODY_TIMEOUT_SECONDS.
+        request_timeout: REQUEST_TIMEOUT_SECONDS: the longest a handler may take; 0 = no limit.
         body_budget: the bytes of bodies held at once (MAX_BODY_BYTES_IN_FLIGHT), shared
             with gRPC.
         lifespan: entered when the server starts (the models load) and left when it stops.
@@ -119,8 +122,10 @@ class Ingress:
         body_budget: BodyBudget | None = None,
         lifespan: Callable[[], contextlib.AbstractAsyncContextManager] | None = None,
         unmatched: dict[str, Unmatched] | None = None,
+        request_timeout: float = 0.0,
     ):
         self.table = table
+        self.request_timeout = request_timeout
         self.metrics = metrics
         self.access = access
         self.max_body_bytes = max_body_bytes
@@ -185,7 +190,8 @@ class Ingress:
                             read = True
                         call = Call(body, headers, query, held.reserve, decision.sender)
                         work = route.handler(call, **found.params)
-                        response = await unless_disconnected(receive, work)
+                        response = await unless_disconnected(receive, work,
+                                                             self.request_timeout)  # fmt: skip
                 except Exception as err:  # noqa: BLE001 - rendered as every handler's error is
                     response = error_response(method, scope["path"], err)
             if (not read and not await self._set_aside(scope, receive)) or self.draining:
@@ -375,16 +381,21 @@ async def _wait_for_disconnect(receive) -> None:
         pass
 
 
-async def unless_disconnected(receive, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (frees its batch slot).
-    The client is watched from WATCH_AFTER_SECONDS on.
+async def unless_disconnected(receive, work: Awaitable[T], timeout: float = 0.0) -> T:
+    """Await `work`, cancelling it if the client disconnects first (frees its batch slot), or
+    when it is not done within `timeout` seconds (0: no limit). The client is watched, and the
+    time kept, from WATCH_AFTER_SECONDS on: most requests are done sooner and pay for neither.
 
     Raises:
         ClientClosedRequest: the client left before the work was done.
+        UpstreamTimeout: the work took longer than `timeout` (504).
     """
     handler = asyncio.current_task()
     disconnected = False
+    expired = False
     watcher: asyncio.Task | None = None
+    deadline: asyncio.TimerHandle | None = None
+    loop = asyncio.get_running_loop()
 
     def on_disconnect(task: asyncio.Task) -> None:
         nonlocal disconnected
@@ -392,21 +403,39 @@ async def unless_disconnected(receive, work: Awaitable[T]) -> T:
             disconnected = True
             handler.cancel()
 
+    def expire() -> None:
+        nonlocal expired
+        if not disconnected:
+            expired = True
+            handler.cancel()
+
     def watch() -> None:
-        nonlocal watcher
+        nonlocal watcher, deadline
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         watcher.add_done_callback(on_disconnect)
+        if timeout > WATCH_AFTER_SECONDS:
+            deadline = loop.call_later(timeout - WATCH_AFTER_SECONDS, expire)
 
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_SECONDS, watch)
+    timer = loop.call_later(WATCH_AFTER_SECONDS, watch)
+    if 0 < timeout <= WATCH_AFTER_SECONDS:
+        deadline = loop.call_later(timeout, expire)
     try:
         return await work
     except asyncio.CancelledError:
+        # The cancellation was ours, and is answered as one of these errors.
         if disconnected:
-            handler.uncancel()  # the cancellation was ours, and is answered as this error
+            handler.uncancel()
             raise ClientClosedRequest(LEFT_BEFORE_ANSWER) from None
+        if expired:
+            handler.uncancel()
+            raise UpstreamTimeout(
+                f"the request was not answered within {timeout:g} s (REQUEST_TIMEOUT_SECONDS)"
+            ) from None
         raise
     finally:
         timer.cancel()
+        if deadline is not None:
+            deadline.cancel()
         if watcher is not None:
             watcher.remove_done_callback(on_disconnect)
             watcher.cancel()

@@ -19,6 +19,7 @@ keep their case.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -132,7 +133,7 @@ class Route:
     probe: bool = False
     documented: bool = True
 
-    @property
+    @functools.cached_property
     def template(self) -> str:
         """The path with its parameters' kinds left out (`/v1/models/{name}:predict`): the
         OpenAPI document's path and the metrics' route label."""

@@ -22,6 +22,9 @@ then on says `connection: close` (so busy clients move to fresh connections), th
 stays open and serves for DRAIN_SECONDS, then closes; in-flight requests get
 SHUTDOWN_TIMEOUT_SECONDS to finish, and the process exits 0. A second SIGTERM, or Ctrl-C,
 skips the drain.
+
+**PORT=0** (TF Serving's --rest_api_port=0): no HTTP server; the service's lifespan (models,
+gRPC) runs on its own until SIGTERM, which stops gRPC the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import uvloop
 from granian.constants import HTTPModes, Interfaces, SSLProtocols
 from granian.http import HTTP1Settings
 from granian.server.embed import Server
@@ -62,6 +66,7 @@ def granian_server(app, settings) -> Server:
         websockets=False,
         backlog=BACKLOG,
         backpressure=settings.max_connections,
+        runtime_threads=settings.http_threads,
         http1_settings=HTTP1Settings(
             header_read_timeout=round(settings.header_timeout_seconds * 1000),
             keep_alive=True,
@@ -131,12 +136,19 @@ class Drain:
 
 def run(service, settings) -> None:
     """Serve `service` (service/app.py's Service) until stopped: SIGTERM drains, a second
-    SIGTERM or Ctrl-C stops at once; in-flight requests then get SHUTDOWN_TIMEOUT_SECONDS."""
-    asyncio.run(serve(service, settings))
+    SIGTERM or Ctrl-C stops at once; in-flight requests then get SHUTDOWN_TIMEOUT_SECONDS.
+
+    On uvloop's event loop: the server accepts and reads connections on its own threads, so
+    the loop runs only the app's work (and gRPC's), which uvloop runs faster than asyncio's
+    own loop (docs/benchmarks.md, "The HTTP server")."""
+    uvloop.run(serve(service, settings))
 
 
 async def serve(service, settings) -> None:
     """`run`, on the running loop."""
+    if not settings.port:
+        await serve_without_http(service, settings)
+        return
     server = granian_server(service, settings)
     loop = asyncio.get_running_loop()
     grpc_server = service.grpc_server
@@ -157,3 +169,21 @@ async def serve(service, settings) -> None:
     drain.install()
     await server.serve()
     log.info("Stopped serving on %s:%s", settings.host, settings.port)
+
+
+async def serve_without_http(service, settings) -> None:
+    """PORT=0: the service's lifespan alone (the models and gRPC), until SIGTERM (which drains
+    as with HTTP) or Ctrl-C."""
+    stopped = asyncio.Event()
+    grpc_server = service.grpc_server
+    drain = Drain(
+        stopped.set,
+        settings.drain_seconds,
+        service.start_draining,
+        on_stop=grpc_server.begin_stop if grpc_server is not None else None,
+    )
+    service.on_startup_error = lambda problem: drain.stop()
+    drain.install()
+    async with service.ingress.lifespan():
+        await stopped.wait()
+    log.info("Stopped serving (no HTTP: PORT=0)")

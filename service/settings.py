@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from artifact.model_config import ModelEntry, check_reachable, read_config, shortcut
-from artifact.storage import is_url
+from artifact.storage import is_url, location
 
 
 class Settings(BaseSettings):
@@ -25,6 +25,13 @@ class Settings(BaseSettings):
         "models",
         description="Model repository: <base>/<name>/<version>/saved_model.pb; a folder, or "
         "s3://bucket/prefix or gs://bucket/prefix (docs/object-storage.md).",
+    )
+    model_path: str | None = Field(
+        None,
+        description="The model's own folder, holding its version folders (TF Serving's "
+        "--model_base_path, which the tensorflow/serving image sets to "
+        "$MODEL_BASE_PATH/$MODEL_NAME); a folder or a URL. Unset = MODEL_BASE_PATH/MODEL_NAME; "
+        "not used with MODEL_CONFIG_FILE.",
     )
     model_cache_dir: str | None = Field(
         None,
@@ -78,14 +85,26 @@ class Settings(BaseSettings):
         description="Share of the requests naming neither a version nor a label copied to a "
         "model's `shadow` label, off the response path, to compare its answers.",
     )
-    host: str = Field("127.0.0.1", description="Address uvicorn binds.")
-    port: int = Field(8000, ge=1, le=65535, description="Port uvicorn listens on.")
+    host: str = Field("127.0.0.1", description="Address the HTTP server and gRPC bind.")
+    port: int = Field(
+        8000,
+        ge=0,
+        le=65535,
+        description="Port of the HTTP server (TF Serving's REST API, the Open Inference "
+        "Protocol, /predict, the page, the probes); 0 = no HTTP, gRPC only (TF Serving's "
+        "--rest_api_port=0).",
+    )
     grpc_port: int = Field(
         8500,
         ge=0,
         le=65535,
         description="Port of TensorFlow Serving's gRPC API (PredictionService, ModelService) "
-        "on HOST; 0 = no gRPC.",
+        "on HOST; 0 = none on a TCP port.",
+    )
+    grpc_socket_path: str | None = Field(
+        None,
+        description="Also serve gRPC on this UNIX socket (TF Serving's --grpc_socket_path); "
+        "a socket file left there by a stopped server is replaced. Unset = none.",
     )
     grpc_max_message_bytes: int = Field(
         8 * 1024 * 1024,
@@ -110,6 +129,18 @@ class Settings(BaseSettings):
     tfserving_deadline_seconds: float = Field(
         10.0, gt=0, description="Deadline of each gRPC call to TensorFlow Serving; past it, 504."
     )
+    enable_batching: bool = Field(
+        True,
+        description="In-process dynamic batching (TF Serving's --enable_batching, false by "
+        "default there): requests that arrive while the model is busy share its next call; "
+        "at BATCH_TIMEOUT_MS=0 no request waits for company.",
+    )
+    batching_parameters_file: str | None = Field(
+        None,
+        description="TF Serving's BatchingParameters (text format): max_batch_size, "
+        "batch_timeout_micros, max_enqueued_batches and allowed_batch_sizes set the batcher, "
+        "in place of BATCH_MAX_SIZE, BATCH_TIMEOUT_MS and BATCH_MAX_QUEUE (docs/operations.md).",
+    )
     batch_max_size: int = Field(
         64,
         ge=1,
@@ -133,7 +164,16 @@ class Settings(BaseSettings):
         description="auto: a GPU when TensorFlow sees one, else the CPU; gpu: fail without one.",
     )
     model_poll_seconds: float = Field(
-        2.0, ge=0, description="How often to look for a newer version and swap it in; 0 = never."
+        2.0,
+        ge=0,
+        description="How often to look for a newer version and swap it in; 0 = never, after "
+        "the start (TF Serving's --file_system_poll_wait_seconds, 1 there).",
+    )
+    enable_model_warmup: bool = Field(
+        True,
+        description="Replay a version's assets.extra/tf_serving_warmup_requests before it "
+        "serves (TF Serving's --enable_model_warmup); false: one call of zeros per signature "
+        "instead, which still traces it and checks its answers.",
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
@@ -265,6 +305,21 @@ class Settings(BaseSettings):
         description="Time a client has to send a request's body; then 408. A gRPC call's "
         "request message too (then DEADLINE_EXCEEDED, and the call's slot is free).",
     )
+    request_timeout_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Longest an HTTP request is worked on once its body is read (the batch "
+        "queue and the model included); then 504 (TF Serving's --rest_api_timeout_in_ms, "
+        "30000). 0 = no limit.",
+    )
+    http_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Threads of the HTTP server's own, for connections and HTTP parsing, "
+        "beside the event loop that runs the requests (TF Serving's --rest_api_num_threads, "
+        "4 per core there); WORKERS sets the processes.",
+    )
     max_connections: int = Field(
         2048,
         gt=0,
@@ -331,6 +386,18 @@ class Settings(BaseSettings):
         None, description="TLS certificate (PEM): serve HTTPS, and TLS on GRPC_PORT."
     )
     tls_key_file: str | None = Field(None, description="TLS private key (PEM) of TLS_CERT_FILE.")
+    ssl_config_file: str | None = Field(
+        None,
+        description="TF Serving's SSLConfig (text format: server_key, server_cert, custom_ca, "
+        "client_verify, PEM text inline) for gRPC: TLS, and with client_verify only clients "
+        "with a certificate custom_ca signed. Replaces TLS_CERT_FILE for gRPC only.",
+    )
+    monitoring_config_file: str | None = Field(
+        None,
+        description="TF Serving's MonitoringConfig (text format): with prometheus_config "
+        "{ enable: true }, the metrics are also served at its path (default "
+        "/monitoring/prometheus/metrics), as /metrics is.",
+    )
     grpc_allow_plaintext_tokens: bool = Field(
         False,
         description="With AUTH_TOKENS_FILE and no TLS_CERT_FILE, take gRPC calls carrying a "
@@ -358,7 +425,16 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("feedback_dir", "prediction_log_dir", "model_cache_dir")
+    @field_validator(
+        "feedback_dir",
+        "prediction_log_dir",
+        "model_cache_dir",
+        "model_path",
+        "grpc_socket_path",
+        "batching_parameters_file",
+        "monitoring_config_file",
+        "ssl_config_file",
+    )
     @classmethod
     def _optional_dir(cls, value: str | None) -> str | None:
         return None if value is not None and not value.strip() else value
@@ -401,11 +477,29 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"GRPC_MAX_MESSAGE_BYTES={self.grpc_max_message_bytes} is too small for one image"
             )
-        if self.grpc_port == self.port:
+        if self.grpc_port == self.port and self.port:
             raise ValueError(f"GRPC_PORT and PORT are both {self.port}; give gRPC its own port")
+        if not (self.port or self.grpc_port or self.grpc_socket_path):
+            raise ValueError(
+                "PORT and GRPC_PORT are both 0 and GRPC_SOCKET_PATH is not set: nothing to serve on"
+            )
+        if self.grpc_socket_path and self.workers > 1:
+            raise ValueError(
+                f"GRPC_SOCKET_PATH takes one process; WORKERS={self.workers} would each bind it"
+            )
+        if self.batching_parameters_file and not self.enable_batching:
+            # TF Serving's rule (model_servers/server.cc).
+            raise ValueError("BATCHING_PARAMETERS_FILE is set, and ENABLE_BATCHING=false")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("TLS_CERT_FILE and TLS_KEY_FILE go together: set both or neither")
-        for name in ("auth_tokens_file", "tls_cert_file", "tls_key_file"):
+        for name in (
+            "auth_tokens_file",
+            "tls_cert_file",
+            "tls_key_file",
+            "batching_parameters_file",
+            "monitoring_config_file",
+            "ssl_config_file",
+        ):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{name.upper()}={path}: no such file")
@@ -428,7 +522,10 @@ def initial_entries(settings: Settings) -> list[ModelEntry]:
     """
     if settings.model_config_file:
         return read_config(settings.model_config_file)
-    entries = shortcut(settings.model_name, settings.model_base_path)
+    if settings.model_path:
+        entries = [ModelEntry(settings.model_name, location(settings.model_path))]
+    else:
+        entries = shortcut(settings.model_name, settings.model_base_path)
     # A URL is listed once now, so a bad URL, bucket, credential or endpoint is one line at
     # start (a folder on disk may appear later, as TF Serving allows).
     check_reachable(entries)
@@ -436,8 +533,11 @@ def initial_entries(settings: Settings) -> list[ModelEntry]:
 
 
 def config_variable(settings: Settings) -> str:
-    """The variable that names the models: MODEL_CONFIG_FILE when set, else MODEL_BASE_PATH."""
-    return "MODEL_CONFIG_FILE" if settings.model_config_file else "MODEL_BASE_PATH"
+    """The variable that names the models: MODEL_CONFIG_FILE when set, else MODEL_PATH when
+    set, else MODEL_BASE_PATH."""
+    if settings.model_config_file:
+        return "MODEL_CONFIG_FILE"
+    return "MODEL_PATH" if settings.model_path else "MODEL_BASE_PATH"
 
 
 def uses_object_storage(entries: list[ModelEntry]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Any
 
 import numpy as np
@@ -124,21 +125,29 @@ class SignatureSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
+    @functools.cached_property
+    def batchable(self) -> bool:
+        """Whether requests may share a model call (the function `batchable`); worked out once
+        per signature, not per request."""
+        tensors = (*self.inputs, *self.outputs)
+        return bool(self.inputs) and all(
+            spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1
+            for spec in tensors
+        )
+
 
 def batchable(signature: SignatureSpec) -> bool:
     """Whether requests for a signature may share a model call: every input and output has a
     batch dimension of any size first (an input without one is fed as it is, alone)."""
-    tensors = (*signature.inputs, *signature.outputs)
-    return bool(signature.inputs) and all(
-        spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1 for spec in tensors
-    )
+    return signature.batchable
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelMetadata:
     """A version's signatures: a SignatureDefMap proto (what TF Serving's metadata returns) and
     the same signatures as typed values, for protocols that must not parse protos (the Open
-    Inference Protocol's metadata; service.tensors.signature_specs reads them off the proto)."""
+    Inference Protocol's metadata; service.codecs.signatures.signature_specs reads them off the
+    proto)."""
 
     name: str
     version: int

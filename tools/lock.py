@@ -8,6 +8,7 @@ different TensorFlows (the service current, the trainer 2.15 with tf.estimator),
 a lock of its own and the others are layered on one of them:
 
     requirements-uv.lock              uv, which `make setup` installs first and the rest with
+    requirements-pip.lock             pip, which each image installs first and the rest with
     requirements-service.lock         the service's runtime (the API image, `.venv`)
     requirements-training.lock        the trainer's runtime (the trainer image, `.venv-training`)
     requirements-gpu.lock             -r requirements-service.lock, plus CUDA's wheels
@@ -52,6 +53,7 @@ class Lock:
 
 LOCKS = (
     Lock("requirements-uv.in", "requirements-uv.lock"),
+    Lock("requirements-pip.in", "requirements-pip.lock"),
     Lock("requirements-service.in", "requirements-service.lock"),
     Lock("requirements-training.in", "requirements-training.lock"),
     Lock(

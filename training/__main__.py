@@ -18,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 from training import (  # noqa: E402
     compare,
+    determinism,
     evaluate,
     export,
     feedback_source,
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_tensorflow(verbose=any(a in ("-v", "--verbose") for a in given))
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with determinism.applied(args):
+            return COMMANDS[args.command](args)
     except (DataError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

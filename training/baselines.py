@@ -78,7 +78,11 @@ def premade_estimator(kind: str, params: dict, config: tf.estimator.RunConfig):
     raise ValueError(f"not a pre-made kind: {kind!r}")
 
 
-def keras_estimator(params: dict, model: tf.keras.Model | None = None):
+def keras_estimator(
+    params: dict,
+    model: tf.keras.Model | None = None,
+    config: tf.estimator.RunConfig | None = None,
+):
     """The Keras CNN (or another compiled Keras model) through
     tf.keras.estimator.model_to_estimator.
 
@@ -87,14 +91,22 @@ def keras_estimator(params: dict, model: tf.keras.Model | None = None):
     like every other kind's), so it gets a scratch dir, removed at once, rather than writing
     into the shared model dir (which every task of a distributed run would race to do).
     `saver` checkpoints keep the variables' names (keras/conv1/kernel, ...) for warm starts
-    and fine-tuning scopes.
+    and fine-tuning scopes. config: the run's, whose seed and session config the scratch
+    model's graph and sessions take (a deterministic run refuses an unseeded graph).
     """
     if model is None:
-        model = keras_cnn(params["data_format"], optimizer=keras_optimizer(params))
+        model = keras_cnn(
+            params["data_format"], optimizer=keras_optimizer(params), seed=params.get("seed")
+        )
     scratch = tempfile.mkdtemp(prefix="model-to-estimator-")
+    scratch_config = tf.estimator.RunConfig(
+        model_dir=scratch,
+        tf_random_seed=config.tf_random_seed if config else None,
+        session_config=config.session_config if config else None,
+    )
     try:
         return tf.keras.estimator.model_to_estimator(
-            keras_model=model, model_dir=scratch, checkpoint_format="saver"
+            keras_model=model, config=scratch_config, checkpoint_format="saver"
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -103,7 +115,7 @@ def keras_estimator(params: dict, model: tf.keras.Model | None = None):
 def baseline_model_fn(kind: str, params: dict, config: tf.estimator.RunConfig):
     """A model_fn(features, labels, mode, params, config) for a baseline, in contract form."""
     if kind == "keras":
-        wrapped = keras_estimator(params)
+        wrapped = keras_estimator(params, config=config)
     else:
         wrapped = premade_estimator(kind, params, config)
     inner = wrapped.model_fn

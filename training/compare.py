@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from artifact.repository import read_report
-from training import cli, compare_any, data, plots, runs, train_any
+from training import cli, compare_any, data, determinism, plots, runs, train_any
 from training.comparison import (
     budget_text,
     check_work_dir,
@@ -99,7 +99,11 @@ def cmd_compare(args) -> int:
         model_dir.mkdir(parents=True)
         runs.write_params(model_dir, params)
         estimator = make_estimator(
-            str(model_dir), params, seed=args.seed, save_checkpoints_steps=max_steps
+            str(model_dir),
+            params,
+            seed=args.seed,
+            save_checkpoints_steps=max_steps,
+            session_config=determinism.session_config(args.deterministic),
         )
         started = time.perf_counter()
         estimator.train(

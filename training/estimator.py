@@ -68,6 +68,7 @@ def make_estimator(
     warm_start_from: tf.estimator.WarmStartSettings | str | None = None,
     train_distribute: tf.distribute.Strategy | None = None,
     max_worker_delay_secs: int | None = None,
+    session_config: tf.compat.v1.ConfigProto | None = None,
     **param_overrides,
 ) -> tf.estimator.Estimator:
     """The Estimator of one model kind, writing checkpoints and summaries under model_dir.
@@ -85,6 +86,8 @@ def make_estimator(
         train_distribute: a tf.distribute strategy for training (MirroredStrategy).
         max_worker_delay_secs: in a TF_CONFIG cluster, the longest a worker waits before it
             starts training (TensorFlow waits (index + 1) x 5 s by default).
+        session_config: the sessions' config (training/determinism.py's for a deterministic
+            run); None: the Estimator's default.
         param_overrides: single params, e.g. data_format="channels_first".
     Raises:
         ValueError: an unknown model kind or hook name.
@@ -103,6 +106,7 @@ def make_estimator(
         log_step_count_steps=100,
         train_distribute=train_distribute,
         experimental_max_worker_delay_secs=max_worker_delay_secs,
+        session_config=session_config,
     )
     if kind == "cnn":
 
@@ -131,6 +135,9 @@ def trainable_variable_shapes(estimator: tf.estimator.Estimator) -> dict[str, li
     patterns) are checked before a run writes anything.
     """
     with tf.Graph().as_default():
+        # Only the shapes are read; a seed keeps the initializers' random ops legal under op
+        # determinism (--deterministic), which refuses an unseeded one.
+        tf.compat.v1.set_random_seed(0)
         image = tf.compat.v1.placeholder(tf.float32, [None, *IMAGE_SHAPE], INPUT_KEY)
         estimator.model_fn(
             {INPUT_KEY: image}, None, tf.estimator.ModeKeys.PREDICT, estimator.config

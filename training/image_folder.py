@@ -37,6 +37,7 @@ from artifact.contract import (
 )
 from training import heads
 from training.baselines import LOGITS_KEY, keras_estimator, keras_optimizer, to_contract
+from training.determinism import kernel_initializer
 from training.errors import DataError
 from training.evaluation import build_report
 from training.plots import write_export_plots
@@ -167,31 +168,38 @@ def holdout_images(folder: ImageFolder, size: int, channels: int) -> tuple[np.nd
     return images, np.array([c for _, c in folder.holdout], np.int64)
 
 
-def small_cnn_layers(num_classes: int) -> list:
-    """Conv(16,3x3) -> pool -> Conv(32,3x3) -> pool -> Dense(64) -> logits."""
+def small_cnn_layers(num_classes: int, seed: int | None = None) -> list:
+    """Conv(16,3x3) -> pool -> Conv(32,3x3) -> pool -> Dense(64) -> logits; the initial
+    weights follow the run's seed (None: random)."""
     layers = tf.keras.layers
     return [
-        layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+        layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1",
+                      kernel_initializer=kernel_initializer(seed, "conv1")),
         layers.MaxPooling2D(2),
-        layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+        layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2",
+                      kernel_initializer=kernel_initializer(seed, "conv2")),
         layers.MaxPooling2D(2),
         layers.Flatten(),
-        layers.Dense(64, activation="relu", name="dense1"),
-        layers.Dense(num_classes, name=LOGITS_KEY),
-    ]
+        layers.Dense(64, activation="relu", name="dense1",
+                     kernel_initializer=kernel_initializer(seed, "dense1")),
+        layers.Dense(num_classes, name=LOGITS_KEY,
+                     kernel_initializer=kernel_initializer(seed, LOGITS_KEY)),
+    ]  # fmt: skip
 
 
-def small_cnn(num_classes: int) -> tf.keras.Model:
+def small_cnn(num_classes: int, seed: int | None = None) -> tf.keras.Model:
     """The small CNN as one Keras model the custom model_fn calls."""
-    return tf.keras.Sequential(small_cnn_layers(num_classes), name="image_cnn")
+    return tf.keras.Sequential(small_cnn_layers(num_classes, seed), name="image_cnn")
 
 
-def keras_small_cnn(size: int, channels: int, num_classes: int, optimizer) -> tf.keras.Model:
+def keras_small_cnn(
+    size: int, channels: int, num_classes: int, optimizer, seed: int | None = None
+) -> tf.keras.Model:
     """The same CNN as a compiled functional Keras model taking `image` [size, size,
     channels], for model_to_estimator (its output layer is `logits`)."""
     image = tf.keras.Input(shape=(size, size, channels), name=INPUT_KEY)
     x = image
-    for layer in small_cnn_layers(num_classes):
+    for layer in small_cnn_layers(num_classes, seed):
         x = layer(x)
     model = tf.keras.Model(image, x, name="image_cnn")
     model.compile(
@@ -201,14 +209,15 @@ def keras_small_cnn(size: int, channels: int, num_classes: int, optimizer) -> tf
     return model
 
 
-def keras_model_fn(params: dict):
+def keras_model_fn(params: dict, config: tf.estimator.RunConfig | None = None):
     """A model_fn(features, labels, mode, params, config) around model_to_estimator's, with
     the contract's PREDICT outputs and signatures and the eval metrics of `cnn`."""
     data = params["data"]
     model = keras_small_cnn(
-        data["image_size"], data["channels"], params["num_classes"], keras_optimizer(params)
-    )
-    inner = keras_estimator(params, model).model_fn
+        data["image_size"], data["channels"], params["num_classes"], keras_optimizer(params),
+        params.get("seed"),
+    )  # fmt: skip
+    inner = keras_estimator(params, model, config).model_fn
 
     def model_fn(features, labels, mode, params, config):
         # As the Keras baseline: its own scope keeps the Estimator's "loss" summary free.
@@ -224,9 +233,9 @@ def keras_model_fn(params: dict):
 def model_fn(features, labels, mode, params):
     """Estimator model_fn of the image folder's CNN.
 
-    params: num_classes, learning_rate, decay_steps (as the reference CNN's).
+    params: num_classes, learning_rate, decay_steps (as the reference CNN's), seed.
     """
-    model = small_cnn(params["num_classes"])
+    model = small_cnn(params["num_classes"], params.get("seed"))
     image = features[INPUT_KEY] if isinstance(features, dict) else features
     logits = model(image, training=mode == MODES.TRAIN)
     if mode == MODES.PREDICT:
@@ -259,7 +268,7 @@ def make_estimator(
     kind = params.get("model", "cnn")
     if kind not in IMAGE_KINDS:
         raise ValueError(f"not an image folder kind: {kind!r}; known: {', '.join(IMAGE_KINDS)}")
-    function = keras_model_fn(params) if kind == "keras" else model_fn
+    function = keras_model_fn(params, config) if kind == "keras" else model_fn
     return tf.estimator.Estimator(
         model_fn=function, config=config, params=params, warm_start_from=warm_start_from
     )

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from artifact.contract import IMAGE_HEIGHT, IMAGE_WIDTH, INPUT_KEY, NUM_CLASSES
 from training import heads
+from training.determinism import kernel_initializer
 
 DATA_FORMATS = ("channels_last", "channels_first")
 # The layers with weights, by name: the scopes fine-tuning can pick (--fine-tune-scopes).
@@ -23,24 +24,37 @@ def _check_data_format(data_format: str) -> None:
         raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
 
 
-def cnn_layers(data_format: str = "channels_last", num_classes: int = NUM_CLASSES) -> dict:
-    """The CNN's layers in call order, keyed by attribute name (conv1, pool1, ..., logits)."""
+def cnn_layers(
+    data_format: str = "channels_last", num_classes: int = NUM_CLASSES, seed: int | None = None
+) -> dict:
+    """The CNN's layers in call order, keyed by attribute name (conv1, pool1, ..., logits).
+
+    seed: the run's; each layer's initial weights follow from it (None: random).
+    """
     _check_data_format(data_format)
     layers = tf.keras.layers
     return {
         "conv1": layers.Conv2D(
-            32, 5, padding="same", activation="relu", data_format=data_format, name="conv1"
+            32, 5, padding="same", activation="relu", data_format=data_format, name="conv1",
+            kernel_initializer=kernel_initializer(seed, "conv1"),
         ),
         "pool1": layers.MaxPooling2D(2, 2, padding="same", data_format=data_format),
         "conv2": layers.Conv2D(
-            64, 5, padding="same", activation="relu", data_format=data_format, name="conv2"
+            64, 5, padding="same", activation="relu", data_format=data_format, name="conv2",
+            kernel_initializer=kernel_initializer(seed, "conv2"),
         ),
         "pool2": layers.MaxPooling2D(2, 2, padding="same", data_format=data_format),
         "flatten": layers.Flatten(),
-        "dense1": layers.Dense(1024, activation="relu", name="dense1"),
+        "dense1": layers.Dense(
+            1024, activation="relu", name="dense1",
+            kernel_initializer=kernel_initializer(seed, "dense1"),
+        ),
+        # Its mask follows the graph's seed (RunConfig's tf_random_seed).
         "dropout": layers.Dropout(0.4),
-        "logits": layers.Dense(num_classes, name="logits"),
-    }
+        "logits": layers.Dense(
+            num_classes, name="logits", kernel_initializer=kernel_initializer(seed, "logits")
+        ),
+    }  # fmt: skip
 
 
 def _image_shape(data_format: str) -> tuple[int, int, int]:
@@ -55,11 +69,17 @@ class CNN(tf.keras.Model):
     Args:
         data_format: 'channels_last' (NHWC, what CPUs run) or 'channels_first' (NCHW, faster
             on GPUs). Inputs are always [batch, 28, 28] grayscale; the layout is internal.
+        seed: the run's seed, which the initial weights follow (None: random).
     """
 
-    def __init__(self, data_format: str = "channels_last", num_classes: int = NUM_CLASSES):
+    def __init__(
+        self,
+        data_format: str = "channels_last",
+        num_classes: int = NUM_CLASSES,
+        seed: int | None = None,
+    ):
         super().__init__(name="cnn")
-        layers = cnn_layers(data_format, num_classes)
+        layers = cnn_layers(data_format, num_classes, seed)
         self.data_format = data_format
         self.conv1 = layers["conv1"]
         self.pool1 = layers["pool1"]
@@ -83,14 +103,17 @@ def keras_cnn(
     data_format: str = "channels_last",
     num_classes: int = NUM_CLASSES,
     optimizer=None,
+    seed: int | None = None,
 ) -> tf.keras.Model:
     """The same CNN as a functional Keras model taking the contract's `image` input.
 
     Compiled with sparse categorical cross-entropy on logits and `optimizer` (a legacy Keras
     optimizer: model_to_estimator does not take the Keras 2.11+ ones), so it is ready for
-    `tf.keras.estimator.model_to_estimator`. Its output layer is named `logits`.
+    `tf.keras.estimator.model_to_estimator`. Its output layer is named `logits`. seed: the
+    run's, which the initial weights follow (model_to_estimator's clone keeps the layers'
+    seeded initializers).
     """
-    layers = cnn_layers(data_format, num_classes)
+    layers = cnn_layers(data_format, num_classes, seed)
     image = tf.keras.Input(shape=(IMAGE_HEIGHT, IMAGE_WIDTH), name=INPUT_KEY)
     x = tf.keras.layers.Reshape(_image_shape(data_format))(image)
     for layer in layers.values():
@@ -114,10 +137,11 @@ def model_fn(features, labels, mode, params):
         check_numerics: fail the step with the tensor's name when the logits or the loss hold
             a NaN or Inf; the checks sit on the path to the update, so a bad step changes
             nothing.
+        seed: the run's seed, which the initial weights follow (None: random).
     Hooks are not params: training/estimator.py attaches the registry's hooks to every kind's
     spec, and `train` passes its progress display through the TrainSpec.
     """
-    model = CNN(params.get("data_format", "channels_last"))
+    model = CNN(params.get("data_format", "channels_last"), seed=params.get("seed"))
     image = features[INPUT_KEY] if isinstance(features, dict) else features
     if mode == tf.estimator.ModeKeys.PREDICT:
         logits = model(image, training=False)

@@ -49,7 +49,16 @@ from artifact.contract import (
 )
 from artifact.saved_model import SavedModelPredictor
 from artifact.warmup import WARMUP_BATCH_SIZES
-from training import data, finetune, image_folder, publish, sources, tabular, tabular_schema
+from training import (
+    data,
+    determinism,
+    finetune,
+    image_folder,
+    publish,
+    sources,
+    tabular,
+    tabular_schema,
+)
 from training import train as idx_train
 from training.errors import DataError, UsageError
 from training.estimator import make_estimator, trainable_variable_shapes
@@ -343,6 +352,7 @@ class ModelData(abc.ABC):
         checkpoint (UsageError naming a variable it lacks or holds in another shape)."""
         estimator = self.estimator(run_dir, params, None, None)
         with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(0)  # only the shapes are read (estimator.py's why)
             receiver = self.receiver_fn()()
             estimator.model_fn(
                 receiver.features, None, tf.estimator.ModeKeys.PREDICT, estimator.config
@@ -474,6 +484,7 @@ class IdxData(ModelData):
             seed=args.seed,
             save_checkpoints_steps=args.checkpoint_steps,
             warm_start_from=warm_start,
+            session_config=determinism.session_config(args.deterministic),
         )
 
     @contextlib.contextmanager

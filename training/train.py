@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from artifact.contract import normalize_pixels
 from artifact.storage import location
-from training import cli, data, distributed, finetune, runs, train_any
+from training import cli, data, determinism, distributed, finetune, runs, train_any
 from training.errors import NumericsError, UsageError
 from training.estimator import (
     DEFAULT_HIDDEN_UNITS,
@@ -90,8 +90,9 @@ def add_model_arguments(p: argparse.ArgumentParser, seed: int | None = None) -> 
         type=int,
         default=seed,
         help="seed for weights and shuffling (default: "
-        + ("random)" if seed is None else "%(default)s)"),
+        + ("random; 0 with --deterministic)" if seed is None else "%(default)s)"),
     )
+    determinism.add_argument(p)
 
 
 def add_run_arguments(
@@ -384,6 +385,11 @@ def cmd_train(args) -> int:
     args.export_dir = args.export_dir or cli.DEFAULT_EXPORT_DIR
     labels = cli.labels(args)
     task = distributed.read_tf_config()
+    if task is not None and args.deterministic:
+        raise UsageError(
+            "--deterministic with TF_CONFIG: the tasks of a cluster update the variables "
+            "asynchronously, in whatever order they come; train on one host to repeat a run"
+        )
     if task is not None and args.num_gpus:
         raise UsageError(
             "--num-gpus is MirroredStrategy on one host; with TF_CONFIG every task trains on "
@@ -465,6 +471,7 @@ def _estimator(model_dir, params, args, warm_start=None, strategy=None):
             warm_start_from=warm_start,
             train_distribute=strategy,
             max_worker_delay_secs=args.max_worker_delay_secs,
+            session_config=determinism.session_config(args.deterministic),
         )
     except ValueError as err:
         # RunConfig rejects a TF_CONFIG it cannot use.
@@ -565,7 +572,12 @@ def _export(args, model_dir, params, labels, test_images, test_labels, train_sec
     context = runs.report_context(args.data_dir, model_dir, params, train_seconds)
     # A local Estimator: the export needs no cluster, and none of its devices in the graph.
     with distributed.without_tf_config():
-        estimator = make_estimator(str(model_dir), {**params, "fine_tune_from": None})
+        estimator = make_estimator(
+            str(model_dir),
+            {**params, "fine_tune_from": None},
+            seed=args.seed,
+            session_config=determinism.session_config(args.deterministic),
+        )
     version = export_evaluated(
         estimator, args.export_dir, labels, test_images, test_labels, context
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from artifact.storage import location
-from training import cli, distributed, image_folder, runs, tabular
+from training import cli, determinism, distributed, image_folder, runs, tabular
 from training.errors import UsageError
 from training.evaluation import format_report
 from training.hooks import ProgressHook
@@ -98,7 +98,7 @@ def run_params(args, kind: str, max_steps: int, receiver: str, data: dict) -> di
 
 def run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
     """The RunConfig of a CSV or image-folder run (`train`'s, and a retrain's of such a
-    model): the seed, checkpoint interval and summaries of the options."""
+    model): the seed, checkpoint interval, summaries and --deterministic's sessions."""
     return tf.estimator.RunConfig(
         model_dir=str(model_dir),
         tf_random_seed=args.seed,
@@ -106,6 +106,7 @@ def run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
         save_summary_steps=100,
         keep_checkpoint_max=3,
         log_step_count_steps=100,
+        session_config=determinism.session_config(getattr(args, "deterministic", False)),
     )
 
 

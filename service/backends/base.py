@@ -46,6 +46,10 @@ class Backend(abc.ABC):
         model_name: the default model (the one /predict serves).
     """
 
+    # Whether apply_config loads and unloads the models (False: another server does, and
+    # apply_config only takes the names and labels it routes by).
+    loads_models = True
+
     def __init__(self, model_name: str):
         self.model_name = model_name
 
@@ -196,6 +200,10 @@ class DelegatingBackend(Backend):
     def __init__(self, inner: Backend):
         super().__init__(inner.model_name)
         self.inner = inner
+
+    @property
+    def loads_models(self) -> bool:
+        return self.inner.loads_models
 
     def model_names(self) -> list[str]:
         return self.inner.model_names()

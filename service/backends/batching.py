@@ -8,7 +8,9 @@ the model is busy, requests queue and form the next batch; when it is idle a req
 at once unless `timeout_ms` asks to wait for company (TF Serving's CPU advice is 0). The
 queue is bounded: when `max_queue` requests are waiting the next one is refused at once
 (503). A failed batch fails only its own requests; a crashed batcher fails what is queued
-instead of leaving it hung.
+instead of leaving it hung. With `allowed_batch_sizes` (TF Serving's BatchingParameters), a
+batch is padded up to the next allowed size with copies of its first instance, as TF Serving's
+batching session pads, and those rows' outputs are dropped.
 
 Batches are formed and run on a thread of their own, as TF Serving's batch threads do: the
 event loop only queues requests and hands answers back. When a batch ends, the next one
@@ -21,11 +23,14 @@ answered or dropped.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import logging
 import threading
 import time
+
+import numpy as np
 
 from artifact.contract import SIGNATURE_NAME, output_problems
 from service.backends.base import Backend, DelegatingBackend, Reservation
@@ -62,11 +67,21 @@ class BatchingBackend(DelegatingBackend):
         max_batch_size: most images in one model call.
         timeout_ms: how long a batch that is not full waits for more requests.
         max_queue: most requests waiting; more get Overloaded (503).
+        allowed_batch_sizes: the sizes a batch is padded up to, increasing, the last one
+            `max_batch_size` (empty: batches run at the size they are).
     """
 
-    def __init__(self, inner: Backend, max_batch_size: int, timeout_ms: float, max_queue: int):
+    def __init__(
+        self,
+        inner: Backend,
+        max_batch_size: int,
+        timeout_ms: float,
+        max_queue: int,
+        allowed_batch_sizes: tuple[int, ...] = (),
+    ):
         super().__init__(inner)
         self.max_batch_size = max_batch_size
+        self.allowed_batch_sizes = tuple(allowed_batch_sizes)
         self.timeout = timeout_ms / 1000.0
         self.max_queue = max_queue
         # Shared with the batch thread: every change under _changed's lock.
@@ -230,6 +245,8 @@ class BatchingBackend(DelegatingBackend):
         try:
             # Inside the try: inputs that cannot be joined fail their own batch, not the batcher.
             images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
+            if self.allowed_batch_sizes and batch[0].reservation.batchable:
+                images = pad_to_allowed(images, self.allowed_batch_sizes)
             prediction = batch[0].reservation.run(images)
             if not prediction.checked and not output_problems(
                 prediction.outputs, finite_rows_only=True
@@ -245,3 +262,21 @@ class BatchingBackend(DelegatingBackend):
             self._running = []
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._answer, batch, prediction, error)
+
+
+def pad_to_allowed(images: Inputs, allowed: tuple[int, ...]) -> Inputs:
+    """A batch padded up to the smallest allowed size that holds it, with copies of its first
+    instance (TF Serving's batching_session.cc pads so); as it is when it is of an allowed
+    size, or larger than all of them (a request of more than max_batch_size runs alone)."""
+    rows = rows_of(images)
+    at = bisect.bisect_left(allowed, rows)
+    if at == len(allowed) or allowed[at] == rows:
+        return images
+    extra = allowed[at] - rows
+
+    def pad(array: np.ndarray) -> np.ndarray:
+        return np.concatenate([array, np.repeat(array[:1], extra, axis=0)])
+
+    if isinstance(images, np.ndarray):
+        return pad(images)
+    return {key: pad(value) for key, value in images.items()}

@@ -9,6 +9,7 @@ from service.backends.base import Backend
 from service.backends.batching import BatchingBackend
 from service.backends.inprocess import InProcessBackend
 from service.backends.tfserving import TFServingBackend
+from service.config_files import BatchOptions, batch_options
 from service.settings import Settings, default_model
 
 
@@ -42,9 +43,31 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
         allow_signature_changes=settings.allow_signature_changes,
         allow_file_system_ops=settings.allow_file_system_ops,
         model_cache_dir=settings.model_cache_dir,
+        replay_warmup=settings.enable_model_warmup,
     )
-    if settings.batch_max_size > 1:
+    batching = batching_options(settings)
+    if batching is not None and batching.max_batch_size > 1:
         backend = BatchingBackend(
-            backend, settings.batch_max_size, settings.batch_timeout_ms, settings.batch_max_queue
+            backend,
+            batching.max_batch_size,
+            batching.timeout_ms,
+            batching.max_queue,
+            batching.allowed_batch_sizes,
         )
     return backend
+
+
+def batching_options(settings: Settings) -> BatchOptions | None:
+    """The batcher's options: BATCHING_PARAMETERS_FILE's when it is set, else BATCH_MAX_SIZE,
+    BATCH_TIMEOUT_MS and BATCH_MAX_QUEUE; None with ENABLE_BATCHING=false.
+
+    Raises:
+        ServerFileError: the file cannot be used (main() has checked it at start).
+    """
+    if not settings.enable_batching:
+        return None
+    if settings.batching_parameters_file:
+        return batch_options(settings.batching_parameters_file)
+    return BatchOptions(
+        settings.batch_max_size, settings.batch_timeout_ms, settings.batch_max_queue
+    )

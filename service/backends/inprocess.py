@@ -25,8 +25,8 @@ from service.backends.base import Backend, Reservation
 from service.backends.device import configure_tensorflow
 from service.backends.registry import ModelRegistry, VersionRegistry, servable_not_found
 from service.backends.sources import Sources
+from service.codecs.signatures import signature_specs
 from service.errors import BadInput, NotFound, SignatureNotFound
-from service.tensors import signature_specs
 from service.types import (
     Inputs,
     ModelMetadata,
@@ -71,11 +71,19 @@ class TensorFlowLoader:
         executor: TensorFlow's worker thread.
         allow_file_system_ops: ALLOW_FILE_SYSTEM_OPS: load versions whose graphs reach the
             file system (refused otherwise, before anything of them runs).
+        replay_warmup: ENABLE_MODEL_WARMUP: replay a version's TF Serving warmup requests;
+            false: zeros instead, as for a version that has none.
     """
 
-    def __init__(self, executor: concurrent.futures.Executor, allow_file_system_ops: bool = False):
+    def __init__(
+        self,
+        executor: concurrent.futures.Executor,
+        allow_file_system_ops: bool = False,
+        replay_warmup: bool = True,
+    ):
         self.executor = executor
         self.allow_file_system_ops = allow_file_system_ops
+        self.replay_warmup = replay_warmup
         self.device: str | None = None
 
     async def load(self, version: int, path: Path) -> LoadedVersion:
@@ -105,8 +113,8 @@ class TensorFlowLoader:
             raise ValueError("cannot serve: " + "; ".join(problems))
         contract = signature_specs(predictor.signature_defs)
         # The first call of each signature traces it: pay that before the version serves, with
-        # its TF Serving warmup requests (zero inputs when it has none).
-        replayed = predictor.warm_up(read_warmup_requests(path))
+        # its TF Serving warmup requests (zero inputs when it has none, or they are off).
+        replayed = predictor.warm_up(read_warmup_requests(path) if self.replay_warmup else ())
         log.info(
             "Warmed up %s with %s",
             path,
@@ -152,6 +160,7 @@ class InProcessBackend(Backend):
             (ALLOW_FILE_SYSTEM_OPS; artifact/file_ops.py).
         model_cache_dir: where versions on object storage are copied before they load
             (MODEL_CACHE_DIR; None = the default under the user's cache folder).
+        replay_warmup: replay each version's warmup requests (ENABLE_MODEL_WARMUP).
     """
 
     def __init__(
@@ -166,6 +175,7 @@ class InProcessBackend(Backend):
         allow_signature_changes: bool = False,
         allow_file_system_ops: bool = False,
         model_cache_dir: str | Path | None = None,
+        replay_warmup: bool = True,
     ):
         super().__init__(default_model or models[0].name)
         self._entries = list(models)
@@ -178,7 +188,7 @@ class InProcessBackend(Backend):
         self._shadow_executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="tf-shadow"
         )
-        self._loader = TensorFlowLoader(self._executor, allow_file_system_ops)
+        self._loader = TensorFlowLoader(self._executor, allow_file_system_ops, replay_warmup)
         self.registry = ModelRegistry(
             self._loader, allow_unavailable_labels, allow_signature_changes,
             Sources(model_cache_dir),

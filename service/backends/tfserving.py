@@ -35,6 +35,7 @@ from artifact.repository import assets_stamp, version_labels
 from artifact.storage import RemoteModel, StorageError, is_url
 from service.backends.base import Backend
 from service.backends.registry import STABLE, servable_not_found
+from service.codecs.signatures import signature_specs
 from service.errors import (
     GRPC_ERRORS,
     BadInput,
@@ -45,7 +46,6 @@ from service.errors import (
     UpstreamError,
     check_label_name,
 )
-from service.tensors import signature_specs
 from service.types import (
     Inputs,
     ModelMetadata,
@@ -104,6 +104,8 @@ class TFServingBackend(Backend):
         status_poll_seconds: how often readiness is re-checked.
         default_model: the model /predict serves (the first by default).
     """
+
+    loads_models = False  # TF Serving does, from its own config
 
     def __init__(
         self,

@@ -4,13 +4,13 @@ The instances come as the model's signature takes them, in TF Serving REST's row
 (`instances`: each instance's named inputs, or the value of a signature's one input), checked
 against the signature (serving_default, or the model's only signature, or the body's
 `signature_name`) with TF Serving's words; a signature taking the 28x28 image contract also
-takes /predict's encodings (service/codec.py): pixel arrays (integers 0-255 or floats in
-[0, 1]), `{"b64": ...}` image files, or a multipart upload of image files (`files`). Each
-instance has its true label (`labels`, one per instance; in a multipart body one `labels`
-field per file or one comma-separated field): for a classifier (a signature with classes or
-probabilities) a class id or a label name of the serving version, for a regressor (a
-`predictions` or `outputs` output) a number; and optionally the `model_version` that
-answered it.
+takes /predict's encodings (service/codecs/simple_json.py): pixel arrays (integers 0-255 or
+floats in [0, 1]), `{"b64": ...}` image files, or a multipart upload of image files
+(`files`). Each instance has its true label (`labels`, one per instance; in a multipart body
+one `labels` field per file or one comma-separated field): for a classifier (a signature
+with classes or probabilities) a class id or a label name of the serving version, for a
+regressor (a `predictions` or `outputs` output) a number; and optionally the
+`model_version` that answered it.
 
     {"instances": [{"x1": 0.5, "color": "red"}], "labels": ["high"], "model_version": "3"}
     {"instances": [<28x28>, {"b64": "..."}], "labels": ["Dress", 7]}
@@ -54,7 +54,12 @@ from artifact.feedback import (
 )
 from artifact.images import INVERT_MODES
 from artifact.repository import parse_version
-from service import codec, tensor_json
+from service.budgets import UNBOUNDED_PIXELS, PixelBudget
+from service.codecs import json_body, simple_json, tfserving_json
+from service.codecs.dtypes import dtype_name
+from service.codecs.images import decode_image_files
+from service.codecs.signatures import is_image_signature
+from service.codecs.v2_metadata import v2_signature_name
 from service.dataplane import DataPlane
 from service.errors import (
     BadInput,
@@ -75,9 +80,7 @@ from service.protocols.http import (
 )
 from service.routes import MODEL_WRITE, Answers, Call, Route
 from service.security import FEEDBACK
-from service.tensors import is_image_signature
 from service.types import SignatureSpec
-from service.v2_codec import v2_signature_name
 
 log = logging.getLogger("service.feedback")
 
@@ -240,7 +243,7 @@ class FeedbackAPI:
         max_bytes: int,
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
-        pixels_in_flight: codec.PixelBudget | None = None,
+        pixels_in_flight: PixelBudget | None = None,
         sender_share: float = 1.0,
         rates: SenderRates | None = None,
     ):
@@ -250,7 +253,7 @@ class FeedbackAPI:
         self.max_bytes = max_bytes
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
-        self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
+        self.pixels_in_flight = pixels_in_flight or UNBOUNDED_PIXELS
         self.max_sender_bytes = max(1, int(max_bytes * sender_share))
         self.rates = rates or SenderRates(0, 1)
         self._writers: dict[str, FeedbackWriter] = {}
@@ -360,7 +363,7 @@ class FeedbackAPI:
             inputs = None
         else:
             # In a thread: a large body must not stall the event loop.
-            request = await asyncio.to_thread(codec.loads, call.body)
+            request = await asyncio.to_thread(json_body.loads, call.body)
             if not isinstance(request, dict):
                 raise BadInput('Request body must be a JSON object with "instances": [...]')
             signature = await self._signature(name, request.get("signature_name"))
@@ -501,11 +504,11 @@ class FeedbackAPI:
 
     def _json(self, request: dict, invert: str) -> tuple[np.ndarray, list, int | None]:
         """The image contract's instances, in /predict's encodings, as float images."""
-        instances = codec.pixel_instances(request)
+        instances = simple_json.pixel_instances(request)
         # Counted before any image is decoded.
         self.dataplane.check_image_count(len(instances))
         labels, version = _labels_and_version(request)
-        images = codec.decode_pixel_instances(
+        images = simple_json.decode_pixel_instances(
             instances, invert, self.max_request_pixels, in_flight=self.pixels_in_flight
         )
         return images, labels, version
@@ -520,7 +523,7 @@ class FeedbackAPI:
                 f"instance's inputs {_inputs_text(signature)}, and one of 'labels' per instance"
             )
         labels, version = _labels_and_version(request)
-        inputs, _ = tensor_json.read_inputs(
+        inputs, _ = tfserving_json.read_inputs(
             {"instances": request["instances"]}, signature, self.dataplane.max_images, True
         )
         return inputs, labels, version
@@ -539,7 +542,7 @@ class FeedbackAPI:
 
         # In a thread: decoding and resizing photos must not stall the event loop.
         pixels = await asyncio.to_thread(
-            codec.decode_image_files,
+            decode_image_files,
             files,
             invert,
             self.max_request_pixels,
@@ -561,7 +564,7 @@ def _labels_and_version(request: dict) -> tuple[list, int | None]:
 
 def _inputs_text(signature: SignatureSpec) -> str:
     return ", ".join(
-        f"{spec.name} {tensor_json.dtype_name(spec.dtype)}"
+        f"{spec.name} {dtype_name(spec.dtype)}"
         + ("" if spec.shape is None else f" [{','.join(map(str, spec.shape))}]")
         for spec in signature.inputs
     )

@@ -2,10 +2,12 @@
 
 A client written for TF Serving's gRPC API (`tensorflow-serving-api`'s stubs, usually on
 port 8500) works unchanged against this service: Predict, GetModelMetadata, GetModelStatus,
-and Classify, Regress and MultiInference for signatures that parse serialized tf.Examples (a
-parsing receiver's export), checked as TF Serving 2.15 checks them (service/examples.py). The server
-runs on the app's event loop and calls the same data plane as the HTTP adapters, so gRPC
-requests share HTTP's limits, metrics and batches.
+HandleReloadConfigRequest (service/protocols/grpc_reload.py), and Classify, Regress and
+MultiInference for signatures that parse serialized tf.Examples (a parsing receiver's
+export), checked as TF Serving 2.15 checks them. The tensors and examples are read and written
+by service/codecs/ (tensor_proto.py, tf_example.py). The server runs on the app's event loop
+and calls the same data plane as the HTTP adapters, so gRPC requests share HTTP's limits,
+metrics and batches.
 
 Errors carry TF Serving's status codes and, where it has its own, its messages (cited from
 tensorflow/serving 2.15.1: model_servers/server_core.cc, grpc_status_util.cc,
@@ -27,7 +29,6 @@ import time
 from collections.abc import Sequence
 
 import grpc
-import numpy as np
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -40,9 +41,10 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from artifact.contract import INPUT_KEY, OUTPUT_KEYS, SIGNATURE_NAME
-from service import examples
+from artifact.contract import SIGNATURE_NAME
 from service.budgets import BodyBudget, Held
+from service.codecs import tensor_proto, tf_example
+from service.config_files import GRPCTLS
 from service.dataplane import DataPlane
 from service.errors import (
     GRPC_ERRORS,
@@ -57,13 +59,8 @@ from service.errors import (
     redact_paths,
 )
 from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
-from service.tensors import (
-    array_from_tensor_proto,
-    fill_tensor_proto,
-    images_from_tensor_proto,
-    is_image_signature,
-)
-from service.types import ModelMetadata, SignatureSpec
+from service.protocols.grpc_reload import ConfigReloader, ReloadRefused, reload_config
+from service.types import Inputs, ModelMetadata, SignatureSpec
 
 log = logging.getLogger("service.grpc")
 
@@ -193,7 +190,7 @@ def _debug_string(metadata: ModelMetadata, signature_name: str) -> str:
 def _fill_classifications(result, outputs, count: int) -> None:
     """A ClassificationResult: each example's (label, score) pairs, as TF Serving pairs the
     classes and scores outputs (servables/tensorflow/classifier.cc)."""
-    for row in examples.classifications(outputs, count):
+    for row in tf_example.classifications(outputs, count):
         classification = result.classifications.add()
         for class_label, score in row:
             classification.classes.add(label=class_label, score=score)
@@ -201,7 +198,7 @@ def _fill_classifications(result, outputs, count: int) -> None:
 
 def _fill_regressions(result, outputs, count: int) -> None:
     """A RegressionResult: each example's value (servables/tensorflow/regressor.cc)."""
-    for value in examples.regressions(outputs, count):
+    for value in tf_example.regressions(outputs, count):
         result.regressions.add(value=value)
 
 
@@ -215,11 +212,13 @@ class _Servicer(
         tensor_content: bool = False,
         strict_numbers: bool = False,
         body_budget: BodyBudget | None = None,
+        reload_config: ConfigReloader | None = None,
     ):
         self.dataplane = dataplane
         self.tensor_content = tensor_content
         self.strict_numbers = strict_numbers
         self.body_budget = body_budget or BodyBudget(1 << 62)
+        self.reload_config = reload_config
 
     # --- model specs --------------------------------------------------------------------
     def servable(self, spec) -> tuple[str, int | None, str | None]:
@@ -234,76 +233,29 @@ class _Servicer(
         return spec.name, None, None
 
     async def _feed_name(
-        self, name: str, version: int | None, label: str | None, signature_name: str
+        self, name: str, version: int | None, label: str | None, signature_name: str, alias: str
     ) -> str:
         """The graph tensor an input alias feeds (TF Serving's messages name it)."""
         metadata = await self.dataplane.metadata(name, version, label)
         # .get: indexing a proto map would add the key to the version's own SignatureDefMap.
         signature = metadata.signature_defs.signature_def.get(signature_name)
-        if signature is None or INPUT_KEY not in signature.inputs:
-            return INPUT_KEY
-        return signature.inputs[INPUT_KEY].name
+        if signature is None or alias not in signature.inputs:
+            return alias
+        return signature.inputs[alias].name
 
     # --- PredictionService --------------------------------------------------------------
     async def _predict_inputs(
-        self, request, name: str, version: int | None, label: str | None, signature_name: str
-    ) -> tuple[np.ndarray, list[str]]:
-        """The request's images and output filter, checked as TF Serving checks them."""
-        sent = sorted(request.inputs)
-        if len(sent) != 1:
-            raise BadInput(
-                f"input size does not match signature: {len(sent)}!=1 len({{{','.join(sent)}}})"
-                f" != len({{{INPUT_KEY}}}). Sent extra: "
-                f"{{{','.join(k for k in sent if k != INPUT_KEY)}}}. Missing but required: "
-                f"{{{'' if INPUT_KEY in sent else INPUT_KEY}}}."
-            )
-        if INPUT_KEY not in request.inputs:
-            feed_name = await self._feed_name(name, version, label, signature_name)
-            raise BadInput(
-                f"Signature input alias: {INPUT_KEY}(feed name: {feed_name}) not found in "
-                f"request and no default value provided. Inputs expected to be in the request "
-                f"{{{','.join(sent)}}}, or default input alias set: "
-            )
-        images = images_from_tensor_proto(
-            request.inputs[INPUT_KEY],
-            INPUT_KEY,
-            self.dataplane.check_image_count,
-            self.strict_numbers,
+        self, request, signature: SignatureSpec, name: str, version: int | None, label: str | None
+    ) -> Inputs:
+        """The request's inputs, checked and read as TF Serving reads them
+        (service/codecs/tensor_proto.py: the aliases, then each tensor)."""
+        missing = tensor_proto.missing_alias(request.inputs, signature)
+        if missing is not None:
+            feed_name = await self._feed_name(name, version, label, signature.name, missing)
+            raise tensor_proto.alias_not_found(missing, feed_name, request.inputs)
+        return tensor_proto.read_inputs(
+            request.inputs, signature, self.dataplane.check_image_count, self.strict_numbers
         )
-        return images, self._output_filter(request, OUTPUT_KEYS)
-
-    def _generic_inputs(self, request, signature: SignatureSpec) -> dict[str, np.ndarray]:
-        """Every input of any signature from the request, checked as TF Serving checks them
-        (servables/tensorflow/predict_util.cc: the aliases, then each tensor's type)."""
-        sent = sorted(request.inputs)
-        wanted = [spec.name for spec in signature.inputs]
-        if set(sent) != set(wanted):
-            raise BadInput(
-                f"input size does not match signature: {len(sent)}!={len(wanted)} "
-                f"len({{{','.join(sent)}}}) != len({{{','.join(sorted(wanted))}}}). "
-                f"Sent extra: {{{','.join(k for k in sent if k not in wanted)}}}. "
-                f"Missing but required: {{{','.join(k for k in sorted(wanted) if k not in sent)}}}."
-            )
-        inputs = {
-            spec.name: array_from_tensor_proto(
-                request.inputs[spec.name],
-                spec,
-                position,
-                self.dataplane.check_image_count,
-                self.strict_numbers,
-            )
-            for position, spec in enumerate(signature.inputs)
-        }
-        rows = {
-            len(array)
-            for spec, array in zip(signature.inputs, inputs.values(), strict=True)
-            if spec.shape and spec.shape[0] == -1
-        }
-        if len(rows) > 1:
-            raise BadInput(
-                f"the inputs' batch sizes differ ({sorted(rows)}); each must hold as many instances"
-            )
-        return inputs
 
     @staticmethod
     def _output_filter(request, outputs) -> list[str]:
@@ -330,20 +282,17 @@ class _Servicer(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f'Serving signature key "{signature_name}" not found.',
             ) from err
-        if is_image_signature(signature):
-            inputs, wanted = await self._predict_inputs(
-                request, name, version, label, signature_name
-            )
-        else:
-            inputs = self._generic_inputs(request, signature)
-            wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
+        inputs = await self._predict_inputs(request, signature, name, version, label)
+        wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
         result = await self.dataplane.predict(name, inputs, version, signature_name, label)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = signature_name
         for key in wanted or result.outputs:
-            fill_tensor_proto(response.outputs[key], result.outputs[key], self.tensor_content)
+            tensor_proto.fill_tensor_proto(
+                response.outputs[key], result.outputs[key], self.tensor_content
+            )
         return response
 
     @_rpc
@@ -381,7 +330,7 @@ class _Servicer(
         name, version, label = self.servable(_model_spec(request))
         metadata = await self.dataplane.metadata(name, version, label)
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
-        examples.check_example_signature(
+        tf_example.check_example_signature(
             metadata.signatures.get(signature_name),
             signature_name,
             kind,
@@ -390,7 +339,7 @@ class _Servicer(
         with self.body_budget.hold() as held:
             serialized = await self._serialized_examples(request.input, held)
             result = await self.dataplane.predict(
-                name, examples.example_inputs(serialized), version, signature_name, label
+                name, tf_example.example_inputs(serialized), version, signature_name, label
             )
         return name, version, label, signature_name, result, len(serialized)
 
@@ -420,7 +369,7 @@ class _Servicer(
             return [example.SerializeToString() for example in listed]
         held.reserve(context.ByteSize() * len(listed))
         return await asyncio.to_thread(
-            lambda: examples.with_context(
+            lambda: tf_example.with_context(
                 context.SerializeToString(), [e.SerializeToString() for e in listed]
             )
         )
@@ -457,7 +406,7 @@ class _Servicer(
                     grpc.StatusCode.UNIMPLEMENTED,
                     f"Unsupported signature method_name: {task.method_name}",
                 )
-            examples.check_example_signature(
+            tf_example.check_example_signature(
                 metadata.signatures[signature_name],
                 signature_name,
                 kind,
@@ -473,7 +422,7 @@ class _Servicer(
         for task, signature_name in zip(request.tasks, signature_names, strict=True):
             # The version the first task found, for every task: one model, one version.
             result = await self.dataplane.predict(
-                name, examples.example_inputs(serialized), metadata.version, signature_name
+                name, tf_example.example_inputs(serialized), metadata.version, signature_name
             )
             answer = response.results.add()
             if MULTI_INFERENCE_KINDS[task.method_name] == "classification":
@@ -519,11 +468,15 @@ class _Servicer(
 
     @_rpc
     async def HandleReloadConfigRequest(self, request, context):  # noqa: N802
-        raise RPCError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "the model's versions come from MODEL_BASE_PATH, polled every MODEL_POLL_SECONDS; "
-            "a model server config cannot be reloaded",
-        )
+        if self.reload_config is None:
+            raise RPCError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "with BACKEND=tfserving, TF Serving serves the models: send the reload to it",
+            )
+        try:
+            return await reload_config(request, self.reload_config, self.dataplane.backend)
+        except ReloadRefused as err:
+            raise RPCError(grpc.StatusCode[err.code], err.message) from err
 
 
 class GRPCServer:
@@ -542,8 +495,12 @@ class GRPCServer:
             `add_to_server(server)` (the Open Inference Protocol's, service/protocols/v2_grpc.py).
         tensor_content: GRPC_TENSOR_CONTENT: answer outputs as raw bytes, not typed fields.
         strict_numbers: STRICT_NUMBERS: refuse values that are not finite, short float_val.
-        tls: (certificate chain, private key), PEM bytes (TLS_CERT_FILE, TLS_KEY_FILE): serve
-            TLS only; None: plaintext.
+        tls: the certificate chain and key, and the CA of the clients' certificates when
+            they must have one (TLS_CERT_FILE and TLS_KEY_FILE, or SSL_CONFIG_FILE): serve TLS
+            only; None: plaintext.
+        socket_path: GRPC_SOCKET_PATH: also listen on this UNIX socket (with `tls` too).
+        reload_config: serves HandleReloadConfigRequest's configs; None: that call answers
+            UNIMPLEMENTED.
         allow_plaintext_tokens: GRPC_ALLOW_PLAINTEXT_TOKENS: without `tls`, take calls that
             carry a token; false refuses them (UNAUTHENTICATED) rather than read a token
             anyone on the path could.
@@ -567,7 +524,9 @@ class GRPCServer:
         services: Sequence = (),
         tensor_content: bool = False,
         strict_numbers: bool = False,
-        tls: tuple[bytes, bytes] | None = None,
+        tls: GRPCTLS | None = None,
+        socket_path: str | None = None,
+        reload_config: ConfigReloader | None = None,
         allow_plaintext_tokens: bool = False,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
         body_budget: BodyBudget | None = None,
@@ -576,6 +535,8 @@ class GRPCServer:
         self.body_budget = body_budget
         self.receive_timeout = receive_timeout
         self.tls = tls
+        self.socket_path = socket_path
+        self.reload_config = reload_config
         self.allow_plaintext_tokens = allow_plaintext_tokens
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.tensor_content = tensor_content
@@ -623,31 +584,47 @@ class GRPCServer:
             ],
         )
         servicer = _Servicer(
-            self.dataplane, self.tensor_content, self.strict_numbers, self.body_budget
+            self.dataplane,
+            self.tensor_content,
+            self.strict_numbers,
+            self.body_budget,
+            self.reload_config,
         )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
         for service in self.services:
             service.add_to_server(server)
-        try:
-            if self.tls is None:
-                port = server.add_insecure_port(self.address)
-            else:
-                chain, key = self.tls
-                credentials = grpc.ssl_server_credentials([(key, chain)])
-                port = server.add_secure_port(self.address, credentials)
-        except RuntimeError as err:
-            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT): {err}") from err
-        if port == 0:
-            raise RuntimeError(f"gRPC cannot listen on {self.address} (GRPC_PORT)")
-        self.port = port
+        listening = []
+        if self.port:
+            self.port = self._listen(server, self.address, "GRPC_PORT")
+            listening.append(self.address)
+        if self.socket_path:
+            self._listen(server, f"unix:{self.socket_path}", "GRPC_SOCKET_PATH")
+            listening.append(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
-        log.info(
-            "TensorFlow Serving's gRPC API on %s (%s)",
-            self.address,
-            "TLS" if self.tls is not None else "plaintext",
-        )
+        kind = "plaintext"
+        if self.tls is not None:
+            kind = "TLS, client certificates required" if self.tls.client_ca else "TLS"
+        log.info("TensorFlow Serving's gRPC API on %s (%s)", ", ".join(listening), kind)
+
+    def _listen(self, server: grpc.aio.Server, address: str, variable: str) -> int:
+        """Listen on `address` (TLS or plaintext); the port bound."""
+        try:
+            if self.tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self.tls.key, self.tls.chain)],
+                    root_certificates=self.tls.client_ca,
+                    require_client_auth=self.tls.client_ca is not None,
+                )
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError as err:
+            raise RuntimeError(f"gRPC cannot listen on {address} ({variable}): {err}") from err
+        if port == 0:
+            raise RuntimeError(f"gRPC cannot listen on {address} ({variable})")
+        return port
 
     def begin_stop(self) -> None:
         """Refuse new calls from now on; those in flight get `grace` seconds to finish. Called

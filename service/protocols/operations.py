@@ -1,4 +1,5 @@
-"""Operations endpoints: liveness, readiness and Prometheus metrics."""
+"""Operations endpoints: liveness, readiness and Prometheus metrics (at /metrics, and at a
+MonitoringConfig's path too: TF Serving's /monitoring/prometheus/metrics)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ class Operations:
                   probe=True),
             Route("GET", "/readyz", self.readyz, "200 once a model is loaded and answering",
                   None, tags, answers=Answers(errors=(503,)), probe=True),
-            Route("GET", "/metrics", self.metrics, "Prometheus metrics", STATUS, tags,
-                  answers=Answers(("text/plain",))),
+            self.metrics_route("/metrics"),
         ]  # fmt: skip
+
+    def metrics_route(self, path: str) -> Route:
+        """The metrics at `path` (/metrics; MONITORING_CONFIG_FILE's path)."""
+        return Route("GET", path, self.metrics, "Prometheus metrics", STATUS, ("operations",),
+                     answers=Answers(("text/plain",)))  # fmt: skip
 
     async def healthz(self, call: Call):
         return json_response({"status": "ok"})

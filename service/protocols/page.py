@@ -31,8 +31,8 @@ from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, EXPORT_PLOTS, REPORT_
 from artifact.repository import list_versions, read_blessing, read_report
 from service.dataplane import DataPlane
 from service.errors import BadInput, NotFound, NotReady, ServiceError, redact_paths
-from service.protocols.friendly import model_form
 from service.protocols.http import json_response, version_in_url
+from service.protocols.model_form import model_form
 from service.routes import Answers, Call, Route
 from service.security import STATUS
 

@@ -14,13 +14,12 @@ from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
 
 from artifact.contract import SIGNATURE_NAME
-from service import codec, examples, tensor_json
+from service.codecs import tf_example, tfserving_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
 from service.protocols.http import json_response, label_in_url, version_in_url
 from service.routes import MODEL_READ, MODEL_WRITE, Answers, Body, Call, Route, admit_always
 from service.security import PREDICT, STATUS
-from service.tensors import is_image_signature
 from service.types import ModelMetadata, VersionStatus
 
 # Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
@@ -303,8 +302,8 @@ class TFServingREST:
 
         In TF Serving's order (model_servers/http_rest_api_handler.cc, util/json_tensor.cc):
         the URL, the body's JSON and `signature_name`, then the model, version, label and
-        signature, and only then the tensors, read as the signature types them. A signature
-        taking the image contract's input reads them by the image fast paths.
+        signature, and only then the tensors, read as the signature types them
+        (service/codecs/tfserving_json.py).
         """
         parsed_version = version_in_url(version)
         label_in_url(label)
@@ -315,25 +314,16 @@ class TFServingREST:
         async def parse(function, *args):
             return await asyncio.to_thread(function, *args) if large else function(*args)
 
-        max_images, strict = self.dataplane.max_images, self.strict_numbers
-        parsed = await parse(codec.read_predict_body, body, max_images, strict, False)
-        signature_name = parsed.signature_name
+        max_images = self.dataplane.max_images
+        request = await parse(
+            tfserving_json.read_predict_request, body, max_images, self.strict_numbers
+        )
+        signature_name = request.signature_name
         signature = await self.dataplane.signature(name, parsed_version, label, signature_name)
-        if is_image_signature(signature):
-            parsed = await parse(codec.image_tensors, parsed, body, max_images, strict)
-            if parsed.problem is not None:
-                raise parsed.problem
-            inputs, columnar = parsed.images, parsed.columnar
-        else:
-            request = parsed.request
-            if request is None:  # the usual image body, read by the fast path
-                request = codec.loads(body, non_finite=not strict)
-            inputs, columnar = await parse(
-                tensor_json.read_inputs, request, signature, max_images, strict
-            )
+        inputs = await parse(request.inputs, signature, max_images)
         result = await self.dataplane.predict(name, inputs, parsed_version, signature_name, label)
         extra = {"model_version": str(result.version)} if self.extra_keys else {}
-        key, value = tensor_json.render_outputs(result.outputs, columnar)
+        key, value = tfserving_json.render_outputs(result.outputs, request.columnar)
         return json_response({key: value, **extra})
 
     async def classify(
@@ -351,13 +341,10 @@ class TFServingREST:
 
     def _read_json(self, body: bytes) -> tuple[str, dict]:
         """(signature_name, the whole request) of a :classify or :regress body."""
-        parsed = codec.read_predict_body(
-            body, self.dataplane.max_images, self.strict_numbers, False
+        request = tfserving_json.read_predict_request(
+            body, self.dataplane.max_images, self.strict_numbers
         )
-        request = parsed.request
-        if request is None:
-            request = codec.loads(body, non_finite=not self.strict_numbers)
-        return parsed.signature_name, request
+        return request.signature_name, request.json()
 
     async def _examples(self, call: Call, name, version, label, kind: str) -> Response:
         parsed_version = version_in_url(version)
@@ -370,13 +357,13 @@ class TFServingREST:
             signature_name, request = self._read_json(body)
         metadata = await self.dataplane.metadata(name, parsed_version, label)
         signature = metadata.signatures.get(signature_name)
-        examples.check_example_signature(
+        tf_example.check_example_signature(
             signature,
             signature_name,
             kind,
             lambda: str(metadata.signature_defs.signature_def.get(signature_name, "")),
         )
-        batch = examples.json_examples(request, self.dataplane.max_images)
+        batch = tf_example.json_examples(request, self.dataplane.max_images)
         # The context is copied into every example: counted, and held in the body budget,
         # before any copy is made; many copies are made off the event loop.
         copies = batch.serialized_bytes()
@@ -386,13 +373,13 @@ class TFServingREST:
         else:
             serialized = batch.serialize()
         result = await self.dataplane.predict(
-            name, examples.example_inputs(serialized), parsed_version, signature_name, label
+            name, tf_example.example_inputs(serialized), parsed_version, signature_name, label
         )
         if kind == "classification":
-            results = examples.classifications(result.outputs, len(serialized))
+            results = tf_example.classifications(result.outputs, len(serialized))
             body = {"results": [[[c, s] for c, s in row] for row in results]}
         else:
-            body = {"results": examples.regressions(result.outputs, len(serialized))}
+            body = {"results": tf_example.regressions(result.outputs, len(serialized))}
         if self.extra_keys:
             body["model_version"] = str(result.version)
         return json_response(body)

@@ -10,8 +10,9 @@ each binary input's raw little-endian bytes in the order of `inputs`; outputs as
 
 A model is served through its `serving_default` signature, or its only one (a pre-made
 Estimator's `predict`): named inputs of the signature's datatypes (BYTES for strings) and
-shapes, metadata from it. The image contract's model (`image` FP32 [-1, 28, 28]) keeps its
-fast paths. Errors are `{"error": "..."}` with the
+shapes, metadata from it; the wire format is service/codecs/v2_rest.py's (the image
+contract's model, `image` FP32 [-1, 28, 28], read by the fast path inside it). Errors are
+`{"error": "..."}` with the
 service's statuses (400 bad input, 404 unknown model or version, 413 over a limit, 503 not
 ready). Pure numpy and orjson: nothing here imports TensorFlow.
 """
@@ -24,25 +25,27 @@ import functools
 from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
+from service.codecs.compression import decompress_body
+from service.codecs.signatures import IMAGE_ELEMENTS
+from service.codecs.v2_metadata import (
+    EXTENSIONS,
+    render_model_config,
+    render_model_metadata,
+    serving_signature,
+)
+from service.codecs.v2_rest import (
+    HEADER_LENGTH,
+    OCTET_STREAM,
+    parse_infer_request,
+    render_infer_response,
+)
+from service.codecs.v2_tensors import INPUT_DATATYPE
 from service.dataplane import DataPlane
 from service.errors import NotReady, SignatureNotFound
 from service.protocols.http import json_response, version_in_url
 from service.routes import MODEL_READ, MODEL_WRITE, Answers, Body, Call, Route, admit_always
 from service.security import PREDICT, STATUS
-from service.tensors import IMAGE_ELEMENTS
 from service.types import SignatureSpec, VersionState
-from service.v2_codec import (
-    EXTENSIONS,
-    HEADER_LENGTH,
-    INPUT_DATATYPE,
-    OCTET_STREAM,
-    decompress_body,
-    parse_infer_request,
-    render_infer_response,
-    render_model_config,
-    render_model_metadata,
-    serving_signature,
-)
 
 INFER_BODY = Body(
     {
@@ -226,8 +229,9 @@ class OpenInferenceREST:
         inline = len(body) <= INLINE_PARSE_BYTES and encoding in (None, "identity")
         signature_name, signature = await served_signature(self.dataplane, name, parsed_version)
         parsed = parse(signature) if inline else await asyncio.to_thread(parse, signature)
-        result = await self.dataplane.predict(name, parsed.images, parsed_version, signature_name)
-        return render_infer_response(result, parsed)
+        result = await self.dataplane.predict(name, parsed.inputs, parsed_version, signature_name)
+        answer = render_infer_response(result, parsed)
+        return Response(answer.body, media_type=answer.media_type, headers=answer.headers)
 
     def _parse(
         self, body: bytes, encoding: str | None, header_length: str | None, reserve, signature

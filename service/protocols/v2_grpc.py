@@ -6,7 +6,8 @@ ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfe
 `raw_input_contents` and `raw_output_contents`. It is served on GRPC_PORT beside TF Serving's
 services (service/protocols/grpc_server.py): the same server, port, bearer tokens, admission,
 metrics (`grpc_requests_total{method}`) and data plane. The tensors are read by the HTTP
-route's rules (service/v2_codec.py), so a bad request gets the same words over both.
+route's rules (service/codecs/v2_grpc.py, v2_tensors.py), so a bad request gets the same
+words over both.
 
 A model is served through its `serving_default` signature, or its only one: named inputs of
 its datatypes (BYTES for strings), typed `contents` or raw. Errors are gRPC statuses:
@@ -22,18 +23,14 @@ import functools
 import grpc
 
 from service import v2_proto
+from service.codecs.v2_grpc import parse_grpc_infer_request, render_grpc_infer_response
+from service.codecs.v2_metadata import EXTENSIONS, render_model_metadata
 from service.dataplane import DataPlane
 from service.errors import BadInput
 from service.protocols.grpc_server import _rpc
 from service.protocols.http import version_in_url
 from service.protocols.v2 import served_signature
 from service.types import VersionState
-from service.v2_codec import (
-    EXTENSIONS,
-    parse_grpc_infer_request,
-    render_grpc_infer_response,
-    render_model_metadata,
-)
 
 # Requests up to this size (a few images) are parsed on the event loop: a thread hop costs
 # more than they do.
@@ -142,5 +139,5 @@ class OpenInferenceGRPC:
         # A large request is parsed in a thread: it must not stall other clients' requests.
         inline = request.ByteSize() <= INLINE_PARSE_BYTES
         parsed = parse() if inline else await asyncio.to_thread(parse)
-        result = await self.dataplane.predict(name, parsed.images, version, signature_name)
+        result = await self.dataplane.predict(name, parsed.inputs, version, signature_name)
         return render_grpc_infer_response(result, parsed)

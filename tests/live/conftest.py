@@ -74,7 +74,7 @@ def trained_model(tmp_path_factory, small_data_dir) -> TrainedModel:
             "--max-steps", TRAIN_STEPS,
             "--batch-size", TRAIN_BATCH_SIZE,
             "--labels", "fashion",
-            "--seed", 0,
+            "--deterministic",
             "--eval-every-secs", 1,
         )  # fmt: skip
 

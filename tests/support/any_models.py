@@ -41,7 +41,7 @@ def classifier_commands(sample: Path, work: Path, export_dir: Path, *extra) -> l
     return [[
         "train", "--csv", sample / "classification.csv", "--label", "label",
         "--model-dir", work / "classifier", "--export-dir", export_dir,
-        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
+        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--deterministic",
         "--eval-every-secs", 1, *extra,
     ]]  # fmt: skip
 
@@ -50,7 +50,7 @@ def regressor_commands(sample: Path, work: Path, export_dir: Path, *extra) -> li
     return [[
         "train", "--csv", sample / "regression.csv", "--label", "price", "--model", "dnn",
         "--hidden-units", "8", "--model-dir", work / "regressor", "--export-dir", export_dir,
-        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
+        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--deterministic",
         "--eval-every-secs", 1, *extra,
     ]]  # fmt: skip
 
@@ -59,7 +59,7 @@ def shapes_commands(sample: Path, work: Path, export_dir: Path) -> list[list]:
     return [[
         "train", "--image-folder", sample / "shapes", "--image-size", IMAGE_SIZE,
         "--channels", CHANNELS, "--model-dir", work / "shapes", "--export-dir", export_dir,
-        "--max-steps", 10, "--batch-size", 16, "--seed", 0, "--eval-every-secs", 1,
+        "--max-steps", 10, "--batch-size", 16, "--deterministic", "--eval-every-secs", 1,
     ]]  # fmt: skip
 
 

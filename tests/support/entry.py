@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 
 import pytest
@@ -32,16 +33,23 @@ def run_main_in_process(
         raise AssertionError(f"main() went on to serve with {overrides}; expected a refusal")
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        for name in settings_vars():
-            patch.delenv(name, raising=False)
-        env = {"GRPC_PORT": "0", "PORT": str(free_port()), **overrides}
-        for name, value in env.items():
-            patch.setenv(name, value)
-        patch.setattr(entry, "serve", refused_to_serve)
-        patch.setattr(entry, "supervise", refused_to_serve)
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = entry.main(list(args or []))
+    # main() puts the settings its flags give into the environment (for the workers it starts):
+    # the test process's environment is put back whole afterwards.
+    saved = dict(os.environ)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for name in settings_vars():
+                patch.delenv(name, raising=False)
+            env = {"GRPC_PORT": "0", "PORT": str(free_port()), **overrides}
+            for name, value in env.items():
+                patch.setenv(name, value)
+            patch.setattr(entry, "serve", refused_to_serve)
+            patch.setattr(entry, "supervise", refused_to_serve)
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                code = entry.main(list(args or []))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return subprocess.CompletedProcess(
         ["service.__main__.main()", *(args or [])], code, stdout.getvalue(), stderr.getvalue()
     )

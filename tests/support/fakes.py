@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import uvloop
 from google.protobuf import struct_pb2
 
 from artifact.contract import (
@@ -363,7 +364,7 @@ def threaded_server(app, settings: Settings | None = None) -> Iterator[tuple[str
         update={"host": "127.0.0.1", "port": free_port()}
     )
     server = granian_server(app, settings)
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()  # the service's loop (service/server.py)
     failed: list[BaseException] = []
 
     def run() -> None:

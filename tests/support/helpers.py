@@ -111,6 +111,56 @@ def open_upload(url: str, path: str, length: int, first: bytes) -> socket.socket
     return sock
 
 
+def certificate_authority() -> dict[str, bytes]:
+    """A CA, a server certificate it signed (localhost, 127.0.0.1) and a client certificate it
+    signed, with their keys, as PEM: ca, server_cert, server_key, client_cert, client_key
+    (mutual TLS, SSL_CONFIG_FILE's client_verify)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    def sign(subject, key, issuer, issuer_key, ca=False, san=None):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san is not None:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())  # fmt: skip
+
+    ca_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca = sign(name("test CA"), ca_key, name("test CA"), ca_key, ca=True)
+    server = sign(name("localhost"), server_key, ca.subject, ca_key,
+                  san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])  # fmt: skip
+    client = sign(name("client"), client_key, ca.subject, ca_key)
+    encoding = serialization.Encoding.PEM
+    return {
+        "ca": ca.public_bytes(encoding),
+        "server_cert": server.public_bytes(encoding),
+        "server_key": pem_key(server_key),
+        "client_cert": client.public_bytes(encoding),
+        "client_key": pem_key(client_key),
+    }
+
+
 def self_signed(tmp_path):
     """A self-signed certificate for 127.0.0.1 and its key, as PEM files: (cert, key)."""
     from cryptography import x509

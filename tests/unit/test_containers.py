@@ -163,6 +163,8 @@ def test_tf_serving_config_files_parse():
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
+    from service import config_files
+
     models = REPO_ROOT / "models"
     config = text_format.Parse(
         (models / "models.config").read_text(), model_server_config_pb2.ModelServerConfig()
@@ -172,14 +174,18 @@ def test_tf_serving_config_files_parse():
     assert model.base_path == "/models/fashion_mnist"
     assert model.model_platform == "tensorflow"
     assert model.model_version_policy.WhichOneof("policy_choice") == "latest"
-    # BatchingParameters and MonitoringConfig are not in tensorflow-serving-api's Python
-    # package: check the fields TF Serving reads by name.
-    batching = (models / "batching_parameters.txt").read_text()
+    # BatchingParameters and MonitoringConfig, as the service reads them (TF Serving's messages,
+    # field for field: service/config_files.py).
+    batching = config_files.parse_text_file(
+        models / "batching_parameters.txt", config_files.BatchingParameters(), "batching"
+    )
     for field in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches"):
-        assert re.search(rf"^{field} {{ value: \d+ }}$", batching, re.MULTILINE), field
-    monitoring = (models / "monitoring.config").read_text()
-    assert re.search(r"prometheus_config\s*{[^}]*enable: true", monitoring)
-    assert 'path: "/monitoring/prometheus/metrics"' in monitoring
+        assert batching.HasField(field), field
+    monitoring = config_files.parse_text_file(
+        models / "monitoring.config", config_files.MonitoringConfig(), "monitoring"
+    )
+    assert monitoring.prometheus_config.enable
+    assert monitoring.prometheus_config.path == "/monitoring/prometheus/metrics"
 
 
 def test_dockerfile_stages_user_and_healthcheck():
@@ -193,8 +199,31 @@ def test_dockerfile_stages_user_and_healthcheck():
     assert text.index("requirements-training.lock") < text.index("COPY training")
     assert text.index("requirements-service.lock") < text.index("COPY service")
     assert re.search(r"^USER app$", text, re.MULTILINE)
-    assert re.search(r"^HEALTHCHECK .*", text, re.MULTILINE) and "/readyz" in text
+    assert re.search(r"^HEALTHCHECK .*", text, re.MULTILINE)
+    assert '"python", "-m", "service.healthcheck"' in text
     assert "dataset-fashion-mnist" in text
+
+
+def test_the_api_image_is_tensorflow_serving_s_drop_in():
+    """tensorflow/serving's ports, variables and entry point: its quickstart's `docker run` and
+    manifests that run /usr/bin/tensorflow_model_server with its flags work unchanged."""
+    from support.manifest_harness import dockerfile_stages
+
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    api = dockerfile_stages()["api"]
+    assert {k: api["env"][k] for k in ("PORT", "GRPC_PORT", "MODEL_NAME", "MODEL_BASE_PATH")} == {
+        "PORT": "8501", "GRPC_PORT": "8500", "MODEL_NAME": "model", "MODEL_BASE_PATH": "/models"
+    }  # fmt: skip
+    api_stage = text[text.index("AS api\n") :]
+    assert re.search(r"^EXPOSE 8500 8501$", api_stage, re.MULTILINE)
+    # The entry point passes its arguments on, to TF Serving's binary name, which is the
+    # service's main; no CMD of the base image's is left to be taken for an argument.
+    assert api["entrypoint"] == ["/usr/bin/tf_serving_entrypoint.sh"] and api["cmd"] == []
+    scripts = dict(re.findall(r"printf '(#!/bin/sh\\n[^']*)' > (\S+)", api_stage))
+    assert {path: body.replace("\\n", "\n") for body, path in scripts.items()} == {
+        "/usr/bin/tensorflow_model_server": '#!/bin/sh\nexec /opt/venv/bin/python -m service "$@"\n',
+        "/usr/bin/tf_serving_entrypoint.sh": '#!/bin/sh\nexec /usr/bin/tensorflow_model_server "$@"\n',
+    }
 
 
 def test_both_apis_and_tf_serving_read_one_model_config(config):
@@ -218,13 +247,22 @@ def test_the_stop_grace_period_covers_the_drain_and_the_shutdown(config):
         assert seconds > needed, (name, grace, needed)
 
 
-def test_the_api_images_own_environment_needs_tokens_to_start(tmp_path):
-    """The image listens on every interface: without AUTH_TOKENS_FILE (or ALLOW_ANONYMOUS=true)
-    its defaults stop the start (they served everything to anyone, with a warning line)."""
+def test_the_api_images_own_environment_serves_anyone_with_a_warning(tmp_path):
+    """The image listens on every interface and, as tensorflow/serving's, answers anyone without
+    AUTH_TOKENS_FILE (ALLOW_ANONYMOUS=true), saying so in one WARNING line; the compose files
+    and the Kubernetes manifests give it tokens. Outside the image the refusal stays."""
+    import logging
+
     from support.entry import run_main_in_process
     from support.manifest_harness import dockerfile_stages
 
-    host = dockerfile_stages()["api"]["env"]["HOST"]
-    assert host == "0.0.0.0"
+    from service.security import anonymous_refusal, open_access_notice
+
+    image_env = dockerfile_stages()["api"]["env"]
+    host = image_env["HOST"]
+    assert (host, image_env["ALLOW_ANONYMOUS"]) == ("0.0.0.0", "true")
+    assert anonymous_refusal(host, None, allow_anonymous=True) is None
+    level, _ = open_access_notice(host, None)
+    assert level == logging.WARNING
     result = run_main_in_process(HOST=host, MODEL_BASE_PATH=str(tmp_path))
     assert result.returncode == 2 and "ALLOW_ANONYMOUS=true" in result.stderr

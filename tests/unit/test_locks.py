@@ -200,8 +200,11 @@ def test_make_setup_and_the_dockerfile_install_hash_checked():
     assert "--no-deps --no-build-isolation" in makefile.split("UV_PROJECT := ", 1)[1]
     dockerfile = (ROOT / "Dockerfile").read_text()
     installs = re.findall(r"^\s*(?:RUN |\S+\) )?pip install [^;\n]*", dockerfile, re.M)
-    assert len(installs) == 4, installs
-    assert all("--require-hashes --requirement requirements" in i for i in installs), installs
+    # pip itself from its lock first (Debian's refuses an extra's requirement in hash mode),
+    # then each image's packages.
+    assert len(installs) == 5, installs
+    assert "--require-hashes --no-deps --requirement requirements-pip.lock" in installs[0]
+    assert all("--require-hashes" in i and "--requirement requirements" in i for i in installs)
     assert (
         "and-cuda) pip install --require-hashes --requirement requirements-gpu.lock" in dockerfile
     )

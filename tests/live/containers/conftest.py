@@ -32,18 +32,44 @@ FIRST_TRAIN_STEPS = 20
 TRAIN_BATCH_SIZE = 50
 
 
-@pytest.fixture(scope="session")
-def images() -> dict[str, str]:
-    """{target: tag} of the api and trainer images, built (or found cached) on the local base."""
+def _podman_or_skip() -> None:
     reason = podman_tool.cannot_run()
     if reason is not None:
         if os.geteuid() == 0 and "not installed" in reason:
             pytest.fail(f"the container tier cannot run: {reason}; `make setup` installs it")
         pytest.skip(f"the container tier cannot run here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    """{target: tag} of the api and trainer images, built (or found cached) on the local base."""
+    _podman_or_skip()
     try:
         return podman_tool.build_images()
     except podman_tool.PodmanError as err:
         pytest.fail(f"building the images failed: {err}")
+
+
+@pytest.fixture(scope="session")
+def api_image() -> str:
+    """The api image's tag, built (or found cached) alone: for the tests that serve the
+    repository's shipped model and need no trainer."""
+    _podman_or_skip()
+    env = podman_tool.podman_env()
+    try:
+        return podman_tool.build_image("api", podman_tool.make_base_image(env), env)
+    except podman_tool.PodmanError as err:
+        pytest.fail(f"building the api image failed: {err}")
+
+
+@pytest.fixture(scope="session")
+def shipped_model(tmp_path_factory) -> Path:
+    """A host copy of the model the repository ships (models/shipped/fashion_mnist: version 1),
+    readable by the containers' user: a model's folder, its versions directly in it."""
+    folder = tmp_path_factory.mktemp("shipped") / "fashion_mnist"
+    shutil.copytree(REPO_ROOT / "models" / "shipped" / "fashion_mnist", folder)
+    give_to_app_user(folder.parent)
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +106,7 @@ def repository(tmp_path_factory, images, run_id, container_data) -> Path:
             "--export-dir", "/models/fashion_mnist",
             "--max-steps", str(FIRST_TRAIN_STEPS),
             "--batch-size", str(TRAIN_BATCH_SIZE),
-            "--seed", "0",
+            "--deterministic",
         ],
         name=f"{run_id}-train",
         data=container_data,

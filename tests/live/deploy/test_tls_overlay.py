@@ -60,11 +60,11 @@ def pod_files(tmp_path_factory) -> tuple[dict[str, str], str]:
     make_tokens = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_tokens)
     tokens = local(root, variables["AUTH_TOKENS_FILE"])
-    make_tokens.write_tokens(tokens)
+    issued = make_tokens.write_tokens(tokens)  # the service's file holds digests only
     # The kubernetes.io/tls Secret's keys are tls.crt and tls.key.
     local(root, variables["TLS_CERT_FILE"]).write_bytes((secrets / "api-tls.crt").read_bytes())
     local(root, variables["TLS_KEY_FILE"]).write_bytes((secrets / "api-tls.key").read_bytes())
-    (predict_token,) = [line.split()[0] for line in tokens.read_text().splitlines()
+    (predict_token,) = [line.split()[0] for line in issued.read_text().splitlines()
                         if line.split()[1:] and "predict" in line.split()[1]]  # fmt: skip
     settings = {
         name: str(local(root, variables[name]))

@@ -19,18 +19,18 @@ V1 = f"/v1/models/{MODEL_NAME}"
 
 
 SERVE_WITH_A_FAKE = """
-import asyncio, sys
+import sys
 sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, not whatever is installed
 from support.fakes import FakeBackend
 from support.servers import free_port
 from service.app import create_app
-from service.server import serve
+from service.server import run
 from service.settings import Settings
 settings = Settings(host="127.0.0.1", port=free_port(), max_body_bytes=8 * 1024 * 1024,
                     max_body_bytes_in_flight={budget}, body_timeout_seconds=600,
                     header_timeout_seconds=60)
 print(settings.port, flush=True)
-asyncio.run(serve(create_app(settings, FakeBackend()), settings))
+run(create_app(settings, FakeBackend()), settings)
 """
 
 

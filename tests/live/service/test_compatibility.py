@@ -54,7 +54,7 @@ def exports(trained_model, any_models, tmp_path_factory) -> dict[str, Path]:
     """Every kind's model folder (version 1 in each), by the name it is served as."""
     root = tmp_path_factory.mktemp("compatibility")
     sample, work, base = root / "sample", root / "work", root / "models"
-    common = ("--max-steps", STEPS, "--batch-size", 16, "--seed", 0, "--eval-every-secs", 1)
+    common = ("--max-steps", STEPS, "--batch-size", 16, "--deterministic", "--eval-every-secs", 1)
     made = {
         "csv_dnn_linear": [
             "train", "--csv", sample / "classification.csv", "--label", "label", "--model",

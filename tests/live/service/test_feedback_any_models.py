@@ -41,7 +41,7 @@ class Served(NamedTuple):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("feedback-any")
-    common = ("--seed", 0, "--eval-every-secs", 1000, "--hooks", "none", "--batch-size", 32)
+    common = ("--deterministic", "--eval-every-secs", 1000, "--hooks", "none", "--batch-size", 32)
     run_trainings([
         ["sample-data", "--out", root / "sample", "--images-per-class", 10],
         ["train", "--csv", root / "sample" / "classification.csv", "--max-steps", 20,
@@ -139,7 +139,7 @@ def test_feedback_for_a_tabular_model_and_32x32x3_images_is_stored_and_retrained
         "retrain", "--export-dir", root / "models" / "classifier",
         "--model-dir", root / "runs" / "retrain", "--feedback-dir", root / "feedback",
         "--max-steps", 25, "--batch-size", 32, "--learning-rate", 0.05,
-        "--eval-every-secs", 1000, "--hooks", "none", check=False,
+        "--eval-every-secs", 1000, "--hooks", "none", "--deterministic", check=False,
     )  # fmt: skip
     assert done.returncode in (0, 3), done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = (root / "runs" / "retrain").glob("retrain-*")

@@ -107,10 +107,16 @@ def test_feedback_through_the_service_is_in_the_next_retrain_and_serves_as_canar
             "--batch-size", 50,
             "--eval-every-secs", 1000,
             "--hooks", "none",
+            "--deterministic",
         )  # fmt: skip
         (row,) = [line for line in done.stdout.splitlines() if line.startswith("feedback ")]
         assert row.split()[1] == "20"  # the two closed shards
         blessing = json.loads((base / MODEL_NAME / "2" / ASSETS_EXTRA / BLESSING_FILE).read_text())
+        # Measured (--deterministic): 0.813 on the test split and 0.810 on the reference
+        # against the session model's 0.750 and 0.753, ahead by 19 of the 300 images (9 of
+        # the 158).
+        for check in ("accuracy/test split", "accuracy/reference"):
+            assert blessing["candidate"][check] >= blessing["baseline"][check] + 0.03, check
         (feedback,) = [s for s in blessing["data"]["sources"] if s["source"] == "feedback"]
         assert (feedback["read"], feedback["shards"]) == (20, 2)
         assert feedback["answered_by_version"] == {version: 20}

@@ -39,8 +39,8 @@ sys.path[:0] = [{root!r}, {tests!r}]  # this checkout's service, whatever the wo
 from PIL import Image
 from support.fakes import FakeBackend
 from support.servers import free_port
-from service import codec
-from service.server import serve
+from service.codecs import images
+from service.server import run
 from service.app import create_app
 from service.settings import Settings
 
@@ -58,7 +58,7 @@ class HeldBackend(FakeBackend):
         await done
         return await super().predict(*args, **kwargs)
 
-original = codec.image_file_pixels
+original = images.image_file_pixels
 
 def slow_decode(data, where, invert):
     # A slow decoder: the photo decoded whole, and held until the test says so.
@@ -67,7 +67,7 @@ def slow_decode(data, where, invert):
     released.wait()
     return original(data, where, invert)
 
-codec.image_file_pixels = slow_decode
+images.image_file_pixels = slow_decode
 
 def release():
     sys.stdin.readline()
@@ -83,7 +83,7 @@ settings = Settings(grpc_port={grpc_port}, auth_tokens_file={tokens!r},
 settings = settings.model_copy(update={{"host": "127.0.0.1", "port": free_port()}})
 backend = HeldBackend()
 print(settings.port, flush=True)
-asyncio.run(serve(create_app(settings, backend, serve_grpc=True), settings))
+run(create_app(settings, backend, serve_grpc=True), settings)
 """
 
 

@@ -98,7 +98,7 @@ def test_a_full_queue_is_unavailable_before_the_tensors_are_read():
 def test_v2_grpc_shares_one_batch_with_tf_serving_grpc_and_http():
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from service.tensors import fill_tensor_proto
+    from service.codecs.tensor_proto import fill_tensor_proto
 
     gated = GatedFakeBackend()
     batcher = BatchingBackend(gated, 4, timeout_ms=0, max_queue=8)

@@ -11,6 +11,13 @@ import pytest
 from support.shared import shared_folder
 from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, call_main
 
+from training import determinism
+
+# The tests run `python -m training` in this process (call_main), and TensorFlow sizes its
+# intra-op pool once per process: here, before any test runs an op, as a `--deterministic`
+# command of its own sizes it.
+determinism.pin_thread_pools()
+
 
 class Comparison(NamedTuple):
     """What the `comparison` fixture's `python -m training compare` run produced."""
@@ -36,6 +43,7 @@ def comparison(tmp_path_factory, small_data_dir) -> Comparison:
                 "--max-steps", COMPARE_STEPS,
                 "--batch-size", COMPARE_BATCH_SIZE,
                 "--labels", "fashion",
+                "--deterministic",
             )  # fmt: skip
         assert code == 0, f"compare failed with exit code {code}:\n{out.getvalue()}"
         (root / "stdout.txt").write_text(out.getvalue())

@@ -62,7 +62,7 @@ class Comparison(NamedTuple):
 def run_compare(work_dir: Path, *argv) -> Comparison:
     out = io.StringIO()
     with redirect_stdout(out):
-        code = call_main("compare", "--work-dir", work_dir, "--batch-size", 32, "--seed", 0,
+        code = call_main("compare", "--work-dir", work_dir, "--batch-size", 32, "--deterministic",
                          "--learning-rate", 0.05, "--hidden-units", 8, *argv)  # fmt: skip
     assert code == 0, out.getvalue()
     results = json.loads((work_dir / RESULTS_FILE).read_text())

@@ -58,7 +58,7 @@ def train_argv(data_dir, model_dir, *extra, max_steps=10):
         "--max-steps", max_steps,
         "--batch-size", 50,
         "--labels", "fashion",
-        "--seed", 0,
+        "--deterministic",
         *extra,
     ]  # fmt: skip
 

@@ -145,6 +145,18 @@ def test_num_gpus_with_tf_config_is_refused(tmp_path, small_data_dir, capsys, mo
     assert not model_dir.exists()
 
 
+def test_deterministic_with_tf_config_is_refused(tmp_path, small_data_dir, capsys, monkeypatch):
+    """A cluster's workers update the variables asynchronously: no run of it repeats."""
+    monkeypatch.setenv("TF_CONFIG", tf_config("worker", 1))
+    model_dir = tmp_path / "run"
+    code = call_main("train", "--data-dir", small_data_dir, "--model-dir", model_dir,
+                     "--deterministic", "--max-steps", 2)  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert_one_error_line(err, "--deterministic with TF_CONFIG", "train on one host")
+    assert not model_dir.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # MirroredStrategy: this machine has no GPU, so --num-gpus falls back to the CPU and says so.
 
@@ -297,7 +309,10 @@ def test_local_cluster_trains_evaluates_and_the_chief_exports_a_served_version(
     assert report["global_step"] == step
     assert report["model_dir"] == str(model_dir)
     images, labels = small_test_data
-    assert report["accuracy"] > 0.5  # 150 steps on 600 images: well above chance (0.1)
+    # 150 steps on 600 images: well above chance (0.1). The workers are asynchronous, so no
+    # two runs are the same; measured 0.823 to 0.840 under load (97 of the 300 images above the
+    # bound, or more).
+    assert report["accuracy"] > 0.5
 
     with serve(export_dir) as client:
         status = client.get("/v1/models/fashion_mnist").json()

@@ -71,7 +71,7 @@ def test_nan_stops_training_and_the_last_checkpoint_loads(
     (poison_input if kind == "linear" else poison_cnn_logits)(monkeypatch)
     model_dir, export_dir = tmp_path / "run", tmp_path / "models" / "m"
     argv = ["train", "--model", kind, "--data-dir", small_data_dir, "--model-dir", model_dir,
-            "--export-dir", export_dir, "--max-steps", 20, "--batch-size", 50, "--seed", 0,
+            "--export-dir", export_dir, "--max-steps", 20, "--batch-size", 50, "--deterministic",
             "--checkpoint-steps", CHECKPOINT_STEPS, "--eval-every-secs", 1, "--hooks", "none",
             "--labels", "fashion"] + (["--check-numerics"] if check else [])  # fmt: skip
     code = call_main(*argv)

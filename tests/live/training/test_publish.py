@@ -34,9 +34,10 @@ from training import data, staging
 MODEL_NAME = "fashion_mnist"
 NEW_IMAGES = 1200  # real train images 600..1800: new to the small data's 600
 # Enough to beat the 40-step session model on the small data (as the one-step retrain's
-# Kubernetes test found).
+# Kubernetes test found): measured, 0.820 on the test split and 0.823 on the reference against
+# its 0.750 and 0.753, ahead by 21 of the 300 images and 11 of the 158.
 BUDGET = ("--max-steps", "60", "--batch-size", "50", "--eval-every-secs", "1000",
-          "--hooks", "none")  # fmt: skip
+          "--hooks", "none", "--deterministic")  # fmt: skip
 
 
 class Staged(NamedTuple):
@@ -140,6 +141,8 @@ def test_the_retrain_step_writes_nothing_in_the_repository_and_publish_puts_it_i
             assert hashlib.sha256((version / rel).read_bytes()).hexdigest() == digest["sha256"]
     blessing = json.loads((version / ASSETS_EXTRA / BLESSING_FILE).read_text())
     assert blessing["blessed"] is True and blessing["versions"]["candidate"] == 2
+    for metric in ("accuracy/test split", "accuracy/reference"):
+        assert blessing["candidate"][metric] >= blessing["baseline"][metric] + 0.03, metric
     assert blessing["publish"]["mode"] == "canary"
     images, _ = small_test_data
     classes, _ = SavedModelPredictor(version).predict_batched(normalize_pixels(images[:8]), 8)

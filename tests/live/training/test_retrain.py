@@ -80,6 +80,7 @@ def retrain_argv(small_data_dir, repository: Path, runs: Path, *extra, steps=40,
         "--batch-size", batch,
         "--eval-every-secs", 1000,
         "--hooks", "none",
+        "--deterministic",
         *extra,
     ]  # fmt: skip
 
@@ -110,7 +111,12 @@ def test_a_retrain_on_poisoned_labels_is_not_blessed_and_changes_nothing(
     report = json.loads((run_dir / BLESSING_FILE).read_text())
     assert report["blessed"] is False
     assert any(line.startswith("accuracy/test split: change") for line in report["failed"])
-    assert report["candidate"]["accuracy/test split"] < report["baseline"]["accuracy/test split"]
+    # Measured: 0.090 on the test split against the session model's 0.750 (198 of the 300
+    # images behind), 0.063 on the reference against 0.753 (109 of the 158).
+    assert (
+        report["candidate"]["accuracy/test split"]
+        <= report["baseline"]["accuracy/test split"] - 0.3
+    )
     assert report["versions"] == {
         "candidate": None, "baseline": 1,
         "baseline_chosen_by": "the newest version the policy (latest 2) serves",
@@ -136,7 +142,7 @@ def test_a_killed_retrain_publishes_nothing_resumes_and_publishes_once(
             small_data_dir, repository, runs,
             "--extra-data", new_data["good"], "--checkpoint-steps", 5,
             "--config", config, "--publish", "stable",
-            steps=150, batch=20,
+            steps=150, batch=50,
         )
     ]  # fmt: skip
     before = tree(repository)
@@ -177,6 +183,12 @@ def test_a_killed_retrain_publishes_nothing_resumes_and_publishes_once(
         (repository / MODEL_NAME / "2" / ASSETS_EXTRA / BLESSING_FILE).read_text()
     )
     assert blessing["blessed"] is True and blessing["versions"]["candidate"] == 2
+    # Where it resumes depends on when it was killed, and so does the order of what it reads
+    # after: not bit for bit. Run whole, it reached 0.837 on the test split and 0.823 on the
+    # reference against the session model's 0.750 and 0.753: ahead by 26 of the 300 images
+    # (11 of the 158).
+    for metric in ("accuracy/test split", "accuracy/reference"):
+        assert blessing["candidate"][metric] >= blessing["baseline"][metric] + 0.03, metric
     # The page's plots, as a trained version has them.
     for plot in CLASSIFIER_PLOTS:
         assert (repository / MODEL_NAME / "2" / ASSETS_EXTRA / plot).stat().st_size > 1000

@@ -5,7 +5,11 @@ task (a regressor's lower-is-better errors), blessed or not, and bad input refus
 
 The baselines are trained once for the module on `sample-data` (seed 0); new data is
 `sample-data` with another seed, and poisoned new data is the same with its labels wrong (the
-next class, a negated price, images in the next class's folder).
+next class, a negated price, images in the next class's folder). Every run is
+`--deterministic`: the same numbers on every run. What each verdict is judged on is large
+enough that no single example decides it (a CSV's test split is 200 rows, its reference
+slice about 100; the image folder's 120 images and 56), and the margins each test expects were
+measured (TF 2.15.1, 2 cores) and are written beside its assertions.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from training.sample_data import write_sample_data
 
 CLASSES = ("high", "low", "mid")
 SHAPES = ("circle", "square", "triangle")
+ROWS = 1000  # each CSV file's: every 5th row held out, 200; about half of those the reference
+BASE_IMAGES = 200  # a class's images in the base folder: 40 held out each
+NEW_IMAGES = 400  # a class's new images: mislabeled, they outnumber the base folder's two to one
+SHAPES_LEARNING_RATE = 0.003
 
 
 class Baselines(NamedTuple):
@@ -58,8 +66,8 @@ def _poison_csv(source: Path, target: Path, wrong) -> Path:
 @pytest.fixture(scope="module")
 def baselines(tmp_path_factory) -> Baselines:
     root = tmp_path_factory.mktemp("retrain-any")
-    sample = write_sample_data(root / "sample", images_per_class=40, seed=0)
-    new = write_sample_data(root / "new", images_per_class=40, seed=1)
+    sample = write_sample_data(root / "sample", rows=ROWS, images_per_class=BASE_IMAGES, seed=0)
+    new = write_sample_data(root / "new", rows=ROWS, images_per_class=NEW_IMAGES, seed=1)
     poisoned = {
         "classification": _poison_csv(
             new["classification"], root / "poisoned-classification.csv",
@@ -73,7 +81,7 @@ def baselines(tmp_path_factory) -> Baselines:
     for k, shape in enumerate(SHAPES):
         shutil.copytree(new["images"] / shape, poisoned["images"] / SHAPES[(k + 1) % 3])
     models, runs = root / "models", root / "runs"
-    common = ("--seed", 0, "--eval-every-secs", 1000, "--hooks", "none")
+    common = ("--deterministic", "--eval-every-secs", 1000, "--hooks", "none")
     _train("--csv", sample["classification"], "--model-dir", runs / "classifier",
            "--export-dir", models / "classifier", "--max-steps", 30, "--batch-size", 32,
            "--learning-rate", 0.05, *common)  # fmt: skip
@@ -83,7 +91,8 @@ def baselines(tmp_path_factory) -> Baselines:
            "--learning-rate", 0.05, *common)  # fmt: skip
     _train("--image-folder", sample["images"], "--image-size", 32, "--channels", 3,
            "--model-dir", runs / "shapes", "--export-dir", models / "shapes",
-           "--max-steps", 60, "--batch-size", 16, *common)  # fmt: skip
+           "--max-steps", 100, "--batch-size", 16, "--learning-rate", SHAPES_LEARNING_RATE,
+           *common)  # fmt: skip
     return Baselines(models, sample, new, poisoned)
 
 
@@ -106,8 +115,8 @@ def retrain(baselines, tmp_path, model: str, *extra, steps=60, batch=32) -> tupl
         "--export-dir", repository / model,
         "--model-dir", tmp_path / "runs",
         "--max-steps", steps, "--batch-size", batch,
-        "--eval-every-secs", 1000, "--hooks", "none",
-        *(("--learning-rate", 0.05) if model != "shapes" else ()),
+        "--eval-every-secs", 1000, "--hooks", "none", "--deterministic",
+        "--learning-rate", SHAPES_LEARNING_RATE if model == "shapes" else 0.05,
         *extra,
     )  # fmt: skip
     return code, repository / model
@@ -180,13 +189,16 @@ def test_a_csv_classifier_retrains_on_new_rows_and_feedback_and_is_blessed(
     assert checked == ["accuracy", "accuracy/test split", "accuracy/reference"]
     assert {c["direction"] for c in blessing["checks"]} == {"higher_is_better"}
     sources = {s["source"]: s for s in blessing["data"]["sources"]}
-    assert sources["test split"]["read"] == 40 and sources["train split"]["read"] == 160
-    assert sources["extra data"]["read"] == 200
+    assert sources["test split"]["read"] == 200 and sources["train split"]["read"] == 800
+    assert sources["extra data"]["read"] == 1000
     assert (
         sources["feedback"]["read"] == 30 and sources["feedback"]["senders"]["alice"]["read"] == 30
     )
+    # Measured: 0.800 on the test split and 0.775 on the reference for the baseline, 0.900
+    # and 0.892 for the candidate: ahead by 20 of the 200 rows (12 of the 102).
     assert (
-        blessing["candidate"]["accuracy/test split"] > blessing["baseline"]["accuracy/test split"]
+        blessing["candidate"]["accuracy/test split"]
+        >= blessing["baseline"]["accuracy/test split"] + 0.05
     )
     assert blessing["candidate_run"]["warm_start_from"].endswith("model.ckpt-30")
     report = json.loads((model / "2" / ASSETS_EXTRA / REPORT_FILE).read_text())
@@ -217,6 +229,12 @@ def test_a_csv_classifier_on_poisoned_rows_is_not_blessed_and_a_rerun_resumes(
     blessing = run_blessing(tmp_path)
     failed = {check["metric"] for check in blessing["checks"] if not check["passed"]}
     assert {"accuracy/test split", "accuracy/reference"} <= failed
+    # Measured: 0.480 on the test split against the baseline's 0.800 (64 of the 200 rows
+    # behind), 0.451 on the reference against 0.775 (33 of the 102).
+    assert (
+        blessing["candidate"]["accuracy/reference"]
+        <= blessing["baseline"]["accuracy/reference"] - 0.15
+    )
     # The same command again: the same run, at its last step, judged again, not retrained.
     code, _ = retrain(baselines, tmp_path, "classifier", *poisoned)
     out = capsys.readouterr().out
@@ -238,7 +256,9 @@ def test_a_regressor_is_judged_lower_is_better(baselines, tmp_path, capsys):
         "rmse", "rmse/test split", "rmse/reference"
     ]  # fmt: skip
     assert {c["direction"] for c in blessing["checks"]} == {"lower_is_better"}
-    assert blessing["candidate"]["rmse"] < blessing["baseline"]["rmse"]  # lower: better
+    # Lower is better. Measured: 3.42 on the test split and 3.68 on the reference for the
+    # baseline, 0.52 and 0.41 for the candidate.
+    assert blessing["candidate"]["rmse/reference"] < blessing["baseline"]["rmse/reference"] / 2
     assert "rmse/city=a" in blessing["candidate"] and "max_slice_rmse" in blessing["candidate"]
     report = json.loads((model / "2" / ASSETS_EXTRA / REPORT_FILE).read_text())
     assert report["task"] == "regression" and "rmse" in report
@@ -257,6 +277,9 @@ def test_a_regressor_is_judged_lower_is_better(baselines, tmp_path, capsys):
     assert {c["metric"] for c in failed} >= {"rmse/test split", "rmse/reference"}
     for check in failed:
         assert check["checked"] > check["bound"] == 0.0 and check["short_by"] > 0
+    # Measured: 12.32 on the test split against the baseline's 3.42, 13.30 on the reference
+    # against 3.68.
+    assert blessing["candidate"]["rmse/reference"] > 2 * blessing["baseline"]["rmse/reference"]
     assert "rmse/reference: change +" in out and ": over by " in out
 
 
@@ -264,20 +287,19 @@ def test_an_image_folder_model_is_blessed_on_new_images_and_not_on_mislabeled_on
     baselines, tmp_path, capsys
 ):
     good = tmp_path / "good"
-    # The reference slice is 13 images, and training on two cores is not bit-for-bit
-    # repeatable: the clean retrain may get one of them wrong that the baseline got right
-    # (0.077 less), while gaining 0.1 or more overall (seen in a fresh-clone run). It may
-    # lose up to 0.1; the mislabeled retrain below is judged at the default, no drop at all.
     code, model = retrain(
-        baselines, good, "shapes", "--extra-data", baselines.new["images"],
-        "--max-accuracy-drop", "0.1", steps=160, batch=16,
-    )  # fmt: skip
+        baselines, good, "shapes", "--extra-data", baselines.new["images"], steps=300, batch=16
+    )
     assert code == 0, capsys.readouterr().out
     blessing = json.loads((model / "2" / ASSETS_EXTRA / BLESSING_FILE).read_text())
     sources = {s["source"]: s for s in blessing["data"]["sources"]}
-    assert sources["test split"]["read"] == 24 and sources["extra data"]["read"] == 120
+    assert sources["test split"]["read"] == 120 and sources["extra data"]["read"] == 1200
+    assert blessing["data"]["held_out"]["slices"]["reference"] == 56
+    # Measured: the baseline's 0.750 on the test split (0.768 on the reference) against the
+    # candidate's 0.992 and 1.000: ahead by 29 of the 120 images (13 of the 56).
     assert (
-        blessing["candidate"]["accuracy/test split"] > blessing["baseline"]["accuracy/test split"]
+        blessing["candidate"]["accuracy/test split"]
+        >= blessing["baseline"]["accuracy/test split"] + 0.15
     )
     loaded = tf.saved_model.load(str(model / "2"))
     spec = loaded.signatures["serving_default"].structured_input_signature[1]["image"]
@@ -285,13 +307,20 @@ def test_an_image_folder_model_is_blessed_on_new_images_and_not_on_mislabeled_on
     poisoned = tmp_path / "poisoned"
     code, model = retrain(
         baselines, poisoned, "shapes", "--extra-data", baselines.poisoned["images"],
-        steps=160, batch=16,
+        steps=300, batch=16,
     )  # fmt: skip
     assert code == 3, capsys.readouterr().out
     assert integer_dirs(model) == ["1"]
-    assert "accuracy/test split" in {
-        c["metric"] for c in run_blessing(poisoned)["checks"] if not c["passed"]
+    blessing = run_blessing(poisoned)
+    assert {"accuracy/test split", "accuracy/reference"} <= {
+        c["metric"] for c in blessing["checks"] if not c["passed"]
     }
+    # Measured: 0.100 on the test split against the baseline's 0.750 (78 of the 120 images
+    # behind), 0.089 on the reference against 0.768 (38 of the 56).
+    assert (
+        blessing["candidate"]["accuracy/test split"]
+        <= blessing["baseline"]["accuracy/test split"] - 0.3
+    )
 
 
 BAD_INPUTS = [

@@ -4,8 +4,9 @@ much mislabeled feedback from another; the retrain reads at most --max-feedback-
 each, and the gate checks the reference slice (a fixed half of the test split no feedback
 reaches). Without the bound, the same flood turns the verdict (the test can fail).
 
-The session's tiny model (40 steps on the small data) serves; each retrain trains 40 steps
-more, on a copy of the repository of its own.
+The session's tiny model (40 steps on the small data) serves; each retrain trains 120 steps
+more, `--deterministic`, on a copy of the repository of its own, and judges on the 300 test
+images, 158 of them the reference slice. The margins below were measured (TF 2.15.1).
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ def retrain(trained_model, small_data_dir, tmp_path: Path, name: str, *extra) ->
         "--data-dir", small_data_dir,
         "--model-dir", runs,
         "--export-dir", repository / MODEL_NAME,
-        "--max-steps", 80,
+        "--max-steps", 160,
         "--batch-size", 50,
         "--eval-every-secs", 1000,
         "--hooks", "none",
+        "--deterministic",
         *extra,
     )  # fmt: skip
     (run_dir,) = runs.glob("retrain-*")
@@ -105,6 +107,12 @@ def test_a_flood_from_one_token_does_not_change_the_verdict_on_a_good_candidate(
         assert "accuracy/reference" in [c["metric"] for c in report["checks"]]
         assert report["data"]["held_out"]["slices"]["reference"] > 100
     assert good["baseline"]["accuracy/reference"] == flooded["baseline"]["accuracy/reference"]
+    # Measured: the session model's 0.750 on the test split and 0.753 on the reference; 0.847
+    # and 0.823 without the flood, 0.817 and 0.829 with it: ahead by 20 of the 300 images or
+    # more, 11 of the 158 or more.
+    for report in (good, flooded):
+        for metric in ("accuracy/test split", "accuracy/reference"):
+            assert report["candidate"][metric] >= report["baseline"][metric] + 0.03, metric
 
 
 def test_without_the_bound_the_same_flood_turns_the_verdict(
@@ -119,6 +127,10 @@ def test_without_the_bound_the_same_flood_turns_the_verdict(
     assert code == 3 and not report["blessed"]
     failed = {check["metric"] for check in report["checks"] if not check["passed"]}
     assert "accuracy/reference" in failed and "accuracy/test split" in failed
+    # Measured: 0.020 on the test split and 0.032 on the reference, against 0.750 and 0.753.
+    assert (
+        report["candidate"]["accuracy/reference"] <= report["baseline"]["accuracy/reference"] - 0.3
+    )
     assert feedback_row(report)["senders"]["mallory"]["read"] == FLOOD
     assert np.isclose(
         sum(s["read"] for s in feedback_row(report)["senders"].values()), FLOOD + GOOD

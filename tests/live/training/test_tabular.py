@@ -42,7 +42,7 @@ def train(csv, model_dir, export_dir, *extra) -> Path:
     """`train --csv` to STEPS steps; the version it exported."""
     code, out = run_main(
         "train", "--csv", csv, "--model-dir", model_dir, "--export-dir", export_dir,
-        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--seed", 0,
+        "--max-steps", STEPS, "--batch-size", 32, "--learning-rate", 0.05, "--deterministic",
         "--eval-every-secs", 1, *extra,
     )  # fmt: skip
     assert code == 0, out
@@ -315,7 +315,7 @@ def test_a_failed_export_leaves_no_version(linear_classifier, tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="report failed"):
         run_main("train", "--csv", linear_classifier.csv, "--model-dir", model_dir,
                  "--export-dir", export_dir, "--max-steps", STEPS, "--learning-rate", 0.05,
-                 "--batch-size", 32, "--seed", 0)  # fmt: skip
+                 "--batch-size", 32, "--deterministic")  # fmt: skip
     assert len(calls) == 1, "the report was not reached: the test proves nothing"
     assert export_dir.is_dir() and list(export_dir.iterdir()) == []
 

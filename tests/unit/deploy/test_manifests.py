@@ -122,11 +122,14 @@ def mount_of(pod: Pod, container: dict, path: str) -> tuple[str, bool]:
 # --- every pod ------------------------------------------------------------------------------
 
 
+CLUSTER_SCOPED = {"Namespace", "ClusterServingRuntime"}
+
+
 def test_every_namespaced_object_is_in_the_namespace(objects):
     wrong = [
         f"{where}: {name_of(obj)}"
         for where, obj in objects
-        if obj["kind"] != "Namespace" and obj["metadata"].get("namespace") != NAMESPACE
+        if obj["kind"] not in CLUSTER_SCOPED and obj["metadata"].get("namespace") != NAMESPACE
     ]
     assert wrong == []
 
@@ -343,7 +346,9 @@ def test_images_are_the_dockerfile_targets_and_tf_serving_of_the_compose_files(a
             assert tag(image) in (version, f"{version}-gpu"), image
             command = argv(c, entrypoints())
             if target == "api":
-                assert command == ["python", "-m", "service"], f"{where} {pod.owner}"
+                # The image's entry point: tensorflow_model_server, which is `python -m service`
+                # (test_containers.py); with no arguments, the environment's settings.
+                assert command == ["/usr/bin/tf_serving_entrypoint.sh"], f"{where} {pod.owner}"
             elif c in pod.spec.get("containers", []):
                 assert command[:3] == ["python", "-m", "training"], f"{where} {pod.owner}"
     expected = {f"{API_IMAGE}:{version}", f"{TRAINER_IMAGE}:{version}",

@@ -156,12 +156,15 @@ def tfserving_pods(objects: list[dict]):
 
 def test_every_tf_serving_admits_only_the_apis_pods(renders):
     """TF Serving has no authentication: wherever it runs (overlays/tfserving, its GPU
-    variant, KServe's runtime in overlays/kserve), one NetworkPolicy selects its pods and
-    admits the API's pods alone, on named ports (the review found KServe's open to every pod)."""
+    variant, KServe's runtime in overlays/kserve, this image as that runtime in
+    overlays/kserve-runtime), one NetworkPolicy selects its pods and admits the API's pods
+    alone, on named ports (the review found KServe's open to every pod)."""
     checked = set()
     for where, objects in renders.items():
         for pod in tfserving_pods(objects):
-            (api_label,) = {p.labels["app.kubernetes.io/name"] for p, _ in api_pods(objects)}
+            # The API's pods' label, as the base's Deployment has it where none is rendered.
+            labels = {p.labels["app.kubernetes.io/name"] for p, _ in api_pods(objects)}
+            (api_label,) = labels or {API_IMAGE}
             policies = policies_for(objects, pod.labels)
             assert len(policies) == 1, f"{where} {pod.owner}: {len(policies)} NetworkPolicies"
             (policy,) = policies
@@ -174,7 +177,8 @@ def test_every_tf_serving_admits_only_the_apis_pods(renders):
                     "matchLabels": {"app.kubernetes.io/name": api_label}
                 }, where
             checked.add(where)
-    assert checked >= {"overlays/tfserving", "overlays/tfserving-gpu", "overlays/kserve"}
+    assert checked >= {"overlays/tfserving", "overlays/tfserving-gpu", "overlays/kserve",
+                       "overlays/kserve-runtime"}  # fmt: skip
 
 
 def test_feedback_is_on_only_where_the_feedback_component_is(renders):

@@ -37,6 +37,7 @@ EXPECTED_KUSTOMIZATIONS = {
     "overlays/prometheus-operator",
     "overlays/distributed-training",
     "overlays/kserve",
+    "overlays/kserve-runtime",
     "overlays/feedback",
     "overlays/tls",
 }
@@ -122,6 +123,14 @@ def _misspell_storage_uri(obj):
     model["storageURI"] = model.pop("storageUri")
 
 
+def _misspell_runtime_args(obj):
+    obj["spec"]["containers"][0]["arg"] = obj["spec"]["containers"][0].pop("args")
+
+
+def _runtime_priority_as_text(obj):
+    obj["spec"]["supportedModelFormats"][0]["priority"] = "high"
+
+
 def _misspell_service_monitor_endpoints(obj):
     obj["spec"]["endpoint"] = obj["spec"].pop("endpoints")
 
@@ -146,6 +155,10 @@ BROKEN = [
                  "volumeMount", id="tfjob-pod-template"),
     pytest.param("overlays/kserve", "InferenceService", _misspell_storage_uri, "storageURI",
                  id="inferenceservice-field"),
+    pytest.param("overlays/kserve-runtime", "ClusterServingRuntime", _misspell_runtime_args,
+                 "arg", id="servingruntime-container"),
+    pytest.param("overlays/kserve-runtime", "ClusterServingRuntime", _runtime_priority_as_text,
+                 "high", id="servingruntime-type"),
     pytest.param("overlays/prometheus-operator", "ServiceMonitor",
                  _misspell_service_monitor_endpoints, "endpoint", id="servicemonitor-field"),
     pytest.param("overlays/prometheus-operator", "ServiceMonitor", _bad_scrape_interval,

@@ -43,10 +43,10 @@ PATH = "/v1/models/fashion_mnist:predict"
 
 
 @contextlib.contextmanager
-def serving(max_batch_size=4, timeout_ms=0.0, max_queue=8):
+def serving(max_batch_size=4, timeout_ms=0.0, max_queue=8, allowed_batch_sizes=()):
     settings = Settings(model_name="fashion_mnist", log_level="warning")
     gated = GatedFakeBackend()
-    batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue)
+    batcher = BatchingBackend(gated, max_batch_size, timeout_ms, max_queue, allowed_batch_sizes)
     with threaded_server(create_app(settings, backend=batcher)) as (url, _):
         try:
             yield url, gated, batcher
@@ -94,6 +94,50 @@ def test_queued_requests_merge_into_one_call_and_split_back_in_order(images):
             np.testing.assert_allclose(probabilities_of(future.result()), expected[a:b], atol=1e-5)
     # 2 + 2 images fill a batch of 4; the last request runs in the next one.
     assert gated.sizes == [1, 4, 1]
+
+
+def test_batches_are_padded_up_to_an_allowed_size_and_the_padding_dropped(images):
+    # BatchingParameters' allowed_batch_sizes (TF Serving's): 1 image runs as 2, 3 as 4.
+    pixels, expected = images
+    with (
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+        serving(max_batch_size=4, allowed_batch_sizes=(2, 4)) as (url, gated, batcher),
+    ):
+        gated.gate.clear()
+        first = pool.submit(post, url, pixels[0:1])
+        wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+        queued = []
+        for a, b in [(1, 3), (3, 4)]:
+            queued.append(pool.submit(post, url, pixels[a:b]))
+            count = len(queued)
+            wait_until(lambda count=count: batcher.waiting == count, f"{count} queued")
+        gated.gate.set()
+        np.testing.assert_allclose(probabilities_of(first.result()), expected[0:1], atol=1e-5)
+        np.testing.assert_allclose(probabilities_of(queued[0].result()), expected[1:3], atol=1e-5)
+        np.testing.assert_allclose(probabilities_of(queued[1].result()), expected[3:4], atol=1e-5)
+    assert gated.sizes == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "rows, allowed, padded",
+    [
+        pytest.param(1, (2, 4), 2, id="up-to-the-first"),
+        pytest.param(3, (2, 4), 4, id="up-to-the-next"),
+        pytest.param(4, (2, 4), 4, id="allowed-already"),
+        pytest.param(5, (2, 4), 5, id="past-the-largest"),
+    ],
+)
+def test_padding_repeats_the_first_instance_of_every_input(rows, allowed, padded):
+    from service.backends.batching import pad_to_allowed
+
+    inputs = {"x": np.arange(rows, dtype=np.float32), "y": np.arange(rows * 2).reshape(rows, 2)}
+    out = pad_to_allowed(inputs, allowed)
+    assert {key: len(value) for key, value in out.items()} == {"x": padded, "y": padded}
+    np.testing.assert_array_equal(out["x"][:rows], inputs["x"])
+    assert (out["x"][rows:] == inputs["x"][0]).all()
+    assert (out["y"][rows:] == inputs["y"][0]).all()
+    single = pad_to_allowed(inputs["y"], allowed)
+    assert single.shape == (padded, 2)
 
 
 def test_tf_serving_rest_and_the_open_inference_protocol_share_one_batch(images):

@@ -1,5 +1,5 @@
 """A compressed V2 body's decompressed bytes count in MAX_BODY_BYTES_IN_FLIGHT as its wire
-bytes do (service/v2_codec.py's decompress_body, reserving through the door's Call)."""
+bytes do (service/codecs/compression.py's decompress_body, reserving through the door's Call)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import orjson
 import pytest
 from support.fakes import FakeBackend, app_client
 
+from service.codecs.compression import decompress_body
 from service.errors import BodiesInFlight
-from service.v2_codec import decompress_body
 
 MODEL = FakeBackend().model_name
 INFER = f"/v2/models/{MODEL}/infer"

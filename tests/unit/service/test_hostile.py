@@ -33,9 +33,10 @@ from support.fakes import (
 from support.helpers import error_message, png_bytes, response_complete, self_signed
 
 from artifact.images import MAX_PIXELS
-from service import codec, errors, examples, protocols
+from service import errors, protocols
 from service.app import create_app
 from service.backends.batching import BatchingBackend
+from service.codecs import images, pixels, tf_example, tfserving_json
 from service.settings import Settings
 from service.types import SignatureSpec, TensorSpec
 
@@ -81,7 +82,7 @@ def test_booleans_are_not_pixels(client, path, value):
 
 def test_images_are_counted_before_any_array_is_built(client, monkeypatch):
     built = []
-    monkeypatch.setattr(codec, "to_array", lambda *a, **k: built.append(a) or ZEROS)
+    monkeypatch.setattr(pixels, "to_array", lambda *a, **k: built.append(a) or ZEROS)
     body = orjson.dumps({"instances": [[[0.0]]] * 5000})
     assert "request has 5000 images; the limit is 16" in error_message(
         client.post(PREDICT, content=body), 413
@@ -91,13 +92,13 @@ def test_images_are_counted_before_any_array_is_built(client, monkeypatch):
 
 def test_large_bodies_are_parsed_off_the_event_loop(client, monkeypatch):
     threads = []
-    parse = codec.read_predict_body
+    parse = tfserving_json.read_predict_request
 
     def recording(*args):
         threads.append(threading.current_thread().name)
         return parse(*args)
 
-    monkeypatch.setattr(codec, "read_predict_body", recording)
+    monkeypatch.setattr(tfserving_json, "read_predict_request", recording)
     small = orjson.dumps({"instances": ZEROS})
     large = orjson.dumps({"instances": [[[0.123456789] * 28] * 28] * 12})
     assert len(small) < protocols.tfserving_rest.INLINE_PARSE_BYTES < len(large)
@@ -111,7 +112,7 @@ def test_large_bodies_are_parsed_off_the_event_loop(client, monkeypatch):
 def test_a_decompression_bomb_per_request_is_refused_from_the_headers(client, monkeypatch):
     decoded = []
     monkeypatch.setattr(
-        codec, "image_to_pixels", lambda *a: decoded.append(1) or np.zeros((28, 28), np.uint8)
+        images, "image_to_pixels", lambda *a: decoded.append(1) or np.zeros((28, 28), np.uint8)
     )
     # Files of 20 megapixels each (20 KB compressed): each under the per-image limit, 60
     # megapixels together.
@@ -132,8 +133,8 @@ def test_decoding_stops_when_the_client_has_left():
     cancelled = threading.Event()
     cancelled.set()
     files = [("files[0]", png_bytes(np.zeros((28, 28), np.uint8)))]
-    with pytest.raises(codec.Cancelled):
-        codec.decode_image_files(files, "auto", MAX_PIXELS, cancelled)
+    with pytest.raises(images.Cancelled):
+        images.decode_image_files(files, "auto", MAX_PIXELS, cancelled)
 
 
 @pytest.mark.parametrize(
@@ -649,7 +650,7 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
     decoded: list[str] = []
     seen: dict[str, threading.Event] = {}
     first_started, finished = threading.Event(), threading.Event()
-    original_files, original_pixels = codec.decode_image_files, codec.image_file_pixels
+    original_files, original_pixels = images.decode_image_files, images.image_file_pixels
 
     def decode_image_files(files, invert, budget, cancelled=None, **budgets):
         seen["cancelled"] = cancelled
@@ -665,8 +666,8 @@ def test_a_client_that_leaves_mid_decoding_stops_the_rest_of_its_images(monkeypa
             seen["cancelled"].wait(30)  # held until the service has seen the client leave
         return original_pixels(data, where, invert)
 
-    monkeypatch.setattr(codec, "decode_image_files", decode_image_files)
-    monkeypatch.setattr(codec, "image_file_pixels", image_file_pixels)
+    monkeypatch.setattr(images, "decode_image_files", decode_image_files)
+    monkeypatch.setattr(images, "image_file_pixels", image_file_pixels)
     app = create_app(Settings(), FakeBackend())
     with threaded_server(app) as (url, _):
         png = png_bytes(np.zeros((28, 28), np.uint8))
@@ -851,7 +852,7 @@ def examples_client():
 
 def test_many_context_copies_are_made_off_the_event_loop(examples_client, monkeypatch):
     made_on = []
-    serialize = examples.JSONExamples.serialize
+    serialize = tf_example.JSONExamples.serialize
 
     def recording(self):
         try:
@@ -861,7 +862,7 @@ def test_many_context_copies_are_made_off_the_event_loop(examples_client, monkey
             made_on.append("a worker thread")
         return serialize(self)
 
-    monkeypatch.setattr(examples.JSONExamples, "serialize", recording)
+    monkeypatch.setattr(tf_example.JSONExamples, "serialize", recording)
     # A 3 KB body: 2 KB of context copied into 1,000 examples, 2 MB in all.
     body = {"context": {"pad": "x" * 2_000}, "examples": [{"x": 1.0}] * 1_000}
     answer = examples_client.post("/v1/models/parsing:classify", json=body)
@@ -874,7 +875,7 @@ def test_context_copies_past_the_body_budget_are_refused_before_any_is_made(
     examples_client, monkeypatch
 ):
     made = []
-    monkeypatch.setattr(examples.JSONExamples, "serialize", lambda self: made.append(1) or [])
+    monkeypatch.setattr(tf_example.JSONExamples, "serialize", lambda self: made.append(1) or [])
     # 5 KB of context into 1,000 examples: 5 MB, past the 4 MB MAX_BODY_BYTES_IN_FLIGHT.
     body = {"context": {"pad": "x" * 5_000}, "examples": [{"x": 1.0}] * 1_000}
     answer = examples_client.post("/v1/models/parsing:classify", json=body)

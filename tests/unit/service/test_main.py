@@ -87,14 +87,16 @@ def test_help_exits_0_listing_the_settings_before_reading_them(tmp_path):
     # A setting that would be refused does not stop --help: it is read before the settings.
     result = run_main_in_process(["--help"], MODEL_BASE_PATH=str(tmp_path), DEVICE="tpu")
     assert (result.returncode, result.stderr) == (0, "")
-    assert result.stdout.startswith("usage: python -m service [-h]\n")
+    assert result.stdout.startswith(
+        "usage: python -m service [-h] [--version] [--flag=value ...]\n"
+    )
     assert "\n  DEVICE=auto  (one of: auto, cpu, gpu)\n" in result.stdout
 
 
 def test_an_unknown_argument_exits_2_naming_it(tmp_path):
-    result = run_main_in_process(["--port", "9000"], MODEL_BASE_PATH=str(tmp_path))
+    result = run_main_in_process(["--grpc_port", "9000"], MODEL_BASE_PATH=str(tmp_path))
     assert result.stdout == ""
-    assert_one_error_line_naming(result, "unknown arguments: --port 9000", "--help")
+    assert_one_error_line_naming(result, "unknown arguments: --grpc_port 9000", "--help")
 
 
 def test_python_m_service_help_and_refusal_are_main_s():
@@ -102,9 +104,9 @@ def test_python_m_service_help_and_refusal_are_main_s():
     done = run_service(timeout=60, args=("--help",))
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == run_main_in_process(["--help"]).stdout
-    refused = run_service(timeout=60, args=("--model_name", "fashion_mnist"))
+    refused = run_service(timeout=60, args=("--model_nam", "fashion_mnist"))
     assert refused.stdout == ""
-    assert_one_error_line_naming(refused, "unknown arguments: --model_name fashion_mnist")
+    assert_one_error_line_naming(refused, "unknown arguments: --model_nam fashion_mnist")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The friendly /predict for any model (service/protocols/friendly.py, people.py): which
+"""The friendly /predict for any model (service/protocols/model_form.py, simple_predict.py;
+the reading of what a person sends, service/codecs/simple_json.py): which
 signature, what it takes (images of any size, named features, tf.Examples, tensors), how the
 answer is shown (classifier, regressor, outputs), and the page's description of it.
 
@@ -15,17 +16,17 @@ from support.fakes import MODEL_NAME, AnyFakeBackend, FakeModel, app_client
 from support.helpers import error_message, ok_json, png_bytes
 
 from artifact.images import ImageInput, image_to_input
-from service import examples
+from service.codecs import simple_json, tf_example
 from service.errors import BadInput
-from service.protocols import friendly
+from service.protocols import model_form
 from service.types import SignatureSpec, TensorSpec
 
 FLOAT, DOUBLE, INT64, INT32 = (np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32))
 STRING, BOOL = np.dtype(object), np.dtype(np.bool_)
 PREDICT, CLASSIFY, REGRESS = (
-    friendly.PREDICT_METHOD,
-    friendly.CLASSIFY_METHOD,
-    friendly.REGRESS_METHOD,
+    model_form.PREDICT_METHOD,
+    model_form.CLASSIFY_METHOD,
+    model_form.REGRESS_METHOD,
 )
 VOCABULARY = (b"high", b"low", b"mid")
 
@@ -172,14 +173,14 @@ def client(backend):
 
 
 def test_the_default_signature_or_the_only_predict_one():
-    assert friendly.choose_signature({"serving_default": SHAPES, "x": PREMADE}, "m") is SHAPES
-    assert friendly.choose_signature({"predict": PREMADE}, "m") is PREMADE
+    assert model_form.choose_signature({"serving_default": SHAPES, "x": PREMADE}, "m") is SHAPES
+    assert model_form.choose_signature({"predict": PREMADE}, "m") is PREMADE
     # A classify signature beside the one predict signature: predict is chosen.
-    assert friendly.choose_signature({"predict": PREMADE, "c": CLASSIFY_EXAMPLES}, "m") is PREMADE
+    assert model_form.choose_signature({"predict": PREMADE, "c": CLASSIFY_EXAMPLES}, "m") is PREMADE
     with pytest.raises(BadInput, match=r"model m has no \"serving_default\" signature and 2"):
-        friendly.choose_signature({"a": REGRESSOR, "b": REGRESSOR}, "m")
+        model_form.choose_signature({"a": REGRESSOR, "b": REGRESSOR}, "m")
     with pytest.raises(BadInput, match="signature_name at /v1/models/m:predict"):
-        friendly.choose_signature({"c": CLASSIFY_EXAMPLES}, "m")
+        model_form.choose_signature({"c": CLASSIFY_EXAMPLES}, "m")
 
 
 @pytest.mark.parametrize(
@@ -211,7 +212,7 @@ def test_the_default_signature_or_the_only_predict_one():
     ],
 )  # fmt: skip
 def test_what_a_signature_is_to_a_person(signature, kind, task, fields):
-    form = friendly.describe(signature)
+    form = model_form.describe(signature)
     assert (form.kind, form.task) == (kind, task)
     for key, value in fields.items():
         assert getattr(form, key) == value, key
@@ -221,7 +222,7 @@ def test_what_a_signature_is_to_a_person(signature, kind, task, fields):
 def test_the_image_contract_is_recognised_and_described():
     from support.fakes import signature_specs
 
-    form = friendly.describe(signature_specs()["serving_default"])
+    form = model_form.describe(signature_specs()["serving_default"])
     assert form.image_contract and form.image == ImageInput(28, 28)
     assert form.to_json()["image"] == {
         "height": 28,
@@ -230,7 +231,7 @@ def test_the_image_contract_is_recognised_and_described():
         "shape": [28, 28],
         "preparation": "centred",
     }
-    described = friendly.describe(PREMADE).to_json()
+    described = model_form.describe(PREMADE).to_json()
     assert described["features"] == [
         {"name": "color", "type": "string", "dtype": "object", "shape": []},
         {"name": "rooms", "type": "integer", "dtype": "int64", "shape": []},
@@ -240,26 +241,29 @@ def test_the_image_contract_is_recognised_and_described():
 
 # --- features ----------------------------------------------------------------------------
 
-PREMADE_FORM = friendly.describe(PREMADE)
+
+def read_features(instances: list, form: model_form.ModelForm) -> dict:
+    return simple_json.read_features(instances, form.features)
+
+
+PREMADE_FORM = model_form.describe(PREMADE)
 GOOD = {"color": "red", "rooms": 3, "x1": 1.5}
 
 
 def test_features_take_the_signatures_types():
-    inputs = friendly.read_features([GOOD, {"color": "é", "rooms": 2.0, "x1": 2}], PREMADE_FORM)
+    inputs = read_features([GOOD, {"color": "é", "rooms": 2.0, "x1": 2}], PREMADE_FORM)
     assert inputs["color"].tolist() == [b"red", "é".encode()]
     assert inputs["rooms"].dtype == INT64 and inputs["rooms"].tolist() == [3, 2]
     assert inputs["x1"].dtype == FLOAT and inputs["x1"].tolist() == [1.5, 2.0]
 
 
-VECTOR = friendly.describe(
+VECTOR = model_form.describe(
     SignatureSpec("s", PREDICT, (spec("v", DOUBLE, -1, 2), spec("on", BOOL, -1, 1)), ())
 )
 
 
 def test_features_of_several_values_and_booleans():
-    inputs = friendly.read_features(
-        [{"v": [1, 2.5], "on": True}, {"v": [0, 0], "on": [False]}], VECTOR
-    )
+    inputs = read_features([{"v": [1, 2.5], "on": True}, {"v": [0, 0], "on": [False]}], VECTOR)
     assert inputs["v"].shape == (2, 2) and inputs["v"].dtype == DOUBLE
     assert inputs["on"].tolist() == [[True], [False]]
 
@@ -309,7 +313,7 @@ def test_features_of_several_values_and_booleans():
 )  # fmt: skip
 def test_features_that_do_not_fit_are_refused_naming_instance_and_feature(instances, form, message):
     with pytest.raises(BadInput) as caught:
-        friendly.read_features(instances, form)
+        read_features(instances, form)
     assert message in caught.value.message
 
 
@@ -329,7 +333,7 @@ def test_a_premade_classifier_answers_labels_from_its_vocabulary(client):
     instances = [GOOD, {"color": "blue", "rooms": 9, "x1": -2.0}]
     answer = ok_json(client.post("/predict/premade", json={"instances": instances}))
     assert answer["model_name"] == "premade" and answer["model_version"] == "1"
-    want = premade_answer("predict", friendly.read_features(instances, PREMADE_FORM))
+    want = premade_answer("predict", read_features(instances, PREMADE_FORM))
     for row, probabilities, class_id in zip(
         answer["predictions"], want["probabilities"], want["class_ids"][:, 0], strict=True
     ):
@@ -341,11 +345,11 @@ def test_a_premade_classifier_answers_labels_from_its_vocabulary(client):
 
 
 def answer(form, outputs, labels=()):
-    return friendly.answer_rows(form, outputs, labels)
+    return model_form.answer_rows(form, outputs, labels)
 
 
 def test_class_names_that_are_only_ids_give_way_to_labels_txt():
-    outputs = premade_answer("predict", friendly.read_features([GOOD], PREMADE_FORM))
+    outputs = premade_answer("predict", read_features([GOOD], PREMADE_FORM))
     outputs["all_classes"] = np.array([[b"0", b"1", b"2"]], dtype=object)
     (row,) = answer(PREMADE_FORM, outputs, ("cat", "dog", "eel"))
     assert list(row["probabilities"]) == ["cat", "dog", "eel"]
@@ -354,7 +358,7 @@ def test_class_names_that_are_only_ids_give_way_to_labels_txt():
 
 
 def test_labels_come_from_labels_txt_else_class_ids():
-    form = friendly.describe(SHAPES)
+    form = model_form.describe(SHAPES)
     outputs = {"classes": np.array([1]), "probabilities": np.array([[0.2, 0.7, 0.1]], np.float32)}
     (row,) = answer(form, outputs, ("circle", "square", "tri"))
     assert row == {
@@ -368,7 +372,7 @@ def test_labels_come_from_labels_txt_else_class_ids():
 
 
 def test_a_single_probability_vector_is_a_classifier_only_while_it_holds_probabilities():
-    form = friendly.describe(SOFTMAX)
+    form = model_form.describe(SOFTMAX)
     probabilities = np.array([[0.1, 0.6, 0.2, 0.1]], np.float32)
     (row,) = answer(form, {"dense": probabilities}, ("a", "b", "c", "d"))
     assert row["label"] == "b" and row["class_id"] == 1
@@ -379,13 +383,13 @@ def test_a_single_probability_vector_is_a_classifier_only_while_it_holds_probabi
 
 
 def test_regressors_answer_values_and_anything_else_as_tf_serving_renders_it():
-    form = friendly.describe(REGRESSOR)
+    form = model_form.describe(REGRESSOR)
     assert answer(form, {"predictions": np.array([[1.5], [2.0]], np.float32)}) == [
         {"value": 1.5},
         {"value": 2.0},
     ]
     rows = answer(
-        friendly.describe(TOKENS),
+        model_form.describe(TOKENS),
         {"doubled": np.array([2, 4]), "upper": np.array([b"AB", b"C"], dtype=object)},
     )
     assert rows == [{"doubled": 2, "upper": "AB"}, {"doubled": 4, "upper": "C"}]
@@ -416,9 +420,9 @@ def test_a_parsing_receivers_model_takes_features_as_tf_examples(client, backend
     ((_, signature_name, inputs),) = backend.inputs
     assert signature_name == "serving_default"
     assert inputs["inputs"].tolist() == [
-        examples.encode_example({"x1": ("float", [1.5]), "rooms": ("int64", [3]),
+        tf_example.encode_example({"x1": ("float", [1.5]), "rooms": ("int64", [3]),
                                  "color": ("bytes", [b"red"])}),
-        examples.encode_example({"x1": ("float", [0.5]), "rooms": ("int64", [1]),
+        tf_example.encode_example({"x1": ("float", [0.5]), "rooms": ("int64", [1]),
                                  "color": ("bytes", [b"b"])}),
     ]  # fmt: skip
     answer = ok_json(client.post("/predict/regressor_examples", json={"instances": instances}))

@@ -1,8 +1,8 @@
 """The friendly /predict for models as users export them beyond the trainer's kinds
-(service/protocols/image_bytes.py, friendly.py, people.py): an image model that decodes its
-own images (one `image_bytes` string [-1] input: each file's bytes go to it unchanged), and
-a regressor of several values per instance (a pre-made regressor with label_dimension 2:
-`value` a list).
+(service/protocols/model_form.py, simple_predict.py; service/codecs/simple_json.py): an
+image model that decodes its own images (one `image_bytes` string [-1] input: each file's
+bytes go to it unchanged), and a regressor of several values per instance (a pre-made
+regressor with label_dimension 2: `value` a list).
 
 Fast tier: signatures as typed values, models as numpy functions (support.fakes.AnyFakeBackend).
 """
@@ -18,13 +18,14 @@ from PIL import Image
 from support.fakes import AnyFakeBackend, FakeModel, app_client
 from support.helpers import error_message, ok_json, png_bytes
 
-from service import codec
+from service.budgets import PixelBudget
+from service.codecs import simple_json
 from service.errors import BadInput
-from service.protocols import friendly, image_bytes
+from service.protocols import model_form, simple_predict
 from service.types import SignatureSpec, TensorSpec
 
 FLOAT, INT64, STRING = np.dtype(np.float32), np.dtype(np.int64), np.dtype(object)
-PREDICT, REGRESS = friendly.PREDICT_METHOD, friendly.REGRESS_METHOD
+PREDICT, REGRESS = model_form.PREDICT_METHOD, model_form.REGRESS_METHOD
 LABELS = ("cat", "dog", "eel")
 
 
@@ -130,7 +131,7 @@ def b64(data: bytes) -> dict:
     ],
 )  # fmt: skip
 def test_one_string_input_named_bytes_takes_image_files(inputs, kind):
-    form = friendly.describe(SignatureSpec("s", PREDICT, inputs, IMAGE_BYTES.outputs))
+    form = model_form.describe(SignatureSpec("s", PREDICT, inputs, IMAGE_BYTES.outputs))
     assert form.kind == kind
     assert form.task == "classification" and form.image is None and not form.image_contract
 
@@ -152,7 +153,7 @@ def test_the_page_is_told_the_kind_and_whether_probabilities_are_guessed(client)
 
 
 def test_instances_are_base64_files_bare_or_naming_the_input():
-    files = image_bytes.instance_files(
+    files = simple_json.image_bytes_files(
         [b64(b"\x89PNG"), {"image_bytes": b64(b"GIF8")}], "image_bytes"
     )
     assert files == [("instances[0]", b"\x89PNG"), ("instances[1].image_bytes", b"GIF8")]
@@ -174,16 +175,16 @@ def test_instances_are_base64_files_bare_or_naming_the_input():
 )  # fmt: skip
 def test_instances_that_are_not_files_are_refused_naming_them(instance, message):
     with pytest.raises(BadInput) as caught:
-        image_bytes.instance_files([instance], "image_bytes")
+        simple_json.image_bytes_files([instance], "image_bytes")
     assert message in caught.value.message
 
 
 def test_tensorflows_words_lose_its_graphs_names():
-    assert image_bytes.tensorflow_words(DECODE_ERROR) == (
+    assert simple_predict.tensorflow_words(DECODE_ERROR) == (
         "Unknown image file format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required."
     )
-    assert image_bytes.tensorflow_words("Input is empty.") == "Input is empty."
-    assert image_bytes.tensorflow_words("{{node x}}") == "{{node x}}"  # nothing else: as it was
+    assert simple_predict.tensorflow_words("Input is empty.") == "Input is empty."
+    assert simple_predict.tensorflow_words("{{node x}}") == "{{node x}}"  # nothing else: as it was
 
 
 # --- the files go to the model unchanged -------------------------------------------------
@@ -259,14 +260,14 @@ def test_the_models_own_refusal_is_a_400_naming_the_file(client):
 
 
 def test_the_files_pixels_are_held_while_the_model_decodes_them(monkeypatch, backend):
-    budgets: list[codec.PixelBudget] = []
-    hold = codec.PixelBudget.hold
+    budgets: list[PixelBudget] = []
+    hold = PixelBudget.hold
 
     def spying(self, pixels):
         budgets.append(self)
         return hold(self, pixels)
 
-    monkeypatch.setattr(codec.PixelBudget, "hold", spying)
+    monkeypatch.setattr(PixelBudget, "hold", spying)
     held = []
 
     def run(signature_name, inputs):
@@ -292,9 +293,9 @@ def test_a_premade_regressor_of_two_values_answers_each_as_a_list(client):
 
 
 def test_a_single_output_of_probabilities_is_still_a_classifiers():
-    form = friendly.describe(TWO_TARGETS)
+    form = model_form.describe(TWO_TARGETS)
     probabilities = np.array([[0.25, 0.75]], np.float32)
-    (row,) = friendly.answer_rows(form, {"predictions": probabilities}, ("no", "yes"))
+    (row,) = model_form.answer_rows(form, {"predictions": probabilities}, ("no", "yes"))
     assert row["label"] == "yes" and row["probabilities"] == {"no": 0.25, "yes": 0.75}
 
 
@@ -309,5 +310,5 @@ def test_a_single_output_of_probabilities_is_still_a_classifiers():
     ],
 )  # fmt: skip
 def test_value_rows_are_a_number_or_the_instances_values(value, rows):
-    answer = friendly.value_rows(value)
+    answer = model_form.value_rows(value)
     assert [np.asarray(row["value"]).tolist() for row in answer] == rows

@@ -1,6 +1,6 @@
 """MAX_PIXELS_IN_FLIGHT: image files being decoded across all requests, /predict and feedback
-together, reserve their pixels (from the files' headers) before decoding (service/codec.py's
-PixelBudget); past the budget, 503 with Retry-After."""
+together, reserve their pixels (from the files' headers) before decoding (service/budgets.py's
+PixelBudget, service/codecs/images.py); past the budget, 503 with Retry-After."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import png_bytes
 
-from service import codec
-from service.codec import PixelBudget
+from service.budgets import PixelBudget
+from service.codecs import images
 from service.errors import PixelsInFlight
 from service.settings import Settings
 
@@ -36,7 +36,7 @@ def test_the_budget_reserves_refuses_and_gives_back():
 def test_decoding_reserves_the_files_pixels_before_decoding():
     budget = PixelBudget(10_000)
     seen = []
-    original = codec.image_file_pixels
+    original = images.image_file_pixels
 
     def spying(data, where, invert):
         seen.append(budget.held)
@@ -44,18 +44,18 @@ def test_decoding_reserves_the_files_pixels_before_decoding():
 
     files = [("a", PNG), ("b", PNG)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codec, "image_file_pixels", spying)
-        codec.decode_image_files(files, "auto", 10_000, in_flight=budget)
+        patch.setattr(images, "image_file_pixels", spying)
+        images.decode_image_files(files, "auto", 10_000, in_flight=budget)
     assert seen == [2 * 784, 2 * 784] and budget.held == 0
     with pytest.raises(PixelsInFlight):
-        codec.decode_image_files(files, "auto", 10_000, in_flight=PixelBudget(1000))
+        images.decode_image_files(files, "auto", 10_000, in_flight=PixelBudget(1000))
 
 
 def test_a_request_past_the_pixels_in_flight_waits_its_turn_with_503(monkeypatch, tmp_path):
     """/predict's upload holds the budget while it decodes; a feedback upload that would pass
     it is refused before it is decoded, and served once the first is done."""
     decoding, release = threading.Event(), threading.Event()
-    original = codec.image_file_pixels
+    original = images.image_file_pixels
 
     def held_decode(data, where, invert):
         if not decoding.is_set():
@@ -63,7 +63,7 @@ def test_a_request_past_the_pixels_in_flight_waits_its_turn_with_503(monkeypatch
             release.wait(WAIT_SECONDS)
         return original(data, where, invert)
 
-    monkeypatch.setattr(codec, "image_file_pixels", held_decode)
+    monkeypatch.setattr(images, "image_file_pixels", held_decode)
     files = [("files", ("a.png", PNG, "image/png"))]
     with (
         concurrent.futures.ThreadPoolExecutor(1) as pool,

@@ -1,5 +1,6 @@
 """`python -m service`'s command line: `--help` lists every setting from `Settings` itself, and
-any other argument is refused by name (service/cli.py)."""
+an argument that is not one of TF Serving's flags is refused by name (service/cli.py; the flags
+themselves: test_tf_serving_flags.py)."""
 
 from __future__ import annotations
 
@@ -90,10 +91,12 @@ def test_the_arguments_it_takes(argv, wants_help):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        pytest.param(["--port", "9000"], "unknown arguments: --port 9000 (", id="a-flag"),
-        pytest.param(["--model_name=x"], "unknown argument: --model_name=x (", id="tf-serving"),
+        pytest.param(["--grpc_port", "9000"], "unknown arguments: --grpc_port 9000 (", id="a-flag"),
+        pytest.param(["--model=x"], "unknown argument: --model=x (", id="not-tf-serving"),
+        pytest.param(["-port=1"], "unknown argument: -port=1 (", id="one-dash"),
         pytest.param(["serve"], "unknown argument: serve (", id="positional"),
         pytest.param(["--he"], "unknown argument: --he (", id="no-abbreviation"),
+        pytest.param(["--rest_api"], "unknown argument: --rest_api (", id="no-flag-prefix"),
         pytest.param(
             ["--help=yes"],
             "argument -h/--help: ignored explicit argument 'yes'",

@@ -18,12 +18,13 @@ import pytest
 from support.fakes import MODEL_NAME, FakeBackend, FakeLoader, app_client, write_version
 
 from artifact.model_config import ModelEntry, Policy
-from service import codec
 from service.app import create_app
 from service.backends.registry import VersionRegistry
+from service.codecs import json_body, tfserving_json
+from service.codecs.signatures import IMAGE_INPUT
 from service.errors import BadInput
 from service.settings import Settings
-from service.types import VersionState, VersionStatus
+from service.types import SignatureSpec, VersionState, VersionStatus
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
 ROWS = [[0.5] * 28] * 28
@@ -94,14 +95,15 @@ def test_the_usual_body_stays_on_the_fast_path(monkeypatch):
         read.append("orjson")
         raise orjson.JSONDecodeError("unexpected character", body.decode(), 0)
 
-    monkeypatch.setattr(codec.orjson, "loads", refuse)
-    monkeypatch.setattr(codec.json, "loads", lambda body: read.append("json"))
+    monkeypatch.setattr(json_body.orjson, "loads", refuse)
+    monkeypatch.setattr(json_body.json, "loads", lambda body: read.append("json"))
+    signature = SignatureSpec("serving_default", "tensorflow/serving/predict", (IMAGE_INPUT,), ())
     for content in (json.dumps({"instances": [ROWS]}).encode(), PAST_FLOAT32):
-        parsed = codec.read_predict_body(content, 8, strict=False)
-        assert parsed.problem is None and parsed.images.shape == (1, 28, 28)
+        request = tfserving_json.read_predict_request(content, 8, strict=False)
+        assert request.inputs(signature, 8).shape == (1, 28, 28)
     assert read == []
     with pytest.raises(BadInput):  # the stand-in json gives no object
-        codec.read_predict_body(NAN_BODY, 8, strict=False)
+        tfserving_json.read_predict_request(NAN_BODY, 8, strict=False)
     assert read == ["orjson", "json"]
 
 

@@ -1,7 +1,8 @@
-"""The Open Inference Protocol for any signature (service/v2_codec.py): named inputs of the
-signature's datatypes, BYTES as JSON strings, Triton's length-prefixed binary and gRPC's
-bytes_contents, both transports' words for what is refused, and BYTES outputs; TF Serving's
-TensorProto for any input (service/tensors.py) read through its fields.
+"""The Open Inference Protocol for any signature (service/codecs/v2_rest.py, v2_grpc.py):
+named inputs of the signature's datatypes, BYTES as JSON strings, Triton's length-prefixed
+binary and gRPC's bytes_contents, both transports' words for what is refused, and BYTES
+outputs; TF Serving's TensorProto for any input (service/codecs/tensor_proto.py) read through
+its fields.
 
 Fast tier: signatures as typed values, stand-in messages for TensorProto (no TensorFlow).
 """
@@ -15,16 +16,12 @@ import numpy as np
 import pytest
 
 from service import v2_proto
+from service.codecs.tensor_proto import fill_tensor_proto, read_tensor
+from service.codecs.v2_grpc import parse_grpc_infer_request, render_grpc_infer_response
+from service.codecs.v2_metadata import v2_signature_name
+from service.codecs.v2_rest import parse_infer_request, render_infer_response
 from service.errors import BadInput
-from service.tensors import array_from_tensor_proto, fill_tensor_proto
 from service.types import PredictResult, SignatureSpec, TensorSpec, batchable
-from service.v2_codec import (
-    parse_grpc_infer_request,
-    parse_infer_request,
-    render_grpc_infer_response,
-    render_infer_response,
-    v2_signature_name,
-)
 
 FLOAT, INT64, STRING = np.dtype(np.float32), np.dtype(np.int64), np.dtype(object)
 SIGNATURE = SignatureSpec(
@@ -45,8 +42,8 @@ ROOMS = {"name": "rooms", "datatype": "INT64", "shape": [2], "data": [3, 4]}
 
 def test_json_inputs_take_the_signatures_dtypes():
     parsed = parse_infer_request(body(COLOR, ROOMS), None, signature=SIGNATURE)
-    assert list(parsed.images["color"]) == [b"red", "é".encode()]
-    assert parsed.images["rooms"].dtype == np.int64 and parsed.images["rooms"].tolist() == [3, 4]
+    assert list(parsed.inputs["color"]) == [b"red", "é".encode()]
+    assert parsed.inputs["rooms"].dtype == np.int64 and parsed.inputs["rooms"].tolist() == [3, 4]
 
 
 def test_binary_bytes_are_length_prefixed():
@@ -58,8 +55,8 @@ def test_binary_bytes_are_length_prefixed():
             "parameters": {"binary_data_size": len(rooms)}}  # fmt: skip
     header = body(color, room)
     parsed = parse_infer_request(header + blob + rooms, str(len(header)), signature=SIGNATURE)
-    assert list(parsed.images["color"]) == [b"ab", b""]
-    assert parsed.images["rooms"].tolist() == [1, 2]
+    assert list(parsed.inputs["color"]) == [b"ab", b""]
+    assert parsed.inputs["rooms"].tolist() == [1, 2]
 
 
 BAD = [
@@ -132,8 +129,8 @@ def test_grpc_typed_contents_and_bytes_outputs():
     )
     request.inputs.add(name="rooms", datatype="INT64", shape=[1]).contents.int64_contents.append(7)
     parsed = parse_grpc_infer_request(request, signature=SIGNATURE)
-    assert parsed.images["rooms"].dtype == np.int64 and parsed.images["rooms"].tolist() == [7]
-    assert list(parsed.images["color"]) == [b"red"]
+    assert parsed.inputs["rooms"].dtype == np.int64 and parsed.inputs["rooms"].tolist() == [7]
+    assert list(parsed.inputs["color"]) == [b"red"]
     response = render_grpc_infer_response(result(), parsed)
     classes = next(o for o in response.outputs if o.name == "classes")
     assert list(classes.contents.bytes_contents) == [b"high", b"\xc3\xa9"]
@@ -163,7 +160,7 @@ def test_a_signature_without_a_batch_dimension_is_not_batchable():
 
 
 def proto(dtype: int, dims, **fields):
-    """A stand-in TensorProto: its fields only, as service/tensors.py reads them."""
+    """A stand-in TensorProto: its fields only, as service/codecs/tensor_proto.py reads them."""
     shape = SimpleNamespace(unknown_rank=False, dim=[SimpleNamespace(size=d) for d in dims])
     empty = {f: [] for f in ("float_val", "int64_val", "string_val", "int_val", "half_val")}
     values = {"tensor_content": b"", **empty, **fields}
@@ -172,22 +169,22 @@ def proto(dtype: int, dims, **fields):
 
 def test_tensor_protos_of_any_input():
     ids = TensorSpec("ids", INT64, (-1,))
-    assert array_from_tensor_proto(proto(9, [2], int64_val=[5, 6]), ids, 0).tolist() == [5, 6]
+    assert read_tensor(proto(9, [2], int64_val=[5, 6]), ids, 0).tolist() == [5, 6]
     raw = proto(9, [2], tensor_content=np.array([1, 2], "<i8").tobytes())
-    assert array_from_tensor_proto(raw, ids, 0).tolist() == [1, 2]
+    assert read_tensor(raw, ids, 0).tolist() == [1, 2]
     words = TensorSpec("w", STRING, (-1,))
-    assert list(array_from_tensor_proto(proto(7, [2], string_val=[b"a", b"b"]), words, 1)) == [
+    assert list(read_tensor(proto(7, [2], string_val=[b"a", b"b"]), words, 1)) == [
         b"a",
         b"b",
     ]
     with pytest.raises(BadInput, match=r"Expects arg\[0\] to be int64 but float is provided"):
-        array_from_tensor_proto(proto(1, [2], float_val=[1.0, 2.0]), ids, 0)
+        read_tensor(proto(1, [2], float_val=[1.0, 2.0]), ids, 0)
     with pytest.raises(
         BadInput, match=r"input 'ids' has shape \[2, 1\]; the signature takes \[-1\]"
     ):
-        array_from_tensor_proto(proto(9, [2, 1], int64_val=[1, 2]), ids, 0)
+        read_tensor(proto(9, [2, 1], int64_val=[1, 2]), ids, 0)
     with pytest.raises(BadInput, match="int64_val has 3 values; shape"):
-        array_from_tensor_proto(proto(9, [2], int64_val=[1, 2, 3]), ids, 0)
+        read_tensor(proto(9, [2], int64_val=[1, 2, 3]), ids, 0)
 
 
 class _Dims(list):

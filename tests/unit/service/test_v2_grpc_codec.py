@@ -1,6 +1,6 @@
-"""ModelInferRequest to images and results to ModelInferResponse (service/v2_codec.py): typed
-contents and raw_input_contents give the same images, and every bad request gets the HTTP
-route's words with the field named as gRPC names it.
+"""ModelInferRequest to images and results to ModelInferResponse (service/codecs/v2_grpc.py):
+typed contents and raw_input_contents give the same images, and every bad request gets the
+HTTP route's words with the field named as gRPC names it.
 
 Fast tier: no TensorFlow, no server (the server: tests/live/service/test_v2_grpc.py).
 """
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from service import v2_proto
+from service.codecs.v2_grpc import parse_grpc_infer_request, render_grpc_infer_response
 from service.errors import BadInput, PayloadTooLarge
 from service.types import PredictResult
-from service.v2_codec import parse_grpc_infer_request, render_grpc_infer_response
 
 IMAGES = np.random.default_rng(9).random((2, 28, 28)).astype(np.float32)
 
@@ -37,8 +37,8 @@ def raw_request(images: np.ndarray = IMAGES, **tensor) -> v2_proto.ModelInferReq
 @pytest.mark.parametrize("make", [typed_request, raw_request], ids=["typed", "raw"])
 def test_both_forms_give_the_images(make):
     parsed = parse_grpc_infer_request(make())
-    np.testing.assert_array_equal(parsed.images, IMAGES)
-    assert parsed.images.dtype == np.float32 and parsed.outputs is None
+    np.testing.assert_array_equal(parsed.inputs, IMAGES)
+    assert parsed.inputs.dtype == np.float32 and parsed.outputs is None
     assert parsed.binary_output == (make is raw_request)
 
 

@@ -18,8 +18,8 @@ import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client, toy_model
 from support.helpers import error_message, ok_json
 
+from service.codecs.compression import decompress_body
 from service.errors import BadInput, PayloadTooLarge
-from service.v2_codec import decompress_body
 
 V2 = f"/v2/models/{MODEL_NAME}"
 HEADER = "Inference-Header-Content-Length"

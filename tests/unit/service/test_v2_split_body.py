@@ -1,4 +1,4 @@
-"""Inference-Header-Content-Length (service/v2_codec.py: split_body) of any length is a 400
+"""Inference-Header-Content-Length (service/codecs/v2_rest.py: split_body) of any length is a 400
 naming the header: 5,000 digits once reached int()'s digit limit and answered 500."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.helpers import error_message
 
+from service.codecs.v2_rest import split_body
 from service.errors import BadInput
-from service.v2_codec import split_body
 
 HEADER = "Inference-Header-Content-Length"
 BODY = b'{"inputs": []}'

@@ -1,6 +1,6 @@
-"""Classify and Regress without TensorFlow (service/examples.py): tf.Example's wire format,
-TF Serving's JSON `examples` and `context`, its checks of the signature and its reading of
-the outputs.
+"""Classify and Regress without TensorFlow (service/codecs/tf_example.py): tf.Example's wire
+format, TF Serving's JSON `examples` and `context`, its checks of the signature and its
+reading of the outputs.
 
 Fast tier (served against tf.saved_model.load: tests/live/service/test_any_signature.py).
 """
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from artifact.tf_example import decode_example
-from service import examples
+from service.codecs import tf_example
 from service.errors import BadInput, PayloadTooLarge
 from service.types import SignatureSpec, TensorSpec
 
@@ -20,19 +20,19 @@ STRING, FLOAT = np.dtype(object), np.dtype(np.float32)
 
 def test_an_example_in_protobufs_wire_format():
     # Example{features{feature{key: "a" value{int64_list{value: [1]}}}}}, values packed.
-    assert examples.encode_example({"a": ("int64", [1])}) == bytes.fromhex(
+    assert tf_example.encode_example({"a": ("int64", [1])}) == bytes.fromhex(
         "0a0c" "0a0a" "0a0161" "1205" "1a03" "0a0101"
     )  # fmt: skip
-    assert examples.encode_example({"x": ("float", [0.5])}) == bytes.fromhex(
+    assert tf_example.encode_example({"x": ("float", [0.5])}) == bytes.fromhex(
         "0a0f" "0a0d" "0a0178" "1208" "1206" "0a04" "0000003f"
     )  # fmt: skip
-    negative = examples.encode_example({"n": ("int64", [-1])})
+    negative = tf_example.encode_example({"n": ("int64", [-1])})
     assert negative.endswith(bytes.fromhex("ffffffffffffffffff01"))
 
 
 def test_json_examples_take_their_kinds_and_the_context():
     body = {"context": {"city": "a", "rooms": 2}, "examples": [{"x": 1.5}, {"x": 2, "rooms": 3}]}
-    first, second = examples.examples_from_json(body, 10)
+    first, second = tf_example.examples_from_json(body, 10)
     assert decode_example(first) == {
         "city": ("bytes", [b"a"]),
         "rooms": ("int64", [2]),
@@ -45,12 +45,12 @@ def test_json_examples_take_their_kinds_and_the_context():
         "x": ("int64", [2]),
     }
     # As TF Serving builds them: the serialized context, then the serialized example.
-    context = examples.encode_example({"city": ("bytes", [b"a"]), "rooms": ("int64", [2])})
-    assert second == context + examples.encode_example(
+    context = tf_example.encode_example({"city": ("bytes", [b"a"]), "rooms": ("int64", [2])})
+    assert second == context + tf_example.encode_example(
         {"rooms": ("int64", [3]), "x": ("int64", [2])}
     )
-    (b64,) = examples.examples_from_json({"examples": [{"img": {"b64": "/w=="}}]}, 10)
-    assert b64 == examples.encode_example({"img": ("bytes", [b"\xff"])})
+    (b64,) = tf_example.examples_from_json({"examples": [{"img": {"b64": "/w=="}}]}, 10)
+    assert b64 == tf_example.encode_example({"img": ("bytes", [b"\xff"])})
 
 
 @pytest.mark.parametrize("body, expected", [
@@ -65,13 +65,13 @@ def test_json_examples_take_their_kinds_and_the_context():
 ])  # fmt: skip
 def test_bad_examples_are_named(body, expected):
     with pytest.raises(BadInput) as caught:
-        examples.examples_from_json(body, 10)
+        tf_example.examples_from_json(body, 10)
     assert expected in caught.value.message
 
 
 def test_too_many_examples():
     with pytest.raises(PayloadTooLarge):
-        examples.examples_from_json({"examples": [{"a": 1}] * 3}, 2)
+        tf_example.examples_from_json({"examples": [{"a": 1}] * 3}, 2)
 
 
 def signature(inputs, outputs, dtype=STRING) -> SignatureSpec:
@@ -100,7 +100,7 @@ def signature(inputs, outputs, dtype=STRING) -> SignatureSpec:
 ])  # fmt: skip
 def test_the_signature_is_checked_in_tf_servings_words(spec, kind, expected):
     with pytest.raises(BadInput) as caught:
-        examples.check_example_signature(spec, "s", kind, lambda: "<sig>")
+        tf_example.check_example_signature(spec, "s", kind, lambda: "<sig>")
     assert expected in caught.value.message
 
 
@@ -109,10 +109,15 @@ def test_classes_and_scores_pair_up_and_regressions_flatten():
         "classes": np.array([[b"a", b"b"]], object),
         "scores": np.array([[0.25, 0.75]], np.float32),
     }
-    assert examples.classifications(outputs, 1) == [[("a", 0.25), ("b", 0.75)]]
-    assert examples.classifications({"scores": outputs["scores"]}, 1) == [[("", 0.25), ("", 0.75)]]
+    assert tf_example.classifications(outputs, 1) == [[("a", 0.25), ("b", 0.75)]]
+    assert tf_example.classifications({"scores": outputs["scores"]}, 1) == [
+        [("", 0.25), ("", 0.75)]
+    ]
     with pytest.raises(BadInput, match="batch_size 2"):
-        examples.classifications(outputs, 2)
-    assert examples.regressions({"outputs": np.array([[1.5], [2.5]], np.float32)}, 2) == [1.5, 2.5]
+        tf_example.classifications(outputs, 2)
+    assert tf_example.regressions({"outputs": np.array([[1.5], [2.5]], np.float32)}, 2) == [
+        1.5,
+        2.5,
+    ]
     with pytest.raises(BadInput, match=r"\[batch_size\] or \[batch_size, 1\]"):
-        examples.regressions({"outputs": np.zeros((2, 2), np.float32)}, 2)
+        tf_example.regressions({"outputs": np.zeros((2, 2), np.float32)}, 2)

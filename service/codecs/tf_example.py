@@ -1,7 +1,8 @@
-"""TF Serving's Classify and Regress for models exported with a parsing receiver: tf.Examples
-built from JSON (REST's `examples` and `context`) or taken from the request (gRPC), run through
-the signature's serialized-examples input, and the signature's outputs read as TF Serving reads
-them (servables/tensorflow/classifier.cc, regressor.cc; util/json_tensor.cc).
+"""tf.Example, for TF Serving's Classify and Regress on models exported with a parsing
+receiver: tf.Examples built from JSON (REST's `examples` and `context`, the friendly
+`/predict`'s instances) or taken from the request (gRPC), fed to the signature's
+serialized-examples input, and the signature's outputs read as TF Serving reads them
+(servables/tensorflow/classifier.cc, regressor.cc; util/json_tensor.cc).
 
 tf.Example is written in its wire format (artifact/tf_example.py), so this module imports neither
 TensorFlow nor its protos.
@@ -9,7 +10,6 @@ TensorFlow nor its protos.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import dataclasses
 from collections.abc import Callable
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from artifact.tf_example import encode_example
+from service.codecs.values import b64_decode, is_b64, is_number, text_of
 from service.errors import BadInput, check_image_count
 from service.types import SignatureSpec
 
@@ -44,13 +45,13 @@ def _feature_of_json(value: Any, where: str) -> tuple[str, list]:
         if isinstance(item, str):
             kinds.add("bytes")
             out.append(item.encode("utf-8"))
-        elif isinstance(item, dict) and set(item) == {"b64"} and isinstance(item["b64"], str):
+        elif is_b64(item) and isinstance(item["b64"], str):
             kinds.add("bytes")
             try:
-                out.append(base64.b64decode(item["b64"], validate=True))
-            except (binascii.Error, ValueError) as err:
+                out.append(b64_decode(item["b64"]))
+            except binascii.Error as err:
                 raise BadInput(f"Unable to base64 decode; {at}.b64: {err}") from err
-        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+        elif not is_number(item):
             raise BadInput(
                 f'{at}: a feature\'s values are strings, {{"b64": ...}} or numbers, got '
                 f"{type(item).__name__}"
@@ -206,11 +207,21 @@ def check_example_signature(
         )
 
 
-def example_inputs(serialized: list[bytes]) -> dict[str, np.ndarray]:
-    """Serialized tf.Examples as the signature's input."""
+def example_inputs(serialized: list[bytes], name: str = CLASSIFY_INPUTS) -> dict[str, np.ndarray]:
+    """Serialized tf.Examples as the signature's input (`inputs`, Classify's and Regress's)."""
     array = np.empty(len(serialized), dtype=object)
     array[:] = serialized
-    return {CLASSIFY_INPUTS: array}
+    return {name: array}
+
+
+def instance_examples(instances: list) -> list[bytes]:
+    """The friendly /predict's instances, each a JSON object of features, as serialized
+    tf.Examples (read as TF Serving reads `:classify` examples).
+
+    Raises:
+        BadInput: an instance that is not an object of features, a value no tf.Example holds.
+    """
+    return [example_of_json(instance, f"instances[{i}]") for i, instance in enumerate(instances)]
 
 
 def classifications(outputs: dict[str, np.ndarray], count: int) -> list[list[tuple[str, float]]]:
@@ -232,9 +243,8 @@ def classifications(outputs: dict[str, np.ndarray], count: int) -> list[list[tup
     for i in range(count):
         row = []
         for j in range(width):
-            label = classes[i, j] if classes is not None else b""
-            label = label.decode("utf-8", errors="replace") if isinstance(label, bytes) else label
-            row.append((str(label), float(scores[i, j]) if scores is not None else 0.0))
+            label = text_of(classes[i, j]) if classes is not None else ""
+            row.append((label, float(scores[i, j]) if scores is not None else 0.0))
         results.append(row)
     return results
 

@@ -2,17 +2,17 @@
 people: whatever the model takes in, labels and probabilities or values out.
 
 What each model takes and how its answer is shown follows from its signature
-(service/protocols/friendly.py): image models take JSON pixel arrays of their shape
-(integers 0-255 or floats in [0, 1]), base64 image files or a multipart upload of image files
-of any size, prepared as the model's training data was (artifact/images.py); models that
-decode their own images (one `*_bytes` string input) take the same files and base64 images,
-each file's bytes sent unchanged (service/protocols/image_bytes.py); models on named
-features take one JSON object per instance; classifiers answer each instance's class id, its
-label and every class's probability keyed by label, regressors the value.
+(service/protocols/model_form.py); the body is read by service/codecs/simple_json.py: image
+models take JSON pixel arrays of their shape (integers 0-255 or floats in [0, 1]), base64
+image files or a multipart upload of image files of any size, prepared as the model's
+training data was (artifact/images.py); models that decode their own images (one
+`*image*_bytes` string input) take the same files and base64 images, each file's bytes sent
+unchanged; models on named features take one JSON object per instance; classifiers answer
+each instance's class id, its label and every class's probability keyed by label
+(`artifact.contract.prediction_rows`, the rows batch prediction writes), regressors the value.
 
-The Fashion-MNIST contract (`image` float32 [-1, 28, 28] in, `classes` and `probabilities`
-out) keeps its own path: simdjson for the usual pixel body, each answer row
-`artifact.contract.prediction_rows`' (the same batch prediction writes). With
+Image files are decoded on a thread of their own, never on the event loop: whether a body
+holds one is decided once its JSON is read, not from how its bytes look. With
 `include_pixels=true` each row of an image model also holds the image as the model received
 it (integers 0-255 of the model's shape, after the decoding, scaling, centring or resizing and
 inversion of artifact.images): the page shows it, no client re-implements it.
@@ -23,23 +23,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import re
 import threading
 
 import numpy as np
 
-from artifact.contract import (
-    CLASSES_KEY,
-    PIXEL_MAX,
-    PROBABILITIES_KEY,
-    normalize_pixels,
-    prediction_rows,
-)
-from artifact.images import INVERT_MODES, ImageError, image_to_input, input_to_pixels
-from service import codec, tensor_json
+from artifact.images import INVERT_MODES, input_to_pixels
+from service.budgets import UNBOUNDED_PIXELS, PixelBudget
+from service.codecs import images, json_body, simple_json, tf_example, tfserving_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, SignatureNotFound
-from service.protocols import friendly, image_bytes
-from service.protocols.friendly import ModelForm
+from service.protocols import model_form
 from service.protocols.http import (
     FILES_SCHEMA,
     form_request,
@@ -48,12 +42,16 @@ from service.protocols.http import (
     multipart_form,
     request_body,
 )
+from service.protocols.model_form import ModelForm
 from service.routes import MODEL_WRITE, Answers, Call, Route, admit_always
 from service.security import PREDICT
 
-# JSON bodies up to this size without image files are parsed on the event loop: a few pixel
-# arrays cost less than a thread hop.
+# JSON bodies up to this size are read on the event loop (a few pixel arrays cost less than a
+# thread hop); what they hold decides where it is decoded: image files on the decoding thread.
 INLINE_PARSE_BYTES = 64 * 1024
+# TensorFlow's error text around its own words: `{{function_node ...}}` and `{{node ...}}`
+# names, the `[[...]]` trace of the op that failed, the `[Op:...]` that ran it.
+_TENSORFLOW_TRACE = re.compile(r"\{\{[^{}]*\}\}|\s*\[\[.*?\]\]|\s*\[Op:[^\]]*\]", re.DOTALL)
 
 # TensorFlow's words when a tf.Example's feature has another type than the model parses.
 EXAMPLE_TYPE_MISMATCH = "Data types don't match"
@@ -158,12 +156,12 @@ class PeopleAPI:
         dataplane: DataPlane,
         max_body_bytes: int,
         max_request_pixels: int = 48_000_000,
-        pixels_in_flight: codec.PixelBudget | None = None,
+        pixels_in_flight: PixelBudget | None = None,
     ):
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
         self.max_request_pixels = max_request_pixels
-        self.pixels_in_flight = pixels_in_flight or codec.UNBOUNDED_PIXELS
+        self.pixels_in_flight = pixels_in_flight or UNBOUNDED_PIXELS
         self.decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
 
     def routes(self) -> list[Route]:
@@ -195,43 +193,12 @@ class PeopleAPI:
         if invert not in INVERT_MODES:
             raise BadInput(f"invert: expected one of {', '.join(INVERT_MODES)}, got {invert!r}")
         name = self.dataplane.model_name if name is None else name
-        form = await friendly.model_form(self.dataplane, name)
-        if form.image_contract:
+        form = await model_form.model_form(self.dataplane, name)
+        if form.kind == model_form.IMAGE:
             return await self._predict_images(call, name, form, invert, BOOLEAN_WORDS[include])
-        if form.kind == friendly.IMAGE_BYTES:
+        if form.kind == model_form.IMAGE_BYTES:
             return await self._predict_image_bytes(call, name, form)
-        return await self._predict_any(call, name, form, invert, BOOLEAN_WORDS[include])
-
-    # --- the image contract's path ------------------------------------------------------
-
-    async def _predict_images(
-        self, call: Call, name: str, form: ModelForm, invert: str, include_pixels: bool
-    ):
-        body = call.body
-        files: list[str] | None = None
-        if _is_multipart(call):
-            images, files = await self._uploaded_images(call, invert)
-        elif len(body) <= INLINE_PARSE_BYTES and b'"b64"' not in body:
-            # Any other type is read as JSON, as TF Serving does (`curl -d` says
-            # form-urlencoded). A few pixel arrays cost less than a thread hop.
-            images = self._json_images(body, invert)
-        else:
-            # Large bodies and base64 photos on the decoding thread: never the event loop.
-            images = await self._decode(self._json_images, body, invert)
-        result = await self.dataplane.predict(name, images, None, form.signature.name)
-        rows = list(
-            prediction_rows(
-                result.outputs[CLASSES_KEY], result.outputs[PROBABILITIES_KEY], result.labels
-            )
-        )
-        if include_pixels:
-            received = np.rint(images * PIXEL_MAX).astype(np.uint8)
-            rows = [{**row, "pixels": pixels} for row, pixels in zip(rows, received, strict=True)]
-        if files is not None:
-            rows = [{"file": file, **row} for file, row in zip(files, rows, strict=True)]
-        return json_response(
-            {"model_name": name, "model_version": str(result.version), "predictions": rows}
-        )
+        return await self._predict_json(call, name, form)
 
     async def _decode(self, work, *args):
         """Run `work(*args, cancelled)` on the decoding thread; when the client leaves (the
@@ -243,17 +210,6 @@ class PeopleAPI:
         finally:
             cancelled.set()
 
-    def _json_images(self, body: bytes, invert: str, cancelled=None) -> np.ndarray:
-        simple = codec.simple_pixel_images(body, self.dataplane.max_images)
-        if simple is not None:
-            return codec.decode_pixel_images(simple)
-        instances = codec.pixel_instances(codec.loads(body))
-        # Counted before any image is decoded.
-        self.dataplane.check_image_count(len(instances))
-        return codec.decode_pixel_instances(
-            instances, invert, self.max_request_pixels, cancelled, self.pixels_in_flight
-        )
-
     async def _uploads(self, call: Call) -> list[tuple[str, bytes]]:
         """A multipart body's image files: (where, bytes), where naming each for messages."""
         _, uploads = await image_form(
@@ -262,12 +218,58 @@ class PeopleAPI:
         names = [upload.filename or f"files[{i}]" for i, upload in enumerate(uploads)]
         return [(names[i], await upload.read()) for i, upload in enumerate(uploads)]
 
-    async def _uploaded_images(self, call: Call, invert: str):
-        uploads = await self._uploads(call)
-        files = [(f"files[{i}] ({name})", data) for i, (name, data) in enumerate(uploads)]
-        decode = functools.partial(codec.decode_image_files, in_flight=self.pixels_in_flight)
-        pixels = await self._decode(decode, files, invert, self.max_request_pixels)
-        return normalize_pixels(pixels), [name for name, _ in uploads]
+    def _answer(self, name: str, result, rows: list, files: list[str] | None, pixels=None):
+        """The answer: its rows, each with the image as the model received it (`pixels`)
+        and the file it came from (`files`), when given."""
+        if pixels is not None:
+            rows = [{**row, "pixels": image} for row, image in zip(rows, pixels, strict=True)]
+        if files is not None:
+            rows = [{"file": file, **row} for file, row in zip(files, rows, strict=True)]
+        return json_response(
+            {"model_name": name, "model_version": str(result.version), "predictions": rows}
+        )
+
+    # --- image models -------------------------------------------------------------------
+
+    async def _predict_images(
+        self, call: Call, name: str, form: ModelForm, invert: str, include_pixels: bool
+    ):
+        files: list[str] | None = None
+        if _is_multipart(call):
+            uploads = await self._uploads(call)
+            files = [file for file, _ in uploads]
+            where = [(f"files[{i}] ({file})", data) for i, (file, data) in enumerate(uploads)]
+            decode = functools.partial(images.decode_image_inputs, in_flight=self.pixels_in_flight)
+            inputs = await self._decode(decode, where, form.image, invert, self.max_request_pixels)
+        else:
+            inputs = await self._json_images(call.body, form, invert)
+        result = await self.dataplane.predict(name, form.inputs(inputs), None, form.signature.name)
+        rows = model_form.answer_rows(form, result.outputs, result.labels)
+        pixels = input_to_pixels(inputs) if include_pixels else None
+        return self._answer(name, result, rows, files, pixels)
+
+    async def _json_images(self, body: bytes, form: ModelForm, invert: str) -> np.ndarray:
+        """A JSON body's images as model input. Any other type is read as JSON, as TF Serving
+        does (`curl -d` says form-urlencoded)."""
+        if len(body) > INLINE_PARSE_BYTES:
+            return await self._decode(self._read_images, body, form, invert)
+        read = simple_json.read_images(
+            body, form.image, form.image_contract, self.dataplane.max_images
+        )
+        # Image files on the decoding thread, however their JSON is spelled: the body read
+        # says it holds one (a key written "\u0062\u0036\u0034" is "b64" too).
+        if read.files:
+            return await self._decode(self._decode_images, read, invert)
+        return self._decode_images(read, invert)
+
+    def _read_images(self, body: bytes, form: ModelForm, invert: str, cancelled=None):
+        read = simple_json.read_images(
+            body, form.image, form.image_contract, self.dataplane.max_images
+        )
+        return self._decode_images(read, invert, cancelled)
+
+    def _decode_images(self, read, invert: str, cancelled=None) -> np.ndarray:
+        return read.decode(invert, self.max_request_pixels, cancelled, self.pixels_in_flight)
 
     # --- models that decode their own images ---------------------------------------------
 
@@ -290,113 +292,62 @@ class PeopleAPI:
             try:
                 result = await self.dataplane.predict(
                     name,
-                    {form.signature.inputs[0].name: image_bytes.files_input(files)},
+                    {form.signature.inputs[0].name: images.files_input(files)},
                     None,
                     form.signature.name,
                 )
             except SignatureNotFound:
                 raise  # unloaded since the form was read: not the files' fault
             except BadInput as err:
-                raise image_bytes.refused(name, err, files) from err
-        rows = friendly.answer_rows(form, result.outputs, result.labels)
-        if uploaded is not None:
-            rows = [{"file": file, **row} for file, row in zip(uploaded, rows, strict=True)]
-        return json_response(
-            {"model_name": name, "model_version": str(result.version), "predictions": rows}
-        )
+                raise refused(name, err, files) from err
+        rows = model_form.answer_rows(form, result.outputs, result.labels)
+        return self._answer(name, result, rows, uploaded)
 
     def _image_bytes_files(self, form: ModelForm, body: bytes, cancelled=None) -> list:
-        instances = friendly.instances_of(codec.loads(body), self.dataplane.max_images)
-        return image_bytes.instance_files(instances, form.signature.inputs[0].name)
+        instances = simple_json.read_instances(body, self.dataplane.max_images)
+        return simple_json.image_bytes_files(instances, form.signature.inputs[0].name)
 
     def _header_pixels(self, files: list, cancelled=None) -> int:
-        return codec.check_pixel_budget(files, self.max_request_pixels)
+        return images.check_pixel_budget(files, self.max_request_pixels)
 
-    # --- any other model ----------------------------------------------------------------
+    # --- models on features, tf.Examples or any tensors ----------------------------------
 
-    async def _predict_any(
-        self, call: Call, name: str, form: ModelForm, invert: str, include_pixels: bool
-    ):
-        files: list[str] | None = None
+    async def _predict_json(self, call: Call, name: str, form: ModelForm):
         if _is_multipart(call):
-            if form.kind != friendly.IMAGE:
-                raise BadInput(
-                    f"model {name} takes {_takes(form)}, not image files: send JSON "
-                    '{"instances": [...]}'
-                )
-            uploads = await self._uploads(call)
-            files = [file for file, _ in uploads]
-            where = [(f"files[{i}] ({file})", data) for i, (file, data) in enumerate(uploads)]
-            work = functools.partial(self._image_inputs, form, where, invert)
-            images = await self._decode(work)
-            inputs = {form.signature.inputs[0].name: images}
+            raise BadInput(
+                f"model {name} takes {_takes(form)}, not image files: send JSON "
+                '{"instances": [...]}'
+            )
+        body = call.body
+        if len(body) <= INLINE_PARSE_BYTES:
+            inputs = self._json_inputs(form, body)
         else:
-            body = call.body
-            if len(body) <= INLINE_PARSE_BYTES and b'"b64"' not in body:
-                inputs = self._json_inputs(form, body, invert)
-            else:
-                inputs = await self._decode(self._json_inputs, form, body, invert)
+            inputs = await self._decode(self._json_inputs, form, body)
         try:
             result = await self.dataplane.predict(name, inputs, None, form.signature.name)
         except BadInput as err:
-            if form.kind == friendly.EXAMPLES and EXAMPLE_TYPE_MISMATCH in err.message:
+            if form.kind == model_form.EXAMPLES and EXAMPLE_TYPE_MISMATCH in err.message:
                 raise BadInput(f"{err.message}; {EXAMPLE_TYPES_HINT}") from err
             raise
-        rows = friendly.answer_rows(form, result.outputs, result.labels)
-        if include_pixels and form.kind == friendly.IMAGE:
-            received = input_to_pixels(inputs[form.signature.inputs[0].name])
-            rows = [{**row, "pixels": pixels} for row, pixels in zip(rows, received, strict=True)]
-        if files is not None:
-            rows = [{"file": file, **row} for file, row in zip(files, rows, strict=True)]
-        return json_response(
-            {"model_name": name, "model_version": str(result.version), "predictions": rows}
-        )
+        rows = model_form.answer_rows(form, result.outputs, result.labels)
+        return self._answer(name, result, rows, None)
 
-    def _json_inputs(self, form: ModelForm, body: bytes, invert: str, cancelled=None) -> dict:
+    def _json_inputs(self, form: ModelForm, body: bytes, cancelled=None) -> dict:
         """A JSON body's inputs for the signature, by the model's kind."""
-        request = codec.loads(body)
-        if form.kind == friendly.TENSORS:
+        max_images = self.dataplane.max_images
+        if form.kind == model_form.TENSORS:
+            request = json_body.loads(body)
             if not isinstance(request, dict):
                 raise BadInput(
                     "the body must be a JSON object: TF Serving's row or columnar format"
                 )
-            inputs, _ = tensor_json.read_inputs(request, form.signature, self.dataplane.max_images)
-            return inputs
-        instances = friendly.instances_of(request, self.dataplane.max_images)
-        if form.kind == friendly.FEATURES:
-            return friendly.read_features(instances, form)
-        if form.kind == friendly.EXAMPLES:
-            return friendly.read_examples(instances, form)
-        files = {
-            i: (f"instances[{i}]", friendly.image_file(item, f"instances[{i}]"))
-            for i, item in enumerate(instances)
-            if isinstance(item, dict)
-        }
-        decoded = {}
-        if files:
-            images = self._image_inputs(form, list(files.values()), invert, cancelled)
-            decoded = dict(zip(files, images, strict=True))
-        images = [
-            decoded[i]
-            if i in decoded
-            else friendly.pixel_array(item, form.image, f"instances[{i}]")
-            for i, item in enumerate(instances)
-        ]
-        return {form.signature.inputs[0].name: np.stack(images)}
-
-    def _image_inputs(self, form: ModelForm, files, invert: str, cancelled=None) -> np.ndarray:
-        """Image files as the model's input [n, ...], within the request's pixel budget and
-        the process's; on the decoding thread."""
-        with self.pixels_in_flight.hold(codec.check_pixel_budget(files, self.max_request_pixels)):
-            images = []
-            for where, data in files:
-                if cancelled is not None and cancelled.is_set():
-                    raise codec.Cancelled
-                try:
-                    images.append(image_to_input(data, form.image, invert))
-                except ImageError as err:
-                    raise BadInput(f"{where}: {err}") from err
-            return np.stack(images)
+            return tfserving_json.read_inputs(request, form.signature, max_images)[0]
+        instances = simple_json.read_instances(body, max_images)
+        if form.kind == model_form.FEATURES:
+            return simple_json.read_features(instances, form.features)
+        return tf_example.example_inputs(
+            tf_example.instance_examples(instances), form.signature.inputs[0].name
+        )
 
 
 def _is_multipart(call: Call) -> bool:
@@ -404,8 +355,27 @@ def _is_multipart(call: Call) -> bool:
 
 
 def _takes(form: ModelForm) -> str:
-    if form.kind == friendly.FEATURES:
+    if form.kind == model_form.FEATURES:
         return "named features"
-    if form.kind == friendly.EXAMPLES:
+    if form.kind == model_form.EXAMPLES:
         return "tf.Example features"
     return "tensors in TF Serving's JSON format"
+
+
+def tensorflow_words(message: str) -> str:
+    """TensorFlow's message without the names of its graph's functions and nodes."""
+    words = " ".join(_TENSORFLOW_TRACE.sub("", message).split())
+    return words or message
+
+
+def refused(model: str, err: BadInput, files: list[tuple[str, bytes]]) -> BadInput:
+    """A model's refusal of image files it decodes itself (its graph could not decode one,
+    say), in words that say which files and that the model decodes them."""
+    words = tensorflow_words(err.message)
+    if len(files) == 1:
+        return BadInput(f"{files[0][0]}: model {model} could not use it (the model decodes "
+                        f"its images itself): {words}")  # fmt: skip
+    return BadInput(
+        f"model {model} could not use one of the {len(files)} images (the model decodes its "
+        f"images itself): {words}"
+    )

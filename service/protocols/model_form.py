@@ -9,14 +9,16 @@ What it takes (`ModelForm.kind`):
   prepared as the model's training data was (artifact.images); JSON pixel arrays of the
   instance's shape are integers 0-255 or floats in [0, 1].
 - `image_bytes`: one string input [-1] named `*image*_bytes`, image files the model decodes
-  itself: each file's bytes go to it unchanged (service/protocols/image_bytes.py).
+  itself: each file's bytes go to it unchanged (`takes_image_bytes`).
 - `features`: named inputs of numbers, integers, strings or booleans, each with a batch
   dimension first: one JSON object per instance, each feature typed from the signature.
 - `examples`: serialized tf.Examples (a parsing receiver's one string input, `inputs` or
   `examples`): one JSON object of features per instance, written as a tf.Example the way TF
   Serving writes its `:classify` examples (strings are bytes, integers int64, other numbers
   float), since the signature does not say the features' types.
-- `tensors`: anything else, in TF Serving's own JSON format (service/tensor_json.py).
+- `tensors`: anything else, in TF Serving's own JSON format (service/codecs/tfserving_json.py).
+
+How each kind's JSON is read is service/codecs/simple_json.py's.
 
 How it answers (`ModelForm.task`):
 - `classification`: a float [-1, K] `probabilities` output (or `scores`, a classify
@@ -37,8 +39,6 @@ Pure numpy: nothing here imports TensorFlow.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 from typing import Any
 
@@ -48,19 +48,18 @@ from artifact.contract import (
     CLASSES_KEY,
     PROBABILITIES_KEY,
     SIGNATURE_NAME,
-    PixelError,
     output_problems,
-    pixels_to_input,
     prediction_rows,
 )
 from artifact.images import ImageInput
-from service import examples
+from service.codecs.signatures import is_image_signature
+from service.codecs.simple_json import Feature
+from service.codecs.tf_example import CLASSIFY_SCORES, REGRESS_OUTPUTS
+from service.codecs.tfserving_json import render_outputs
+from service.codecs.values import text_of
 from service.dataplane import DataPlane
-from service.errors import BadInput, SignatureNotFound, check_image_count
-from service.protocols.image_bytes import takes_image_bytes
-from service.tensor_json import render_outputs
-from service.tensors import is_image_signature
-from service.types import SignatureSpec, TensorSpec
+from service.errors import BadInput, SignatureNotFound
+from service.types import Inputs, SignatureSpec, TensorSpec
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -76,32 +75,22 @@ CLASS_IDS_KEY = "class_ids"
 PREDICTIONS_KEY = "predictions"
 # The one string input a parsing receiver's signatures take (signature_constants.py).
 EXAMPLE_INPUTS = ("inputs", "examples")
-
-_TYPE_NAMES = {"f": "number", "i": "integer", "u": "integer", "O": "string", "b": "boolean"}
-_INT_RANGES = {
-    kind: (int(np.iinfo(kind).min), int(np.iinfo(kind).max))
-    for kind in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
-}
+# TF Serving's convention: an input whose name ends in `_bytes` holds binary data.
+BYTES_SUFFIX = "_bytes"
 
 
-@dataclasses.dataclass(frozen=True)
-class Feature:
-    """A named input of a `features` model: its dtype and one instance's shape."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def type_name(self) -> str:
-        """What a person sends: number, integer, string or boolean."""
-        return _TYPE_NAMES[self.dtype.kind]
-
-    def describe(self) -> str:
-        words = self.type_name if self.dtype.kind == "O" else f"{self.type_name}, {self.dtype}"
-        if self.shape:
-            words += f", {'x'.join(map(str, self.shape))} values"
-        return f"{self.name} ({words})"
+def takes_image_bytes(spec: TensorSpec) -> bool:
+    """An input of encoded image files: a string [-1] named as images' bytes (`image_bytes`,
+    `input_images_bytes`), what the official ResNet export and most Estimators fed through a
+    `TensorServingInputReceiver` of encoded images take. Other `*_bytes` inputs (audio, say)
+    keep TF Serving's row format: the service could not tell their files apart."""
+    name = spec.name.lower()
+    return (
+        spec.dtype == np.dtype(object)
+        and spec.shape == (-1,)
+        and name.endswith(BYTES_SUFFIX)
+        and "image" in name
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +153,11 @@ class ModelForm:
                 for f in self.features
             ],
         }
+
+    def inputs(self, array: np.ndarray) -> Inputs:
+        """An image model's one input as the data plane takes it: the image contract's array
+        as it is, another model's by its input's name."""
+        return array if self.image_contract else {self.signature.inputs[0].name: array}
 
 
 # --- which signature, and what it is ----------------------------------------------------
@@ -260,8 +254,7 @@ def _input_kind(signature: SignatureSpec) -> tuple[str, ImageInput | None, tuple
     for spec in inputs:
         shape = spec.shape
         if (
-            spec.dtype is None
-            or spec.dtype.kind not in _TYPE_NAMES
+            not Feature.takes(spec.dtype)
             or not shape
             or shape[0] != -1
             or any(size < 1 for size in shape[1:])
@@ -297,7 +290,7 @@ def _task(signature: SignatureSpec) -> tuple[str, dict]:
     outputs = {spec.name: spec for spec in signature.outputs}
     probabilities = None
     softmax_guess = False
-    for key in (PROBABILITIES_KEY, examples.CLASSIFY_SCORES):
+    for key in (PROBABILITIES_KEY, CLASSIFY_SCORES):
         if _is_float(outputs.get(key)) and _rows_of(outputs[key]):
             probabilities = key
             break
@@ -335,10 +328,8 @@ def _task(signature: SignatureSpec) -> tuple[str, dict]:
     value = None
     if _is_float(outputs.get(PREDICTIONS_KEY)):
         value = PREDICTIONS_KEY
-    elif signature.method_name == REGRESS_METHOD and _is_float(
-        outputs.get(examples.REGRESS_OUTPUTS)
-    ):
-        value = examples.REGRESS_OUTPUTS
+    elif signature.method_name == REGRESS_METHOD and _is_float(outputs.get(REGRESS_OUTPUTS)):
+        value = REGRESS_OUTPUTS
     elif len(outputs) == 1:
         (only,) = outputs.values()
         if _is_float(only) and _one_value(only):
@@ -348,225 +339,7 @@ def _task(signature: SignatureSpec) -> tuple[str, dict]:
     return OUTPUTS, {}
 
 
-# --- reading what a person sends ----------------------------------------------------------
-
-
-def _kind_of(value: Any) -> str:
-    """What a JSON value is, for messages."""
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"
-    if isinstance(value, str):
-        text = value if len(value) <= 40 else value[:40] + "..."
-        return f"the string {text!r}"
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return "an object" if isinstance(value, dict) else type(value).__name__
-
-
-def instances_of(request: Any, max_instances: int) -> list:
-    """A /predict body's `instances` list (one or more), counted against MAX_IMAGES.
-
-    Raises:
-        BadInput: not an object with a non-empty `instances` list.
-        PayloadTooLarge: more than max_instances.
-    """
-    if not isinstance(request, dict) or "instances" not in request:
-        raise BadInput(
-            'the body must be a JSON object with "instances": [...], one item per instance'
-        )
-    instances = request["instances"]
-    if not isinstance(instances, list):
-        raise BadInput(
-            f"instances: expected a list, one item per instance, got {_kind_of(instances)}"
-        )
-    if not instances:
-        raise BadInput("instances: is empty; send at least one instance")
-    check_image_count(len(instances), max_instances)
-    return instances
-
-
-def _leaf(value: Any, dtype: np.dtype, where: str) -> Any:
-    """One JSON value as an element of a feature's dtype, or BadInput saying what came."""
-    kind = dtype.kind
-    if kind == "O":
-        if isinstance(value, str):
-            return value.encode("utf-8")
-        if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
-            try:
-                return base64.b64decode(value["b64"], validate=True)
-            except (binascii.Error, ValueError) as err:
-                raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
-        raise BadInput(f"{where}: expected a string, got {_kind_of(value)}")
-    if kind == "b":
-        if isinstance(value, bool):
-            return value
-        raise BadInput(f"{where}: expected a boolean (true or false), got {_kind_of(value)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        expected = "an integer" if kind in "iu" else "a number"
-        raise BadInput(f"{where}: expected {expected} ({dtype}), got {_kind_of(value)}")
-    if kind in "iu":
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise BadInput(f"{where}: expected an integer ({dtype}), got {_kind_of(value)}")
-            value = int(value)
-        low, high = _INT_RANGES[dtype.type]
-        if not low <= value <= high:
-            raise BadInput(f"{where}: {value} does not fit {dtype} ({low} to {high})")
-        return value
-    with np.errstate(over="ignore"):
-        if not np.isfinite(dtype.type(value)):
-            raise BadInput(f"{where}: {value!r} is too large for {dtype}")
-    return value
-
-
-def _feature_values(value: Any, feature: Feature, where: str) -> list:
-    """One instance's value of a feature as a flat list of elements of its shape (a single
-    value also fills a shape of one)."""
-    shape = feature.shape
-    if not shape or (shape == (1,) and not isinstance(value, list)):
-        if isinstance(value, list):
-            raise BadInput(f"{where}: expected one {feature.type_name}, got {_kind_of(value)}")
-        return [_leaf(value, feature.dtype, where)]
-    flat: list = []
-    stack: list[tuple[Any, int, str]] = [(value, 0, where)]
-    while stack:
-        item, depth, path = stack.pop()
-        if depth == len(shape):
-            flat.append(_leaf(item, feature.dtype, path))
-            continue
-        if not isinstance(item, list) or len(item) != shape[depth]:
-            raise BadInput(
-                f"{path}: expected a list of {shape[depth]} (the feature takes "
-                f"{'x'.join(map(str, shape))} values), got {_kind_of(item)}"
-            )
-        stack.extend((item[k], depth + 1, f"{path}[{k}]") for k in range(len(item) - 1, -1, -1))
-    return flat
-
-
-def read_features(instances: list, form: ModelForm) -> dict[str, np.ndarray]:
-    """One JSON object per instance naming every feature, typed from the signature.
-
-    Raises:
-        BadInput: an instance that is not an object, a missing or unknown feature, a value of
-            another type than the feature's (naming the instance and the feature, what was
-            expected and what came).
-    """
-    features = {feature.name: feature for feature in form.features}
-    takes = ", ".join(feature.describe() for feature in form.features)
-    columns: dict[str, list] = {name: [] for name in features}
-    for i, instance in enumerate(instances):
-        where = f"instances[{i}]"
-        if not isinstance(instance, dict):
-            raise BadInput(
-                f"{where}: expected an object naming the features, got {_kind_of(instance)}; "
-                f"the model takes {takes}"
-            )
-        unknown = sorted(set(instance) - set(features))
-        if unknown:
-            raise BadInput(f"{where}: unknown feature {unknown[0]!r}; the model takes {takes}")
-        for name, feature in features.items():
-            if name not in instance:
-                raise BadInput(
-                    f"{where}: missing feature {feature.describe()}; the model takes {takes}"
-                )
-            columns[name].extend(_feature_values(instance[name], feature, f"{where}.{name}"))
-    inputs = {}
-    for name, feature in features.items():
-        array = np.empty(len(columns[name]), dtype=feature.dtype)
-        array[:] = columns[name]
-        inputs[name] = array.reshape(len(instances), *feature.shape)
-    return inputs
-
-
-def read_examples(instances: list, form: ModelForm) -> dict[str, np.ndarray]:
-    """One JSON object of features per instance, as the serialized tf.Examples the signature
-    parses (TF Serving's reading of `:classify` examples).
-
-    Raises:
-        BadInput: an instance that is not an object of features, a value no tf.Example holds.
-    """
-    serialized = [
-        examples.example_of_json(instance, f"instances[{i}]")
-        for i, instance in enumerate(instances)
-    ]
-    (spec,) = form.signature.inputs
-    array = np.empty(len(serialized), dtype=object)
-    array[:] = serialized
-    return {spec.name: array}
-
-
-def _first_boolean(value: Any, where: str) -> str | None:
-    """Where the first true/false is among nested lists (numpy would read it as 1 or 0)."""
-    stack: list[tuple[Any, str]] = [(value, where)]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, bool):
-            return path
-        if isinstance(item, list):
-            stack.extend((item[k], f"{path}[{k}]") for k in range(len(item) - 1, -1, -1))
-    return None
-
-
-def image_file(value: dict, where: str) -> bytes:
-    """{"b64": "<base64 image file>"} (TF Serving's binary convention) to the file's bytes.
-
-    Raises:
-        BadInput: another object, or not base64.
-    """
-    if set(value) != {"b64"} or not isinstance(value["b64"], str):
-        raise BadInput(
-            f'{where}: expected an array of pixels or {{"b64": "<base64 image file>"}}, got an '
-            f"object with {sorted(value)[:5]}"
-        )
-    try:
-        return base64.b64decode(value["b64"], validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise BadInput(f"{where}.b64: not valid base64 ({err})") from err
-
-
-def pixel_array(value: Any, image: ImageInput, where: str) -> np.ndarray:
-    """One JSON instance of pixels of the model's shape as model input: integers 0-255 are
-    scaled, floats must be in [0, 1] (artifact.contract.pixels_to_input, the rule of the
-    image contract's /predict).
-
-    Raises:
-        BadInput: not an array of numbers of the instance's shape, or pixels out of range.
-    """
-    shape_text = "x".join(map(str, image.shape))
-    expected = (
-        f"expected a {shape_text} array of pixels (integers 0-255 or floats in [0, 1]) or "
-        '{"b64": "<base64 image file>"}'
-    )
-    try:
-        array = np.array(value) if isinstance(value, list) else None
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        array = None
-    if array is None or array.dtype.kind not in "iuf" or array.shape != image.shape:
-        if not isinstance(value, list):
-            got = _kind_of(value)
-        elif array is None or array.dtype.kind not in "iufb":
-            got = "a ragged list, or one holding more than numbers"
-        else:
-            got = f"shape {'x'.join(map(str, array.shape))}"
-        raise BadInput(f"{where}: {expected}, got {got}")
-    boolean = _first_boolean(value, where)
-    if boolean is not None:
-        raise BadInput(f"{boolean}: expected a number, got a boolean")
-    try:
-        return pixels_to_input(array[np.newaxis])[0]
-    except PixelError as err:
-        raise BadInput(f"{where}: {err.problem}") from err
-
-
 # --- showing the answer ------------------------------------------------------------------
-
-
-def _text(item: Any) -> str:
-    return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
 
 
 def answer_rows(
@@ -582,6 +355,9 @@ def answer_rows(
     Raises:
         BadInput: outputs TF Serving could not render in the row format (its words).
     """
+    if form.image_contract:
+        # Batch prediction's rows (artifact.contract), the version's labels as they are.
+        return list(prediction_rows(outputs[CLASSES_KEY], outputs[PROBABILITIES_KEY], labels))
     if form.task == CLASSIFICATION:
         probabilities = outputs[form.probabilities]
         guessed_wrong = form.softmax_guess and output_problems({PROBABILITIES_KEY: probabilities})
@@ -620,7 +396,7 @@ def _classification_rows(form, outputs, probabilities, labels) -> list:
     names = outputs[form.class_names]
     rows = []
     for i, row in enumerate(probabilities):
-        row_names = tuple(_text(item) for item in names[i])
+        row_names = tuple(text_of(item) for item in names[i])
         # A head without label_vocabulary names its classes by their ids: labels.txt says more.
         if row_names == ids:
             row_names = fallback
