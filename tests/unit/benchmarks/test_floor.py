@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -104,6 +105,21 @@ def wait_ready(port: int, proc: subprocess.Popen) -> httpx.Response:
     raise AssertionError("the floor did not answer within 60 s")
 
 
+def listening(pid: int, port: int) -> bool:
+    """Whether the process holds a socket listening on the loopback port (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return any(link == f"socket:[{inode}]" for link in links for inode in inodes)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_floor_runs_on_the_services_runner_in_its_layout(workers):
     port = free_port()
@@ -116,8 +132,14 @@ def test_the_floor_runs_on_the_services_runner_in_its_layout(workers):
         assert ready.status_code == 200 and ready.headers.get("server")
         answer = httpx.post(f"http://127.0.0.1:{port}{floor.FLOOR_PATH}", json=floor.FLOOR_BODY)
         assert answer.json() == {"instances": 1}
-        # WORKERS=2: the supervisor and its two floor processes, all read for the CPU.
-        assert len(common.process_tree(proc.pid)) == (1 if workers == 1 else 3)
+        # WORKERS=2: the supervisor and its two floor processes, all read for the CPU, each
+        # on the port (waited for: a worker told to stop while it starts dies of the signal).
+        tree = common.process_tree(proc.pid)
+        assert len(tree) == (1 if workers == 1 else 3)
+        deadline = time.monotonic() + 60
+        while not all(listening(pid, port) for pid in tree[1:]):
+            assert time.monotonic() < deadline, "a worker never listened on the port"
+            time.sleep(0.05)
     finally:
         proc.terminate()
         proc.wait(30)
