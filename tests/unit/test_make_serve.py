@@ -97,8 +97,11 @@ class Venvs:
 
     def __init__(self, root: Path):
         self.root = root
-        # Every stamp newer than every lock unless a test says otherwise.
+        # Every stamp newer than every lock unless a test says otherwise. A checkout gives its
+        # files the time each was written, which can be minutes apart (a merge rewrites only
+        # the locks it changed): "older" is measured from the oldest lock, "newer" from the newest.
         self.now = max(path.stat().st_mtime for path in LOCKS) + 100
+        self.oldest = min(path.stat().st_mtime for path in LOCKS)
         self.paths = {
             "uv": root / "venv" / "bin" / "uv",
             "service": root / "venv" / ".installed-service",
@@ -112,9 +115,13 @@ class Venvs:
             path.touch()
             self.at(name, 0)
 
+    def before_every_lock(self, name: str) -> None:
+        moment = self.oldest - 100
+        os.utime(self.paths[name], (moment, moment))
+
     def at(self, name: str, seconds: float) -> None:
-        """Stamp `name` made `seconds` after the others' base time (negative: before every
-        lock)."""
+        """Stamp `name` made `seconds` after the others' base time, itself newer than every
+        lock (before_every_lock stamps older than all of them)."""
         moment = self.now + seconds
         os.utime(self.paths[name], (moment, moment))
 
@@ -158,7 +165,7 @@ def test_make_test_after_a_runtime_sync_puts_the_tools_back_only(venvs):
 
 def test_a_changed_runtime_lock_syncs_the_runtime_then_the_tools(venvs):
     for name in ("service", "dev", "training", "training-dev", "crd"):
-        venvs.at(name, -1000)  # older than every lock: each lock "changed" since
+        venvs.before_every_lock(name)  # each lock "changed" since
     assert venvs.syncs("venv") == [
         "requirements-service.lock requirements-uv.lock",
         "requirements-service.lock requirements-dev.lock requirements-uv.lock",
