@@ -307,7 +307,9 @@ figures:
 	$(PY) docs/figures.py
 
 # The docs site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor.
+# First the generated pages: the figures, and the settings reference from service/settings.py.
 docs: figures
+	$(PY) docs/settings.py
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Side-by-side throughput: in-process ceiling, naive FastAPI, this service without and with batching.

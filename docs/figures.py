@@ -10,11 +10,13 @@ Sources:
   (`python -m benchmarks.profile`), rendered by `benchmarks.profile.profiles_block` on the
   Benchmarks page;
 - `docs/measured.json`, the figures that are not benchmark results: setup and test times,
-  training accuracy, the baselines' comparison.
+  training accuracy, the baselines' comparison; and `request_path`, the date the request
+  path last changed in a way that moves the benchmark's figures: a benchmark older than it is
+  flagged beside its figures.
 
 Each generated block sits between `<!-- BEGIN figures:NAME -->` and `<!-- END figures:NAME -->`
-in `docs/figures.md` (and the README's three commands); the text around the markers is written
-by hand and never quotes a figure. tests/unit/docs/test_docs.py fails when a block differs
+in `docs/figures.md` (and the README's three commands, the WORKERS figures on the Running the
+service page); the text around the markers is written by hand and never quotes a figure. tests/unit/docs/test_docs.py fails when a block differs
 from what this script renders.
 """
 
@@ -33,6 +35,9 @@ FIGURES_PAGE = ROOT / "docs" / "figures.md"
 README = ROOT / "README.md"
 CONTAINERS_PAGE = ROOT / "docs" / "containers.md"
 BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
+OPERATIONS_PAGE = ROOT / "docs" / "operations.md"
+# The loads the WORKERS block compares, in the benchmark's keys: c=clients, x=images a request.
+WORKERS_LOADS = ("c1x1", "c16x1", "c64x1", "c16x8")
 
 # The benchmark's tables, in table()'s order, each under a heading other pages can link to.
 SECTION_HEADINGS = (
@@ -59,8 +64,22 @@ def importable() -> None:
         sys.path.insert(0, str(ROOT))
 
 
-def benchmark_block(result: dict) -> str:
-    """The last benchmark run: where and when, then every table, each under a heading."""
+def staleness_note(result: dict, measured: dict) -> str | None:
+    """A warning when the benchmark ran before the request path's last change
+    (measured.json's `request_path`), else None. Dates compare as ISO text (YYYY-MM-DD...)."""
+    changed = measured.get("request_path")
+    if changed is None or result["date"][:10] >= changed["date"]:
+        return None
+    return (
+        f"!!! warning \"Older than the code\"\n    This benchmark ran on {result['date'][:10]}; "
+        f"the request path changed on {changed['date']} ({changed['what']}). Its figures "
+        "are those of the code before that change, until `make bench` runs again."
+    )
+
+
+def benchmark_block(result: dict, measured: dict | None = None) -> str:
+    """The last benchmark run: where and when (and a warning when the request path changed
+    after it), then every table, each under a heading."""
     importable()
     from benchmarks.tables import table
 
@@ -71,12 +90,56 @@ def benchmark_block(result: dict) -> str:
         f"({machine.get('cpu', '?')}), Python {machine.get('python', '?')}, "
         f"`TF_ENABLE_ONEDNN_OPTS={machine.get('onednn', '?')}`.",
     ]
+    note = staleness_note(result, measured or {})
+    if note:
+        lines += ["", note]
     for chunk in table(result).split("\n\n"):
         for prefix, heading in SECTION_HEADINGS:
             if chunk.startswith(prefix):
                 lines += ["", f"### {heading}"]
                 break
         lines += ["", chunk]
+    return "\n".join(lines)
+
+
+def load_name(key: str) -> str:
+    """`c16x8` as the tables write it: `c=16, 8 img/req`."""
+    clients, images = key[1:].split("x")
+    return f"c={clients}, {images} img/req"
+
+
+def workers_block(result: dict, measured: dict) -> str:
+    """WORKERS=2 against one process, load by load, from the last benchmark run; the
+    comparison's words (more, fewer) are the figures', not the writer's."""
+    one, two = result["servers"]["batched"], result["servers"]["workers"]
+    rows, more = [], []
+    for key in WORKERS_LOADS:
+        if key not in one or key not in two:
+            continue
+        a, b = one[key]["requests_per_s"], two[key]["requests_per_s"]
+        rows.append([load_name(key), f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}"])
+        more.append(b > a)
+    machine = result.get("machine", {})
+    if all(more):
+        verdict = "two workers served more requests than one process at every load measured"
+    elif not any(more):
+        verdict = "two workers served fewer requests than one process at every load measured"
+    else:
+        loads = [row[0] for row, m in zip(rows, more, strict=True) if m]
+        verdict = (
+            "two workers served more requests than one process only at "
+            + ", ".join(f"`{load}`" for load in loads)
+            + ", fewer at the other loads"
+        )
+    lines = [
+        f"In the last benchmark ({result['date']}, {machine.get('cores', '?')} cores, "
+        f"[figures](figures.md#throughput-by-load)), {verdict}:",
+        "",
+        markdown_table(["load", "req/s, one process", "req/s, WORKERS=2", "ratio"], rows),
+    ]
+    note = staleness_note(result, measured)
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
 
 
@@ -149,13 +212,14 @@ def blocks() -> dict[Path, dict[str, str]]:
     measured = json.loads(MEASURED.read_text())
     return {
         FIGURES_PAGE: {
-            "benchmark": benchmark_block(result),
+            "benchmark": benchmark_block(result, measured),
             "setup": setup_block(measured),
             "training": training_block(measured),
         },
         README: {"commands": readme_commands_block(measured)},
         CONTAINERS_PAGE: {"containers": containers_block(measured)},
         BENCHMARKS_PAGE: {"profiles": profiles_block()},
+        OPERATIONS_PAGE: {"workers": workers_block(result, measured)},
     }
 
 

@@ -269,7 +269,8 @@ class Settings(BaseSettings):
         le=64,
         description="Server processes sharing PORT and GRPC_PORT (SO_REUSEPORT), each with its "
         "own event loop, batcher and copy of the models, under one supervisor; /metrics adds "
-        "them up. 2 with one TensorFlow thread each served 1.2x one process on 2 cores (README).",
+        "them up. Whether more than one pays depends on the machine: the benchmark's "
+        "WORKERS=2 rows against one process (docs/operations.md, \"Several processes\").",
     )
     intra_op_threads: int = Field(
         0,

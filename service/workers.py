@@ -3,8 +3,9 @@
 Each worker is `python -m service` again, with SERVICE_WORKER set: it binds PORT (and
 GRPC_PORT) with SO_REUSEPORT, so the kernel spreads connections across the workers, and runs
 its own event loop, batcher and copy of the models. One Python process is bound by its event
-loop and its interpreter lock; two of them, each with one TensorFlow thread, served 1.2x one
-process on this 2-core machine (docs/benchmarks.md).
+loop and its interpreter lock; whether two of them serve more than one depends on the cores
+and the load: the last benchmark's WORKERS=2 rows against one process are in
+docs/operations.md, "Several processes: `WORKERS`" (generated from the benchmark's results).
 
 The supervisor, in this module, imports no TensorFlow and serves nothing:
 - it starts the workers with PROMETHEUS_MULTIPROC_DIR set to a fresh folder, so /metrics in
