@@ -16,8 +16,8 @@ Sources:
 
 Each generated block sits between `<!-- BEGIN figures:NAME -->` and `<!-- END figures:NAME -->`
 in `docs/figures.md` (and the README's three commands, the WORKERS figures on the Running the
-service page); the text around the markers is written by hand and never quotes a figure. tests/unit/docs/test_docs.py fails when a block differs
-from what this script renders.
+service page); the text around the markers is written by hand and never quotes a figure.
+tests/unit/docs/test_docs.py fails when a block differs from what this script renders.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def staleness_note(result: dict, measured: dict) -> str | None:
     if changed is None or result["date"][:10] >= changed["date"]:
         return None
     return (
-        f"!!! warning \"Older than the code\"\n    This benchmark ran on {result['date'][:10]}; "
+        f'!!! warning "Older than the code"\n    This benchmark ran on {result["date"][:10]}; '
         f"the request path changed on {changed['date']} ({changed['what']}). Its figures "
         "are those of the code before that change, until `make bench` runs again."
     )

@@ -270,7 +270,7 @@ class Settings(BaseSettings):
         description="Server processes sharing PORT and GRPC_PORT (SO_REUSEPORT), each with its "
         "own event loop, batcher and copy of the models, under one supervisor; /metrics adds "
         "them up. Whether more than one pays depends on the machine: the benchmark's "
-        "WORKERS=2 rows against one process (docs/operations.md, \"Several processes\").",
+        'WORKERS=2 rows against one process (docs/operations.md, "Several processes").',
     )
     intra_op_threads: int = Field(
         0,

@@ -327,7 +327,7 @@ def test_the_pages_have_runnable_blocks_and_the_readme_deploys_with_a_token():
     lines = [words for words in commands(deploy.text)]
     assert lines.index(["make", "tokens"]) < lines.index(["docker", "compose", "up", "-d"])
     assert "APP_UID=$(id -u)" in deploy.text
-    assert 'Authorization: Bearer $TOKEN' in deploy.text
+    assert "Authorization: Bearer $TOKEN" in deploy.text
 
 
 @pytest.mark.parametrize("block", shell_blocks(), ids=str)
