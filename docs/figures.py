@@ -36,6 +36,21 @@ README = ROOT / "README.md"
 CONTAINERS_PAGE = ROOT / "docs" / "containers.md"
 BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
 OPERATIONS_PAGE = ROOT / "docs" / "operations.md"
+# The files a request the benchmark sends passes through: a commit on one after the benchmark
+# ran means its figures are the code's before (measured.json's request_path says when and what;
+# tests/unit/docs/test_docs.py holds the two together).
+REQUEST_PATH = (
+    "service/server.py",
+    "service/ingress.py",
+    "service/routes.py",
+    "service/codecs",
+    "service/dataplane.py",
+    "service/backends/batching.py",
+    "service/backends/inprocess.py",
+    "service/protocols/tfserving_rest.py",
+    "service/protocols/v2.py",
+    "service/protocols/grpc_server.py",
+)
 # The loads the WORKERS block compares, in the benchmark's keys: c=clients, x=images a request.
 WORKERS_LOADS = ("c1x1", "c16x1", "c64x1", "c16x8")
 

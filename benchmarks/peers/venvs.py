@@ -231,7 +231,7 @@ def relock(peer: str, log=print) -> Path:
 # --- the service itself on the trainer's TensorFlow, for `make bench`'s comparison -----------
 
 # The service on TensorFlow 2.15 (the trainer's), beside its own current TensorFlow: the rows of
-# `make bench` that report it on both (docs/benchmarks.md, "Both TensorFlows").
+# `make bench` that report it on both (docs/figures.md, "Both TensorFlows").
 SERVICE_ON_TF215 = "service-tf2.15"
 TRAINING_LOCK = ROOT / "requirements-training.lock"
 

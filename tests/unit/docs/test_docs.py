@@ -139,6 +139,99 @@ def test_the_readme_quotes_no_benchmark_figure_outside_its_generated_block(figur
         assert unit not in prose, f"README quotes a benchmark figure ({unit}): link docs/figures.md"
 
 
+# A figure typed by hand: a rate, a time in microseconds, a ratio (1.2x), a percentile's ms.
+HAND_TYPED = [
+    re.compile(r"\b\d[\d,]*(?:\.\d+)?\s?(?:req/s|requests/s|images/s|img/s|µs)"),
+    re.compile(r"\b\d+(?:\.\d+)?x\b"),
+    re.compile(r"\bp(?:50|99)\b[^.\n]{0,20}?\b\d+(?:\.\d+)? ?ms\b"),
+]
+GENERATED = re.compile(r"<!-- BEGIN (\w+:\w+) -->.*?<!-- END \1 -->", re.DOTALL)
+# Pages that keep the measurements that shaped a feature, each with the run and conditions it
+# was taken in (docs/figures.md says so): how the benchmark works and what its past runs and
+# micro-measurements found, not the current figures.
+MEASUREMENT_RECORDS = {"benchmarks.md", "benchmark-peers.md", "protocols.md"}
+
+
+def hand_typed_figures(text: str) -> list[str]:
+    prose = GENERATED.sub("", text)
+    return [m[0] for pattern in HAND_TYPED for m in pattern.finditer(prose)]
+
+
+def test_the_figure_reader_finds_rates_ratios_and_times_outside_generated_blocks():
+    text = (
+        "It serves 1,330 req/s, 1.2x one process, p99 at 8.7 ms, 212 µs a call; TF 2.x.\n"
+        "<!-- BEGIN figures:x -->\n900 req/s, 2x\n<!-- END figures:x -->\n"
+    )
+    assert hand_typed_figures(text) == ["1,330 req/s", "212 µs", "1.2x", "p99 at 8.7 ms"]
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        README,
+        *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in MEASUREMENT_RECORDS),
+    ],
+    ids=lambda p: p.name,
+)
+def test_no_page_types_a_figure_by_hand(page):
+    found = hand_typed_figures(page.read_text())
+    assert found == [], f"{page.name}: generate these from docs/measured.json or the results"
+
+
+# Where a file of the repository points a reader: `docs/<page>.md, "<section>"` (a heading of the
+# page, or a paragraph's bold label, `**Section.**`; the start of it is enough).
+POINTER = re.compile(r'docs/([\w.-]+\.md),? "([^"]+)"')
+# Build output, venvs and data: not the repository's own text.
+NOT_SOURCE = {"build", "site", "runs", "secrets", "models", "node_modules"}
+TEXT_SUFFIXES = {".py", ".md", ".in", ".yml", ".yaml", ".toml", ".lua", ".sh", ".js", ".html",
+                 ".cfg", ".txt", ".config", ""}  # fmt: skip
+
+
+def source_files() -> list[Path]:
+    files = []
+    for top in ROOT.iterdir():
+        if top.name.startswith(".") or top.name in NOT_SOURCE:
+            continue
+        candidates = [top] if top.is_file() else top.rglob("*")
+        files += [p for p in candidates if p.is_file() and p.suffix in TEXT_SUFFIXES
+                  and "__pycache__" not in p.parts and ".peers" not in p.parts]  # fmt: skip
+    return files + [ROOT / "models" / "README.md", ROOT / "models" / "models.config"]
+
+
+def section_names(page: Path) -> list[str]:
+    text = page.read_text()
+    names = re.findall(r"^#{1,6} (.+)$", text, re.M) + re.findall(r"^\*\*([^*]+?)\*\*", text, re.M)
+    return [name.replace("`", "").strip() for name in names]
+
+
+def pointers(text: str) -> list[tuple[str, str]]:
+    """(page, section) of every pointer, over line breaks and comment markers."""
+    flat = re.sub(r"\s*\n\s*(?:#|//|\*|--)?\s*", " ", text)
+    return POINTER.findall(flat)
+
+
+def test_the_pointer_reader_reads_across_comment_lines():
+    text = '# see (docs/architecture.md,\n# "Two TensorFlows") and docs/training.md "Commands"'
+    assert pointers(text) == [("architecture.md", "Two TensorFlows"), ("training.md", "Commands")]
+
+
+def test_every_pointer_to_a_docs_section_names_one_that_exists():
+    found = 0
+    for path in source_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for page, section in pointers(text):
+            found += 1
+            where = f'{path.relative_to(ROOT)}: docs/{page}, "{section}"'
+            assert (ROOT / "docs" / page).is_file(), f"{where}: no such page"
+            names = section_names(ROOT / "docs" / page)
+            wanted = section.replace("`", "").rstrip(".")
+            assert any(name.startswith(wanted) for name in names), f"{where}: no such section"
+    assert found >= 30  # a reader that finds few is wrong
+
+
 # ---- generated figures ----------------------------------------------------------------------
 
 
@@ -152,7 +245,10 @@ def test_the_figures_go_stale_when_the_benchmark_results_change(figures, tmp_pat
     changed = tmp_path / "latest.json"
     changed.write_text(json.dumps(result))
     monkeypatch.setattr(figures, "LATEST", changed)
-    assert figures.outdated() == ["docs/figures.md: figures:benchmark"]
+    assert figures.outdated() == [
+        "docs/figures.md: figures:benchmark",
+        "docs/operations.md: figures:workers",  # WORKERS=2 against one process, at c=64
+    ]
 
 
 @pytest.mark.parametrize(
@@ -185,6 +281,82 @@ def test_the_benchmark_block_shows_every_table_of_the_last_run(figures):
     for heading in ("Throughput by load", "Ratios to the ceiling", "By protocol", "Overload",
                     "Targets"):  # fmt: skip
         assert f"### {heading}" in block
+
+
+def benchmark_at(date: str) -> dict:
+    result = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
+    return {**result, "date": date}
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "changed", "flagged"),
+    [
+        pytest.param("2026-12-02 14:10", "2026-12-04", True, id="older-than-the-code"),
+        pytest.param("2026-12-04 09:00", "2026-12-04", False, id="the-same-day"),
+        pytest.param("2026-12-06 09:00", "2026-12-04", False, id="newer"),
+    ],
+)
+def test_a_benchmark_older_than_the_request_path_is_flagged_beside_its_figures(
+    figures, benchmark, changed, flagged
+):
+    measured = {"request_path": {"date": changed, "what": "the server changed"}}
+    result = benchmark_at(benchmark)
+    for block in (
+        figures.benchmark_block(result, measured),
+        figures.workers_block(result, measured),
+    ):
+        assert ("Older than the code" in block) is flagged
+        assert ("the request path changed on 2026-12-04 (the server changed)" in block) is flagged
+
+
+def test_the_published_figures_say_they_predate_the_request_path_when_they_do(figures):
+    measured = json.loads(figures.MEASURED.read_text())
+    result = json.loads(figures.LATEST.read_text())
+    older = result["date"][:10] < measured["request_path"]["date"]
+    assert ("Older than the code" in (ROOT / "docs" / "figures.md").read_text()) is older
+    assert ("Older than the code" in (ROOT / "docs" / "operations.md").read_text()) is older
+
+
+def test_the_request_path_date_follows_the_code(figures):
+    # The benchmark must not pass for the code's figures once the request path changed after
+    # it: the newest commit on those files, by day, is after the benchmark only if
+    # measured.json's request_path is too (which flags it).
+    done = subprocess.run(
+        ["git", "log", "-1", "--format=%cs", "--", *figures.REQUEST_PATH],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.skip(f"not a git checkout with history: {done.stderr.strip()}")
+    last_change = done.stdout.strip()
+    benchmark = json.loads(figures.LATEST.read_text())["date"][:10]
+    noted = json.loads(figures.MEASURED.read_text())["request_path"]["date"]
+    if last_change > benchmark:
+        assert noted > benchmark, (
+            f"the request path changed on {last_change}, after the benchmark ({benchmark}): "
+            "set request_path in docs/measured.json to that date and what changed, then make "
+            "figures (or run make bench)"
+        )
+    for path in figures.REQUEST_PATH:
+        assert (ROOT / path).exists(), path
+
+
+@pytest.mark.parametrize(
+    ("factor", "verdict"),
+    [
+        pytest.param(0.9, "fewer requests than one process at every load", id="fewer"),
+        pytest.param(1.1, "more requests than one process at every load", id="more"),
+    ],
+)
+def test_the_workers_verdict_is_the_figures(figures, factor, verdict):
+    result = benchmark_at("2026-12-09 10:00")
+    one = result["servers"]["batched"]
+    result["servers"]["workers"] = {
+        key: {**one[key], "requests_per_s": one[key]["requests_per_s"] * factor} for key in one
+    }
+    block = figures.workers_block(result, {})
+    assert verdict in block
+    c64 = one["c64x1"]["requests_per_s"]
+    assert f"| c=64, 1 img/req | {c64:,.0f} | {c64 * factor:,.0f} | {factor:.2f} |" in block
 
 
 def test_a_missing_or_doubled_block_is_an_error(figures):
