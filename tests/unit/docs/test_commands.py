@@ -225,9 +225,16 @@ def repository_paths(words: list[str]) -> list[str]:
     """The words that name a path in the repository (a top-level entry's name, then /...):
     `@file` and `name=@file` (curl), `--option=path` included."""
     tops = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")} | {"secrets", "runs"}
+    candidates = words[1:]
+    if words[0] == "kubectl":
+        # Its other words are the cluster's (service/api is a Service, not a folder).
+        candidates = [
+            w for before, w in zip(words, words[1:], strict=False) if before in ("-f", "-k")
+        ]
+        candidates += [w for w in words if w.startswith("--from-file=")]
     paths = []
-    for word in words[1:]:
-        word = re.sub(r"^(--[\w-]+=|\w+=)?@?", "", word)
+    for word in candidates:
+        word = re.sub(r"^(?:--[\w-]+=|\w+=)*@?", "", word)
         top = word.split("/")[0]
         if "/" in word and top in tops and not word.startswith("/"):
             paths.append(word)
@@ -290,6 +297,10 @@ def test_the_reader_finds_fenced_blocks_indented_ones_included(tmp_path):
                      id="missing-file"),
         pytest.param("bash", "cat secrets/api-tokens.issued", "secrets/api-tokens.issued",
                      id="not-written-yet"),
+        pytest.param("bash", "kubectl create secret generic x --from-file=tokens=secrets/x",
+                     "secrets/x", id="option-and-key"),
+        pytest.param("bash", "kubectl apply -k deploy/kubernetes/nope", "kubernetes/nope",
+                     id="kustomization"),
     ],
 )  # fmt: skip
 def test_a_command_that_does_not_match_the_tree_is_found(language, text, expected):
@@ -305,6 +316,7 @@ def test_a_command_that_does_not_match_the_tree_is_found(language, text, expecte
         pytest.param("python -m service --rest_api_port=8501 --help", id="service"),
         pytest.param("python -m pytest tests/unit", id="venv-tool"),
         pytest.param("docker compose --profile train run --rm trainer", id="compose"),
+        pytest.param("kubectl -n x port-forward service/api 8000:8000", id="kubectl-resource"),
     ],
 )
 def test_commands_that_match_the_tree_pass(text):
