@@ -5,6 +5,7 @@ and flag, and stale as soon as a field is added or changed."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,67 @@ def test_the_tf_serving_page_names_the_image_s_ports_and_the_reference_is_in_the
     assert "settings.md" in mkdocs and "tf-serving.md" in mkdocs
     makefile = (ROOT / "Makefile").read_text()
     assert "$(PY) docs/settings.py" in makefile.split("\ndocs:", 1)[1].split("\n\n", 1)[0]
+
+
+# ---- the hand-written settings tables (README.md, docs/protocols.md) --------------------------
+
+UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+HAND_WRITTEN = ["README.md", "docs/protocols.md"]
+
+
+def written_value(text: str):
+    """A default as a hand-written table gives it: `–` none, `8 MiB`, `1,000`, `true`."""
+    text = text.strip().strip("`").strip()
+    if text in ("–", "-", ""):
+        return None
+    number = re.fullmatch(r"(\d[\d,]*(?:\.\d+)?)(?: (KiB|MiB|GiB))?", text)
+    if number:
+        value = float(number[1].replace(",", "")) * UNITS.get(number[2], 1)
+        return int(value) if value.is_integer() else value
+    return {"true": True, "false": False}.get(text, text)
+
+
+def hand_written_rows(text: str) -> list[tuple[list[str], list[str]]]:
+    """(variables, defaults) of each row of the file's `| variable | default |` tables."""
+    found, in_table = [], False
+    for line in text.splitlines():
+        if re.match(r"^\| variable \| default \|", line):
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+        if in_table and not line.startswith("|---"):
+            cells = line.strip("|").split(" | ")
+            variables = re.findall(r"`(\w+)`", cells[0])
+            defaults = re.split(r",\s+", cells[1])
+            found.append((variables, defaults))
+    return found
+
+
+def field_value(name: str):
+    value = Settings.model_fields[name.lower()].default
+    return None if value == "" else value
+
+
+def test_the_table_reader_reads_units_and_lists():
+    text = "| variable | default | meaning |\n|---|---|---|\n| `A`, `B` | 8 MiB, `–` | x |\n"
+    assert hand_written_rows(text) == [(["A", "B"], ["8 MiB", "`–`"])]
+    assert [written_value(v) for v in ("8 MiB", "`–`", "1,000", "`true`", "`0`")] == [
+        8 * 1024**2, None, 1000, True, 0,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", HAND_WRITTEN)
+def test_every_hand_written_setting_default_is_the_code_s(name):
+    rows_found = hand_written_rows((ROOT / name).read_text())
+    assert len(rows_found) >= 4
+    for variables, defaults in rows_found:
+        if len(defaults) == 1:
+            defaults = defaults * len(variables)  # one default for each of them
+        assert len(variables) == len(defaults), f"{name}: {variables} {defaults}"
+        for variable, default in zip(variables, defaults, strict=True):
+            assert variable.lower() in Settings.model_fields, f"{name}: no setting {variable}"
+            assert written_value(default) == field_value(variable), (
+                f"{name}: {variable}'s default is {field_value(variable)!r}, the table says "
+                f"{default}"
+            )
