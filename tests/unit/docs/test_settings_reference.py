@@ -163,3 +163,22 @@ def test_every_hand_written_setting_default_is_the_code_s(name):
                 f"{name}: {variable}'s default is {field_value(variable)!r}, the table says "
                 f"{default}"
             )
+
+
+def test_the_flag_table_gives_each_flag_s_variable_and_both_defaults():
+    # docs/operations.md, "TF Serving's command line": written by hand, held to service/cli.py.
+    from service.cli import FLAGS_BY_NAME, flag_default
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    rows_found = [line for line in text.splitlines() if re.match(r"^\| `--\w+` \|", line)]
+    named = {re.match(r"^\| `--(\w+)`", line)[1] for line in rows_found}
+    assert named == {flag.name for flag in FLAGS_BY_NAME.values() if flag.applies}
+    for line in rows_found:
+        cells = [c.strip() for c in line.strip("|").split(" | ")[:4]]
+        name, variable, tf_default, here = (c.replace("`", "") for c in cells)
+        flag = FLAGS_BY_NAME[name.lstrip("-")]
+        assert variable.split()[0] == flag.setting, line
+        assert tf_default.split(" (")[0] == (flag.tf_default or "–"), line
+        field = Settings.model_fields[flag.setting.lower()]
+        ours = flag_default(flag, field)
+        assert here.split(" (")[0] == ("–" if ours == "(unset)" else ours), line
