@@ -464,3 +464,33 @@ def test_the_readme_shows_an_example_served_in_one_command():
     assert "make serve-examples" in first_screen
     assert "/v1/models/tabular_classifier:predict" in first_screen
     assert '"signature_name": "predict"' in first_screen
+
+
+# ---- accuracies quoted in prose ----------------------------------------------------------------
+
+SHIPPED_EVALUATION = ROOT / "models" / "shipped" / "fashion_mnist" / "1" / "assets.extra"
+
+
+def test_the_shipped_model_s_accuracy_is_quoted_as_its_evaluation_says():
+    accuracy = json.loads((SHIPPED_EVALUATION / "evaluation.json").read_text())["accuracy"]
+    quoted = []
+    for name in ("README.md", "docs/training.md", "models/README.md"):
+        for value in re.findall(r"test accuracy \**(0\.\d+)", (ROOT / name).read_text()):
+            quoted.append(value)
+            digits = len(value) - 2
+            assert float(value) == round(accuracy, digits), f"{name}: {value}, not {accuracy}"
+    assert len(quoted) >= 3
+
+
+def test_make_train_s_accuracy_is_quoted_as_measured(figures):
+    measured = json.loads(figures.MEASURED.read_text())
+    runs = [float(v) for v in re.findall(r"0\.\d+", measured["training"]["rows"][0]["accuracy"])]
+    assert measured["training"]["rows"][0]["command"].startswith("`make train`") and runs
+    quoted = []
+    for name in ("README.md", "models/README.md"):
+        text = re.sub(r"\s+", " ", (ROOT / name).read_text())
+        for value in re.findall(r"`make train`[^.;]*?about (0\.\d+)", text):
+            quoted.append(value)
+            digits = len(value) - 2
+            assert all(round(run, digits) == float(value) for run in runs), (name, value, runs)
+    assert len(quoted) >= 2
