@@ -32,7 +32,7 @@ DESCRIPTION = (
     "Serving's REST and gRPC APIs, the Open Inference Protocol and /predict. It takes "
     "tensorflow_model_server's flags; each sets an environment variable, named below, and wins "
     "over it. Every setting is an environment variable, named as in the tensorflow/serving "
-    "image where it has one; docs/operations.md says more."
+    "image where it has one; docs/settings.md lists them, docs/operations.md says more."
 )
 WIDTH = 92
 # The server's name and version: `--version` says them, and so do the Open Inference
