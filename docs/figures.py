@@ -16,7 +16,8 @@ Sources:
 
 Each generated block sits between `<!-- BEGIN figures:NAME -->` and `<!-- END figures:NAME -->`
 in `docs/figures.md` (and the README's three commands, the WORKERS figures on the Running the
-service page); the text around the markers is written by hand and never quotes a figure.
+service page, the profiles and the staleness warning on the Benchmarks page); the text around
+the markers is written by hand and never quotes a figure.
 tests/unit/docs/test_docs.py fails when a block differs from what this script renders.
 """
 
@@ -86,9 +87,9 @@ def staleness_note(result: dict, measured: dict) -> str | None:
     if changed is None or result["date"][:10] >= changed["date"]:
         return None
     return (
-        f'!!! warning "Older than the code"\n    This benchmark ran on {result["date"][:10]}; '
+        f'!!! warning "Older than the code"\n    The last benchmark ran on {result["date"][:10]}; '
         f"the request path changed on {changed['date']} ({changed['what']}). Its figures "
-        "are those of the code before that change, until `make bench` runs again."
+        "are the code's before that change, until `make bench` runs again."
     )
 
 
@@ -233,7 +234,10 @@ def blocks() -> dict[Path, dict[str, str]]:
         },
         README: {"commands": readme_commands_block(measured)},
         CONTAINERS_PAGE: {"containers": containers_block(measured)},
-        BENCHMARKS_PAGE: {"profiles": profiles_block()},
+        BENCHMARKS_PAGE: {
+            "profiles": profiles_block(),
+            "staleness": staleness_note(result, measured) or "",
+        },
         OPERATIONS_PAGE: {"workers": workers_block(result, measured)},
     }
 
