@@ -57,7 +57,8 @@ from service.errors import (
     error_response,
     printable,
 )
-from service.metrics import Metrics
+from service.metrics import SERVED, Metrics, Served
+from service.metrics_tfserving import REST
 from service.routes import Call, Match, NoSuchMethod, RouteTable
 from service.security import NOSNIFF, Access, scope_of
 
@@ -164,9 +165,13 @@ class Ingress:
         status = 500  # what a request that ends without an answer (a shutdown) counts as
         template = "unmatched"
         read = False  # whether the body was read whole
+        route = served = None
         try:
             found, template = self._match(method, scope["path"])
             route = found.route if isinstance(found, Match) else None
+            if route is not None and route.protocol:
+                served = Served(route.protocol)
+                SERVED.set(served)
             needed = scope_of(method) if route is None else route.scope
             decision = self.access.check(scope, needed, route is not None and route.probe)
             extra = [NOSNIFF, *decision.headers]
@@ -200,7 +205,11 @@ class Ingress:
             await _answer(response, extra, scope, receive, send)
         finally:
             self._in_flight.discard(task)
-            metrics.request_finished(template, method, status, started)
+            seconds = metrics.request_finished(template, method, status, started)
+            if served is not None:
+                name = found.params.get("name") or served.model
+                measured = metrics.route(id(route), route.protocol, route.tf_api, REST, name)
+                measured.finished(status < 400, status, seconds, served)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info('%s - "%s %s HTTP/%s" %d', _client(scope), printable(method),
                                 printable(_path_with_query(scope)), scope["http_version"],
