@@ -203,7 +203,10 @@ def render(families) -> str:
             suffix = sample.name[len(family.name) :]
             if suffix == "_created":
                 continue
-            labels = dict(sample.labels)
+            # In TF Serving's order (the multiprocess files keep them sorted).
+            labels = {key: sample.labels[key] for key in definition.labels}
+            if "le" in sample.labels:
+                labels["le"] = sample.labels["le"]
             if definition.kind == "counter":
                 lines.append(f"{name}{_labels(labels)} {int(sample.value)}")
             elif suffix == "_bucket":

@@ -265,8 +265,7 @@ class BatchingBackend(DelegatingBackend):
             images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
             if self.allowed_batch_sizes and batch[0].reservation.batchable:
                 images = pad_to_allowed(images, self.allowed_batch_sizes)
-            if self._observer is not None:
-                self._observe(batch, rows_of(images))
+            padded = rows_of(images)
             prediction = batch[0].reservation.run(images)
             if not prediction.checked and not output_problems(
                 prediction.outputs, finite_rows_only=True
@@ -280,13 +279,16 @@ class BatchingBackend(DelegatingBackend):
             error = UpstreamError("the service is shutting down")
         with self._changed:
             self._running = []
+        if self._observer is not None and prediction is not None:
+            self._observe(batch, padded, prediction.version)
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._answer, batch, prediction, error)
 
-    def _observe(self, batch: list[_Request], padded: int) -> None:
+    def _observe(self, batch: list[_Request], padded: int, version: int) -> None:
         try:
+            model, _, signature = batch[0].reservation.served
             self._observer.batch_ran(
-                batch[0].reservation.served,
+                (model, version, signature),
                 sum(r.rows for r in batch),
                 padded,
                 [(r.rows, r.waited) for r in batch],
