@@ -347,20 +347,21 @@ class Metrics:
         """One batch the batcher ran (on its thread): `rows` instances padded to `padded`, each
         request's (instances, seconds waited in the queue), and `left` requests still queued."""
         tf = self.tfserving
-        children = self._batches.get(served)
+        children = self._batches.get((served, padded))
         if children is None:
             model, version, signature = served
             labels = (model, "" if version is None else str(version), signature)
-            children = self._batches[served] = (
+            children = self._batches[(served, padded)] = (
                 self.batch_size.labels(*labels),
                 self.queue_wait.labels(*labels),
+                tf.padding_size.labels(str(padded)),
             )
-        batch_size, queue_wait = children
+        batch_size, queue_wait, padding = children
         if self.multiprocess:
             self.queue_requests.set(left)
         tf.wrapped_run_count.inc()
         tf.processed_batch_size.observe(padded)
-        self.child(tf.padding_size, str(padded)).observe(padded - rows)
+        padding.observe(padded - rows)
         batch_size.observe(rows)
         for request_rows, waited in waits:
             tf.input_batch_size.observe(request_rows)
