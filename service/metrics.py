@@ -368,6 +368,13 @@ class Metrics:
             tf.queuing_latency.observe(waited * MICROS)
             queue_wait.observe(waited)
 
+    def examples_counted(self, model: str, count: int) -> None:
+        """A MultiInference request's tf.Examples, once its tasks ran (TF Serving counts them
+        there only: servables/tensorflow/multi_inference.cc)."""
+        tf = self.tfserving
+        self.child(tf.example_counts, model).observe(count)
+        self.child(tf.example_count_total, model).inc(count)
+
     def version_loaded(self, model: str, seconds: float, failed: bool) -> None:
         """A version's load ended (on the event loop)."""
         if failed:

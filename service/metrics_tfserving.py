@@ -52,6 +52,19 @@ QUEUING_US = exponential_buckets(100, 1.2, 52)
 # 1, 2, 4, ... 8192 (batching_util.h).
 BATCH_SIZES = exponential_buckets(1, 2, 14)
 
+EXAMPLE_COUNTS = Definition(
+    PREFIX + "request_example_counts",
+    "histogram",
+    ("model",),
+    "The number of tensorflow.Examples per request.",
+    exponential_buckets(1, 2, 15),
+)
+EXAMPLE_COUNT_TOTAL = Definition(
+    PREFIX + "request_example_count_total",
+    "counter",
+    ("model",),
+    "The total number of tensorflow.Examples.",
+)
 REQUEST_COUNT = Definition(
     PREFIX + "request_count", "counter", ("model_name", "status"), "The total number of requests."
 )
@@ -104,6 +117,8 @@ PADDING_SIZE = Definition(
     BATCH_SIZES,
 )
 DEFINITIONS = (
+    EXAMPLE_COUNTS,
+    EXAMPLE_COUNT_TOTAL,
     REQUEST_COUNT,
     REQUEST_LATENCY,
     RUNTIME_LATENCY,
@@ -171,6 +186,8 @@ class TFServingMetrics:
                     buckets=definition.buckets,
                     registry=registry,
                 )
+        self.example_counts = made[EXAMPLE_COUNTS.name]
+        self.example_count_total = made[EXAMPLE_COUNT_TOTAL.name]
         self.request_count = made[REQUEST_COUNT.name]
         self.request_latency = made[REQUEST_LATENCY.name]
         self.runtime_latency = made[RUNTIME_LATENCY.name]

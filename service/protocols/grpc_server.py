@@ -471,6 +471,7 @@ class _Servicer(
             else:
                 _fill_regressions(answer.regression_result, result.outputs, len(serialized))
             self._fill_spec(answer.model_spec, task.model_spec.name, result.version, signature_name)
+        self.dataplane.metrics.examples_counted(name, len(serialized))
         return response
 
     @_rpc

@@ -35,6 +35,14 @@ def exponential(scale: float, growth: float, count: int) -> list[str]:
 UPSTREAM = [
     # tensorflow_serving/servables/tensorflow/util.cc
     pytest.param(
+        ":tensorflow:serving:request_example_counts", "histogram", ("model",), (1, 2, 15),
+        id="request_example_counts",
+    ),
+    pytest.param(
+        ":tensorflow:serving:request_example_count_total", "counter", ("model",), None,
+        id="request_example_count_total",
+    ),
+    pytest.param(
         ":tensorflow:serving:request_count", "counter", ("model_name", "status"), None,
         id="request_count",
     ),
@@ -108,6 +116,8 @@ def traffic_text():
             client.post("/v1/models/nobody:predict", json={"instances": IMAGES}).status_code == 404
         )
         assert client.post(PREDICT, content=b"{not json").status_code == 400
+        # What gRPC's MultiInference records (tests/live/service/test_multi_inference.py).
+        client.app.dataplane.metrics.examples_counted(MODEL_NAME, 3)
         return exposition(client)
 
 
