@@ -297,15 +297,25 @@ class DataPlane:
         loaded here (with BACKEND=tfserving, TF Serving exports its own)."""
         if not self.backend.loads_models:
             return
-        gauge = self.metrics.version_state
-        gauge.clear()
+        metrics = self.metrics
+        gauge = metrics.version_state
+        now = set()
         for name in self.model_names():
             try:
                 statuses = await self.backend.model_status(name, None)
             except ServiceError:
                 continue  # no version yet
-            for status in statuses:
-                gauge.labels(name, str(status.version), status.state.name).set(1)
+            now.update((name, str(s.version), s.state.name) for s in statuses)
+        for labels in metrics.version_states - now:
+            # A state left: gone from one process's registry; with workers, whose files keep
+            # every series written, it reads 0.
+            if metrics.multiprocess:
+                gauge.labels(*labels).set(0)
+            else:
+                gauge.remove(*labels)
+        for labels in now:
+            gauge.labels(*labels).set(1)
+        metrics.version_states = now
 
     def class_labels(self, name: str) -> tuple[str, ...] | None:
         """The class labels of a model's serving version; None while no version serves."""

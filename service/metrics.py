@@ -176,6 +176,8 @@ class Metrics:
         self._routes: dict[tuple[int, str], _RouteMetrics] = {}
         self._calls: dict[tuple, _CallMetrics] = {}
         self._batches: dict[tuple, object] = {}
+        # The (model, version, state) series of the version state gauge set at the last scrape.
+        self.version_states: set[tuple[str, str, str]] = set()
 
     def _per_model(self) -> None:
         labels = ["model", "version", "signature", "protocol"]

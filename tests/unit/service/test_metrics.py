@@ -74,11 +74,22 @@ class _Waiting:
 
 
 def test_every_versions_state_is_a_gauge():
-    with app_client(FakeBackend(versions=(1, 2))) as client:
+    backend = FakeBackend(versions=(1, 2))
+    with app_client(backend) as client:
         client.get("/metrics")
         for version in ("1", "2"):
             state = {"model": MODEL_NAME, "version": version, "state": "AVAILABLE"}
             assert sample(client, "estimator_serving_model_version_state", **state) == 1
+        backend.versions = [2]  # version 1 is gone: so is its series
+        text = client.get("/metrics").text
+    assert (
+        'estimator_serving_model_version_state{model="fashion_mnist",state="AVAILABLE",version="2"} 1.0'
+        in text
+    )
+    assert (
+        'version="1"'
+        not in text.split("# TYPE estimator_serving_model_version_state")[1].split("#")[0]
+    )
 
 
 def test_loads_are_timed_and_failures_counted(tmp_path):
