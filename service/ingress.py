@@ -3,7 +3,10 @@ request between the server and its route's handler.
 
 Every request passes the same steps, in this order:
 
-1. **Metrics**: counted in flight and timed, then counted by route template and status.
+1. **Metrics**: counted in flight and timed, then counted by route template and status; a
+   route that serves a model (`Route.protocol`) also records that one measurement per model
+   and in TF Serving's metrics (service/metrics.py), with the version and signature the data
+   plane answered with (`SERVED`).
 2. **Route**: matched in the one table of every protocol's routes (service/routes.py): a
    path no route has is 404, a method its routes do not take 405 (a protocol may answer its
    own prefix otherwise: TF Serving's 400 for a /v1 URL it cannot parse).
