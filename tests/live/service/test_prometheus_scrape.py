@@ -78,9 +78,13 @@ def predictions(server):
         assert response.status_code == 200, response.text
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        metadata = [("authorization", f"Bearer {PREDICT_TOKEN}")]
         for _ in range(GRPC_PREDICTIONS):
-            stub.Predict(predict_request(images), timeout=30.0,
-                         metadata=[("authorization", f"Bearer {PREDICT_TOKEN}")])  # fmt: skip
+            stub.Predict(predict_request(images), timeout=30.0, metadata=metadata)
+        # A model nobody serves: counted under `other`, with TF Serving's status name.
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(predict_request(images, name="nobody"), timeout=30.0, metadata=metadata)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +178,10 @@ def test_tf_servings_metrics_are_queried_by_its_names(prometheus):
     assert value_when(prometheus, count, lambda v: v >= REST_PREDICTIONS + GRPC_PREDICTIONS) == (
         REST_PREDICTIONS + GRPC_PREDICTIONS
     )
+    unknown = (
+        ':tensorflow:serving:request_count{job="tfserving",model_name="other",status="NOT_FOUND"}'
+    )
+    assert value_when(prometheus, unknown, bool) == 1
     latency = (
         ':tensorflow:serving:request_latency_count{{job="tfserving",entrypoint="{}",API="{}"}}'
     )
