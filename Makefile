@@ -48,12 +48,12 @@ UV_SYNC := $(UV) pip sync --quiet --require-hashes --compile-bytecode
 # `-e`), built with the locked setuptools (no isolated build environment fetched unlocked).
 UV_PROJECT := $(UV) pip install --quiet --no-deps --no-build-isolation --compile-bytecode -e .
 
-.PHONY: setup data compose browser tools venv train serve test test-fast test-repeat k8s lint format bench bench-peers clean \
+.PHONY: setup data compose browser tools monitoring venv train serve test test-fast test-repeat k8s lint format bench bench-peers clean \
         figures docs tokens tls containers test-containers serve-examples runtime shipped-model
 
 # Everything `make test` needs: both venvs with the tests' and docs' tools, the data, and the
 # Debian packages of the tests that drive other programs.
-setup: venv data compose browser tools containers
+setup: venv data compose browser tools monitoring containers
 
 venv: $(STAMP) $(TRAINING_STAMP) $(CRD_SDKS_STAMP)
 
@@ -137,6 +137,16 @@ tools:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nghttp2-client >/dev/null; \
 	  else \
 	    echo "wrk or h2load is missing, so their tests will be skipped: run 'sudo apt-get install wrk nghttp2-client'"; \
+	  fi; }
+
+# Debian's Prometheus: tests/live/service/test_prometheus_scrape.py scrapes a live service
+# with it and queries the metrics back through its API.
+monitoring:
+	@command -v prometheus >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "Prometheus is missing, so its scrape test will be skipped: run 'sudo apt-get install prometheus'"; \
 	  fi; }
 
 # Rootful podman and what it needs (tools/podman.py: a private configuration and storage under

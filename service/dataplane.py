@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +24,7 @@ from service.errors import (
     NotFound,
     NotReady,
     Overloaded,
+    ServiceError,
     UpstreamInternal,
     check_image_count,
 )
@@ -68,6 +70,9 @@ class DataPlane:
         self.max_images = max_images
         self.traffic = traffic or Traffic(0, 0)
         self.draining = False
+        metrics.model_names = backend.model_names
+        metrics.queue_depth = backend.queue_depth
+        backend.observe(metrics)
 
     @property
     def model_name(self) -> str:
@@ -119,12 +124,14 @@ class DataPlane:
         version: int | None = None,
         signature_name: str = SIGNATURE_NAME,
         label: str | None = None,
+        api: str = "Predict",
     ) -> PredictResult:
         """Run inputs through a version's signature: float32 images [n, 28, 28] (the image
         contract), or each input of the signature by name.
 
         A request naming neither a version nor a label may go to the canary, and may be
-        copied to the shadow; a named one goes where it says.
+        copied to the shadow; a named one goes where it says. `api` is TF Serving's name for
+        the call in its runtime latency (Predict, Classify, Regress).
 
         Raises:
             ServiceError: over a limit, unknown model, version or label, not ready,
@@ -136,6 +143,7 @@ class DataPlane:
         labels = {} if pinned else self.backend.version_labels(name)
         route = "named" if pinned else "serving"
         prediction = None
+        started = time.perf_counter()
         if not pinned:
             canary = self.traffic.route(labels)
             if canary is not None:
@@ -148,6 +156,14 @@ class DataPlane:
                     prediction = None  # the canary is not answering: the serving version does
         if prediction is None:
             prediction = await self.backend.predict(name, images, version, signature_name, label)
+        self.metrics.model_called(
+            name,
+            prediction.version,
+            signature_name,
+            api,
+            time.perf_counter() - started,
+            prediction.queued,
+        )
         class_labels = self.backend.class_labels(name, prediction.version)
         self._count(name, prediction, class_labels, route, count)
         served_classes = prediction.outputs.get(CLASSES_KEY)
@@ -275,6 +291,31 @@ class DataPlane:
             version = self.backend.serving_version(name)
             if version is not None:
                 self.metrics.model_version.labels(name, self.device()).set(version)
+
+    async def update_version_states(self) -> None:
+        """Set every version's state gauge (before /metrics is scraped), when the models are
+        loaded here (with BACKEND=tfserving, TF Serving exports its own)."""
+        if not self.backend.loads_models:
+            return
+        metrics = self.metrics
+        gauge = metrics.version_state
+        now = set()
+        for name in self.model_names():
+            try:
+                statuses = await self.backend.model_status(name, None)
+            except ServiceError:
+                continue  # no version yet
+            now.update((name, str(s.version), s.state.name) for s in statuses)
+        for labels in metrics.version_states - now:
+            # A state left: gone from one process's registry; with workers, whose files keep
+            # every series written, it reads 0.
+            if metrics.multiprocess:
+                gauge.labels(*labels).set(0)
+            else:
+                gauge.remove(*labels)
+        for labels in now:
+            gauge.labels(*labels).set(1)
+        metrics.version_states = now
 
     def class_labels(self, name: str) -> tuple[str, ...] | None:
         """The class labels of a model's serving version; None while no version serves."""

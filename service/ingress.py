@@ -3,7 +3,10 @@ request between the server and its route's handler.
 
 Every request passes the same steps, in this order:
 
-1. **Metrics**: counted in flight and timed, then counted by route template and status.
+1. **Metrics**: counted in flight and timed, then counted by route template and status; a
+   route that serves a model (`Route.protocol`) also records that one measurement per model
+   and in TF Serving's metrics (service/metrics.py), with the version and signature the data
+   plane answered with (`SERVED`).
 2. **Route**: matched in the one table of every protocol's routes (service/routes.py): a
    path no route has is 404, a method its routes do not take 405 (a protocol may answer its
    own prefix otherwise: TF Serving's 400 for a /v1 URL it cannot parse).
@@ -57,7 +60,8 @@ from service.errors import (
     error_response,
     printable,
 )
-from service.metrics import Metrics
+from service.metrics import SERVED, Metrics, Served
+from service.metrics_tfserving import REST
 from service.routes import Call, Match, NoSuchMethod, RouteTable
 from service.security import NOSNIFF, Access, scope_of
 
@@ -164,9 +168,13 @@ class Ingress:
         status = 500  # what a request that ends without an answer (a shutdown) counts as
         template = "unmatched"
         read = False  # whether the body was read whole
+        route = served = None
         try:
             found, template = self._match(method, scope["path"])
             route = found.route if isinstance(found, Match) else None
+            if route is not None and route.protocol:
+                served = Served(route.protocol)
+                SERVED.set(served)
             needed = scope_of(method) if route is None else route.scope
             decision = self.access.check(scope, needed, route is not None and route.probe)
             extra = [NOSNIFF, *decision.headers]
@@ -200,7 +208,11 @@ class Ingress:
             await _answer(response, extra, scope, receive, send)
         finally:
             self._in_flight.discard(task)
-            metrics.request_finished(template, method, status, started)
+            seconds = metrics.request_finished(template, method, status, started)
+            if served is not None:
+                name = found.params.get("name") or served.model
+                measured = metrics.route(id(route), route.protocol, route.tf_api, REST, name)
+                measured.finished(status < 400, status, seconds, served)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info('%s - "%s %s HTTP/%s" %d', _client(scope), printable(method),
                                 printable(_path_with_query(scope)), scope["http_version"],

@@ -117,6 +117,11 @@ class Route:
         any_case: match the fixed words of the path in any case (TF Serving's /v1 URLs).
         probe: a health probe, answered whatever Host it names (kubelets use addresses).
         documented: listed in the OpenAPI document.
+        protocol: the per-model metrics' `protocol` label for a route that serves a model
+            (service/metrics.py; `feedback` counts feedback); empty: not measured per model.
+        tf_api: TF Serving's `API` label for a route of its REST API (`predict`, `classify`,
+            `regress`; empty for status and metadata, as TF Serving has it); None: not in TF
+            Serving's metrics.
     """
 
     method: str
@@ -132,6 +137,8 @@ class Route:
     any_case: bool = False
     probe: bool = False
     documented: bool = True
+    protocol: str = ""
+    tf_api: str | None = None
 
     @functools.cached_property
     def template(self) -> str:

@@ -91,6 +91,8 @@ class Prediction:
     version: int
     outputs: dict[str, np.ndarray]
     checked: bool = False
+    # Seconds the request waited in the batch queue before its batch ran (0: not batched).
+    queued: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from artifact.contract import SIGNATURE_NAME
 from artifact.model_config import ModelEntry
@@ -26,6 +27,7 @@ class Reservation:
         run: inputs -> Prediction, called on a thread that is not the event loop.
         release: called on the event loop when the request is answered, failed or dropped.
         cancel: stops a run in progress when the service shuts down, where that is possible.
+        served: (model, version, signature) for the metrics (service/metrics.py).
     """
 
     key: tuple
@@ -34,6 +36,20 @@ class Reservation:
     cancel: Callable[[], None] = lambda: None
     # False: the signature has an input or output without a batch dimension; never joined.
     batchable: bool = True
+    served: tuple[str, int | None, str] = ("", None, "")
+
+
+class Observer(Protocol):
+    """What the backends tell the metrics (service/metrics.py's Metrics is one)."""
+
+    def batch_ran(
+        self, served: tuple, rows: int, padded: int, waits: list[tuple[int, float]], left: int
+    ) -> None:
+        """A batch of `rows` instances, padded to `padded`, ran; each request's (instances,
+        seconds queued); `left` requests still queued. Called on the batcher's thread."""
+
+    def version_loaded(self, model: str, seconds: float, failed: bool) -> None:
+        """A version's load ended, after `seconds`; `failed` when it did not load."""
 
 
 class Backend(abc.ABC):
@@ -160,7 +176,12 @@ class Backend(abc.ABC):
             for future in list(inflight):
                 future.cancel()
 
-        return Reservation((name, version, signature_name, label), run, cancel=cancel)
+        return Reservation(
+            (name, version, signature_name, label),
+            run,
+            cancel=cancel,
+            served=(name, version, signature_name),
+        )
 
     async def predict_shadow(
         self, name: str, images: Inputs, label: str, signature_name: str = SIGNATURE_NAME
@@ -188,6 +209,14 @@ class Backend(abc.ABC):
     def overloaded(self) -> bool:
         """True when a new request would be refused for capacity anyway (a full queue)."""
         return False
+
+    def queue_depth(self) -> int:
+        """Requests waiting in the batch queue (0 without a batcher)."""
+        return 0
+
+    def observe(self, observer: Observer) -> None:  # noqa: B027 - optional: none by default
+        """Tell `observer` of every batch run and every version loaded from now on (a backend
+        that neither batches nor loads, TF Serving's client, has nothing to tell)."""
 
 
 class DelegatingBackend(Backend):
@@ -222,6 +251,12 @@ class DelegatingBackend(Backend):
 
     def overloaded(self) -> bool:
         return self.inner.overloaded()
+
+    def queue_depth(self) -> int:
+        return self.inner.queue_depth()
+
+    def observe(self, observer: Observer) -> None:
+        self.inner.observe(observer)
 
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return self.inner.class_labels(name, version)

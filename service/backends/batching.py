@@ -17,7 +17,9 @@ event loop only queues requests and hands answers back. When a batch ends, the n
 starts at once; it does not wait for the loop to notice, which under load (the loop busy
 with other clients' requests) cost a quarter of the model's time (docs/benchmarks.md).
 Each request holds its version from the moment it is queued (Backend.reserve) until it is
-answered or dropped.
+answered or dropped. Each batch is told to the observer (the metrics, from the batch thread):
+its size before and after padding, and how long each of its requests waited in the queue,
+which each request's Prediction also carries (`queued`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 import numpy as np
 
 from artifact.contract import SIGNATURE_NAME, output_problems
-from service.backends.base import Backend, DelegatingBackend, Reservation
+from service.backends.base import Backend, DelegatingBackend, Observer, Reservation
 from service.errors import OVERLOADED, Overloaded, UpstreamError
 from service.types import Inputs, Prediction, inner_shapes, join_inputs, rows_of
 
@@ -48,10 +50,13 @@ class _Request:
     rows: int = 0
     # Requests join only when their inputs' other dimensions and dtypes match.
     shapes: tuple = ()
+    enqueued: float = 0.0
+    waited: float = 0.0  # seconds from enqueued to its batch being taken
 
     def __post_init__(self):
         self.rows = rows_of(self.images)
         self.shapes = inner_shapes(self.images)
+        self.enqueued = time.perf_counter()
 
     @property
     def dropped(self) -> bool:
@@ -91,6 +96,7 @@ class BatchingBackend(DelegatingBackend):
         self._closing = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._observer: Observer | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -111,6 +117,13 @@ class BatchingBackend(DelegatingBackend):
             if not request.future.done():
                 request.future.set_exception(error)
         await self.inner.close()
+
+    def observe(self, observer: Observer) -> None:
+        self._observer = observer
+        self.inner.observe(observer)
+
+    def queue_depth(self) -> int:
+        return self.waiting
 
     # --- the event loop's side ----------------------------------------------------------
     def overloaded(self) -> bool:
@@ -162,11 +175,13 @@ class BatchingBackend(DelegatingBackend):
                     request.future.set_exception(error)
                 elif not request.reservation.batchable:
                     # Ran alone, and its outputs may have no batch dimension to slice.
-                    request.future.set_result(prediction)
+                    request.future.set_result(
+                        dataclasses.replace(prediction, queued=request.waited)
+                    )
                 else:
                     outputs = {k: v[start:end] for k, v in prediction.outputs.items()}
                     request.future.set_result(
-                        Prediction(prediction.version, outputs, prediction.checked)
+                        Prediction(prediction.version, outputs, prediction.checked, request.waited)
                     )
             start = end
 
@@ -205,6 +220,9 @@ class BatchingBackend(DelegatingBackend):
                         self._changed.wait(remaining)
                 batch = self._take_batch()
                 if batch:
+                    taken = time.perf_counter()
+                    for request in batch:
+                        request.waited = taken - request.enqueued
                     self._running = batch
                     return batch
 
@@ -247,6 +265,7 @@ class BatchingBackend(DelegatingBackend):
             images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
             if self.allowed_batch_sizes and batch[0].reservation.batchable:
                 images = pad_to_allowed(images, self.allowed_batch_sizes)
+            padded = rows_of(images)
             prediction = batch[0].reservation.run(images)
             if not prediction.checked and not output_problems(
                 prediction.outputs, finite_rows_only=True
@@ -260,8 +279,23 @@ class BatchingBackend(DelegatingBackend):
             error = UpstreamError("the service is shutting down")
         with self._changed:
             self._running = []
+        if self._observer is not None and prediction is not None:
+            self._observe(batch, padded, prediction.version)
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._answer, batch, prediction, error)
+
+    def _observe(self, batch: list[_Request], padded: int, version: int) -> None:
+        try:
+            model, _, signature = batch[0].reservation.served
+            self._observer.batch_ran(
+                (model, version, signature),
+                sum(r.rows for r in batch),
+                padded,
+                [(r.rows, r.waited) for r in batch],
+                len(self._queue),
+            )
+        except Exception:  # noqa: BLE001 - the metrics must not fail a batch
+            log.exception("recording a batch's metrics failed")
 
 
 def pad_to_allowed(images: Inputs, allowed: tuple[int, ...]) -> Inputs:

@@ -225,6 +225,9 @@ class InProcessBackend(Backend):
     def device(self) -> str:
         return self._device
 
+    def observe(self, observer) -> None:
+        self.registry.observer = observer
+
     def model_dir(self, name: str) -> Path:
         registry = self.registry.get(name)
         if registry is None:
@@ -337,7 +340,13 @@ class InProcessBackend(Backend):
 
         # The predictor's identity too: a version number reloaded is another model.
         key = (name, lease.version, signature_name, id(predictor))
-        return Reservation(key, run, lease.release, batchable=batchable(signature))
+        return Reservation(
+            key,
+            run,
+            lease.release,
+            batchable=batchable(signature),
+            served=(name, lease.version, signature_name),
+        )
 
     async def predict_shadow(
         self, name: str, images: Inputs, label: str, signature_name: str = SIGNATURE_NAME

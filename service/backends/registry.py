@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -150,6 +151,7 @@ class VersionRegistry:
             differ from the serving version's may serve (refused otherwise, so a retrain
             cannot silently change what clients must send).
         sources: makes the source of the entry's base path (a folder, or a URL and its cache).
+        observer: told how long each load took, or that it failed (version_loaded).
     """
 
     def __init__(
@@ -158,9 +160,12 @@ class VersionRegistry:
         loader: Loader,
         allow_signature_changes: bool = False,
         sources: Sources | None = None,
+        observer=None,
     ):
         self.entry = entry
         self.loader = loader
+        # Told of every load's end (the metrics: service/backends/base.py's Observer).
+        self.observer = observer
         self._sources = sources or Sources()
         self.source = self._sources.open(entry.base_path)
         self.allow_signature_changes = allow_signature_changes
@@ -466,10 +471,19 @@ class VersionRegistry:
 
     async def _fetch_and_load(self, record: VersionRecord) -> Any:
         # A URL's version is copied into the cache first; a folder on disk is used in place.
-        record.path = await self.source.fetch(record.version, record.path)
-        # Before the load reads them: a change during the load is seen next time.
-        record.assets_stamp = assets_stamp(record.path)
-        return await self.loader.load(record.version, record.path)
+        started = time.monotonic()
+        try:
+            record.path = await self.source.fetch(record.version, record.path)
+            # Before the load reads them: a change during the load is seen next time.
+            record.assets_stamp = assets_stamp(record.path)
+            servable = await self.loader.load(record.version, record.path)
+        except Exception:
+            if self.observer is not None:
+                self.observer.version_loaded(self.name, time.monotonic() - started, True)
+            raise
+        if self.observer is not None:
+            self.observer.version_loaded(self.name, time.monotonic() - started, False)
+        return servable
 
     def _check_signatures(self, version: int, servable: Any) -> None:
         """Refuse (and let go of) a new version whose signatures differ from the serving
@@ -530,6 +544,8 @@ class ModelRegistry:
         self.allow_unavailable_labels = allow_unavailable_labels
         self.allow_signature_changes = allow_signature_changes
         self.models: dict[str, VersionRegistry] = {}
+        # Handed to each model's registry (set before the models load).
+        self.observer = None
         self._applying = asyncio.Lock()
 
     def get(self, name: str) -> VersionRegistry | None:
@@ -565,6 +581,7 @@ class ModelRegistry:
                         self.loader,
                         self.allow_signature_changes,
                         self.sources,
+                        self.observer,
                     )
                     fresh[entry.name] = registry
                     await registry.refresh()

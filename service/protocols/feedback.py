@@ -305,6 +305,7 @@ class FeedbackAPI:
                 QUERY,
                 self.refuse_early,
                 any_case=True,
+                protocol="feedback",
             )
         ]
 

@@ -58,6 +58,8 @@ from service.errors import (
     printable,
     redact_paths,
 )
+from service.metrics import SERVED, Served
+from service.metrics_tfserving import GRPC
 from service.protocols.grpc_access import RECEIVE_TIMEOUT_SECONDS, CallGuard
 from service.protocols.grpc_reload import ConfigReloader, ReloadRefused, reload_config
 from service.types import Inputs, ModelMetadata, SignatureSpec
@@ -129,10 +131,31 @@ class RPCError(Exception):
         self.message = message
 
 
+def _spec_name(request) -> str:
+    return request.model_spec.name
+
+
+# The methods measured per model (service/metrics.py): their protocol label, TF Serving's API
+# label (None: TF Serving's metrics leave the method out, as it does MultiInference), and the
+# model the request names.
+MEASURED = {
+    "Predict": ("tfserving_grpc", "Predict", _spec_name),
+    "Classify": ("tfserving_grpc", "Classify", _spec_name),
+    "Regress": ("tfserving_grpc", "Regress", _spec_name),
+    "MultiInference": (
+        "tfserving_grpc",
+        None,
+        lambda request: request.tasks[0].model_spec.name if request.tasks else "",
+    ),
+    "ModelInfer": ("v2_grpc", None, lambda request: request.model_name),
+}
+
+
 def _rpc(method):
     """Count the call, and answer its errors with their gRPC status, logged as the HTTP side
     logs them. Its token was checked before it came here (service/protocols/grpc_access.py)."""
     name = method.__name__
+    measured = MEASURED.get(name)
 
     @functools.wraps(method)
     async def handler(self, request, context):
@@ -140,6 +163,10 @@ def _rpc(method):
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
         overloaded = False
+        served = None
+        if measured is not None:
+            served = Served(measured[0])
+            SERVED.set(served)
         try:
             response = await method(self, request, context)
             code = grpc.StatusCode.OK
@@ -160,7 +187,12 @@ def _rpc(method):
             code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}"
         finally:
             metrics.child(metrics.grpc_requests, name, code.name).inc()
-            metrics.child(metrics.grpc_latency, name).observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            metrics.child(metrics.grpc_latency, name).observe(seconds)
+            if served is not None:
+                protocol, api, model_of = measured
+                route = metrics.route(id(measured), protocol, api, GRPC, model_of(request))
+                route.finished(code == grpc.StatusCode.OK, code.name, seconds, served)
         if code == grpc.StatusCode.UNAVAILABLE and overloaded:
             overload_log.refused(message)
         else:
@@ -339,7 +371,12 @@ class _Servicer(
         with self.body_budget.hold() as held:
             serialized = await self._serialized_examples(request.input, held)
             result = await self.dataplane.predict(
-                name, tf_example.example_inputs(serialized), version, signature_name, label
+                name,
+                tf_example.example_inputs(serialized),
+                version,
+                signature_name,
+                label,
+                api="Classify" if kind == "classification" else "Regress",
             )
         return name, version, label, signature_name, result, len(serialized)
 
@@ -422,7 +459,11 @@ class _Servicer(
         for task, signature_name in zip(request.tasks, signature_names, strict=True):
             # The version the first task found, for every task: one model, one version.
             result = await self.dataplane.predict(
-                name, tf_example.example_inputs(serialized), metadata.version, signature_name
+                name,
+                tf_example.example_inputs(serialized),
+                metadata.version,
+                signature_name,
+                api="MultiInference",
             )
             answer = response.results.add()
             if MULTI_INFERENCE_KINDS[task.method_name] == "classification":
@@ -430,6 +471,7 @@ class _Servicer(
             else:
                 _fill_regressions(answer.regression_result, result.outputs, len(serialized))
             self._fill_spec(answer.model_spec, task.model_spec.name, result.version, signature_name)
+        self.dataplane.metrics.examples_counted(name, len(serialized))
         return response
 
     @_rpc

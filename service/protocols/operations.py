@@ -53,4 +53,5 @@ class Operations:
 
     async def metrics(self, call: Call):
         self.dataplane.update_gauges()
+        await self.dataplane.update_version_states()
         return Response(self.dataplane.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

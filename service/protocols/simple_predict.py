@@ -172,11 +172,13 @@ class PeopleAPI:
             Route("POST", "/predict", self.predict,
                   "Predict with the default model: images, named features or any signature in; "
                   "labels and probabilities, or values, out",
-                  PREDICT, ("predict",), PREDICT_DOC, answers, QUERY, admit),
+                  PREDICT, ("predict",), PREDICT_DOC, answers, QUERY, admit,
+                  protocol="simple"),
             Route("POST", "/predict/{name:name}", self.predict,
                   "Predict with a model: images, named features or any signature in; labels "
                   "and probabilities, or values, out",
-                  PREDICT, ("predict",), PREDICT_MODEL_DOC, answers, QUERY, admit),
+                  PREDICT, ("predict",), PREDICT_MODEL_DOC, answers, QUERY, admit,
+                  protocol="simple"),
         ]  # fmt: skip
 
     async def predict(self, call: Call, name: str | None = None):

@@ -22,6 +22,9 @@ from service.routes import MODEL_READ, MODEL_WRITE, Answers, Body, Call, Route, 
 from service.security import PREDICT, STATUS
 from service.types import ModelMetadata, VersionStatus
 
+# The per-model metrics' protocol label (service/metrics.py); each route also says TF Serving's
+# API label (its URL's verb; empty for status and metadata, as TF Serving counts them).
+PROTOCOL = "tfserving_rest"
 # Bodies up to this size (a few images) are parsed on the event loop: a thread hop costs more
 # than they do.
 INLINE_PARSE_BYTES = 64 * 1024
@@ -198,6 +201,8 @@ class TFServingREST:
         def status(path: str, handler, summary: str, **more) -> Route:
             more.setdefault("answers", Answers(schema=STATUS_ANSWER, errors=MODEL_READ))
             more.setdefault("tags", tags)
+            more.setdefault("protocol", PROTOCOL)
+            more.setdefault("tf_api", "")
             return Route("GET", path, handler, summary, STATUS, any_case=True, **more)
 
         admit = admit_always(self.dataplane.admit)
@@ -225,6 +230,8 @@ class TFServingREST:
                         Answers(schema=answer, errors=MODEL_WRITE),
                         before_body=admit,
                         any_case=True,
+                        protocol=PROTOCOL,
+                        tf_api=verb,
                     )  # fmt: skip
                 )
         metadata = {"answers": Answers(schema=METADATA_ANSWER, errors=MODEL_READ)}
@@ -243,9 +250,10 @@ class TFServingREST:
                    "Signatures of a labeled version", **metadata),
             status("/v1/models/{name:name}/rollout", self.rollout,
                    "Serving version, labels, canary and shadow traffic (not in TF Serving)",
-                   tags=("rollout",), answers=Answers(schema=ROLLOUT_ANSWER, errors=MODEL_READ)),
+                   tags=("rollout",), answers=Answers(schema=ROLLOUT_ANSWER, errors=MODEL_READ),
+                   protocol="", tf_api=None),
             status("/v1/models", self.no_model_name, "Model status needs a model name",
-                   answers=Answers(errors=(400,))),
+                   answers=Answers(errors=(400,)), protocol="", tf_api=None),
         ]  # fmt: skip
 
     @staticmethod
@@ -373,7 +381,12 @@ class TFServingREST:
         else:
             serialized = batch.serialize()
         result = await self.dataplane.predict(
-            name, tf_example.example_inputs(serialized), parsed_version, signature_name, label
+            name,
+            tf_example.example_inputs(serialized),
+            parsed_version,
+            signature_name,
+            label,
+            api="Classify" if kind == "classification" else "Regress",
         )
         if kind == "classification":
             results = tf_example.classifications(result.outputs, len(serialized))

@@ -132,7 +132,8 @@ class OpenInferenceREST:
             return Route("GET", path, handler, summary, scope, tags, **more)
 
         admit = admit_always(self.dataplane.admit)
-        infer = {"body": INFER_BODY, "answers": INFER_ANSWERS, "before_body": admit}
+        infer = {"body": INFER_BODY, "answers": INFER_ANSWERS, "before_body": admit,
+                 "protocol": "v2_rest"}  # fmt: skip
         probe = {"probe": True, "answers": Answers(errors=(503,))}
         return [
             Route("POST", "/v2/models/{name}/infer", self.infer,

@@ -148,6 +148,7 @@ def test_the_api_image_carries_no_training_code_and_the_trainer_no_service():
 # no arrow runs back up (a module not listed is on the floor of its longest listed prefix).
 SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("service.types", "service.settings", "service.cli", "service.errors", "service.metrics",
+     "service.metrics_tfserving",
      "service.budgets", "service.routes",
      "service.security",
      "service.v2_proto", "service.config_files", "service.healthcheck"),

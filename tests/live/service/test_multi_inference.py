@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
 from support.any_models import ROWS
-from support.servers import serve_models
+from support.servers import Server, serve_models
 from support.tf_reference import reference, serialized, tf_example
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -68,11 +69,16 @@ def models(any_models, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(models, tmp_path_factory) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
+def server(models, tmp_path_factory) -> Iterator[Server]:
     server = serve_models(models, tmp_path_factory.mktemp("multi-service"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(server) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +204,37 @@ def test_what_tf_serving_refuses(stub, message, code, words):
         stub.MultiInference(message, timeout=TIMEOUT)
     assert caught.value.code() == code
     assert caught.value.details().startswith(words), caught.value.details()
+
+
+def tf_serving_value(server: Server, name: str, **labels: str) -> float:
+    """A sample of TF Serving's metrics, as its exporter writes them, at /metrics."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    for line in httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_tf_servings_metrics_count_the_examples_and_time_classify(server, stub):
+    examples = ":tensorflow:serving:request_example_count_total"
+    runtime = ":tensorflow:serving:runtime_latency_count"
+    latency = ":tensorflow:serving:request_latency_count"
+    before = (
+        tf_serving_value(server, examples, model="mixed"),
+        tf_serving_value(server, runtime, model_name="mixed", API="Classify", runtime="TF1"),
+        tf_serving_value(server, latency, model_name="mixed", API="Classify", entrypoint="GRPC"),
+    )
+    rows = [{"x": x} for x in XS]
+    stub.MultiInference(request(("mixed", "regression", REGRESS), rows=rows), timeout=TIMEOUT)
+    alone = classification_pb2.ClassificationRequest()
+    alone.model_spec.name, alone.model_spec.signature_name = "mixed", "classification"
+    alone.input.CopyFrom(request(rows=rows).input)
+    stub.Classify(alone, timeout=TIMEOUT)
+    after = (
+        tf_serving_value(server, examples, model="mixed"),
+        tf_serving_value(server, runtime, model_name="mixed", API="Classify", runtime="TF1"),
+        tf_serving_value(server, latency, model_name="mixed", API="Classify", entrypoint="GRPC"),
+    )
+    # MultiInference counts its examples (TF Serving's multi_inference.cc); Classify is timed
+    # in the runtime and as a gRPC request.
+    assert after == (before[0] + len(XS), before[1] + 1, before[2] + 1)

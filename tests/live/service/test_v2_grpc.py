@@ -250,8 +250,21 @@ def grpc_calls(http: httpx.Client, method: str) -> dict[str, float]:
     return counts
 
 
+def per_model_answered(http: httpx.Client, protocol: str) -> float:
+    """Answered requests in the per-model latency histogram, for one protocol."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "estimator_serving_request_duration_seconds_count"
+        and sample.labels["protocol"] == protocol
+        and sample.labels["model"] == MODEL_NAME
+    )
+
+
 def test_calls_are_counted_as_tf_servings_methods_are(http, triton, images):
     before = grpc_calls(http, "ModelInfer")
+    answered = per_model_answered(http, "v2_grpc")
     triton.infer(MODEL_NAME, [triton_input(images[:1])], headers=BEARER)
     with pytest.raises(InferenceServerException):
         tensor = triton_input(images[:1].astype(np.float64), "FP64")
@@ -259,6 +272,8 @@ def test_calls_are_counted_as_tf_servings_methods_are(http, triton, images):
     after = grpc_calls(http, "ModelInfer")
     assert after.get("OK", 0) == before.get("OK", 0) + 1
     assert after.get("INVALID_ARGUMENT", 0) == before.get("INVALID_ARGUMENT", 0) + 1
+    # Timed per model under the V2 gRPC protocol (the answered call only).
+    assert per_model_answered(http, "v2_grpc") == answered + 1
 
 
 # --- tritonclient.http: compressed bodies over real HTTP ------------------------------------

@@ -222,6 +222,8 @@ WORKER_METRICS = textwrap.dedent(
     metrics.child(metrics.requests, "/predict", "POST", "200").inc(int(sys.argv[1]))
     metrics.in_flight_gauge.inc(int(sys.argv[2]))
     metrics.model_version.labels("fashion_mnist", "/CPU:0").set(int(sys.argv[3]))
+    metrics.tfserving.request_count.labels("fashion_mnist", "OK").inc(int(sys.argv[1]))
+    metrics.tfserving.request_latency.labels("fashion_mnist", "predict", "REST").observe(150)
     sys.stdout.write(metrics.exposition().decode() + "END\\n")
     sys.stdout.flush()
     sys.stdin.read()  # stays alive (its live gauges count) until told to go
@@ -278,6 +280,11 @@ def test_metrics_add_up_across_worker_processes(tmp_path):
     assert sample(text, "http_requests_total") == 8
     assert sample(text, "http_requests_in_flight") == 3
     assert sample(text, "model_version") == 5  # the one set last
+    # TF Serving's too, written as its exporter writes them (service/metrics_tfserving.py).
+    assert ':tensorflow:serving:request_count{model_name="fashion_mnist",status="OK"} 8\n' in text
+    assert text.count("# TYPE :tensorflow:serving:request_count counter\n") == 1
+    latency = ':tensorflow:serving:request_latency_bucket{model_name="fashion_mnist",API="predict"'
+    assert latency + ',entrypoint="REST",le="188.957"} 2\n' in text
     # The first worker is gone: its requests still count, what it held in flight no longer.
     later = later.replace("END\n", "")
     assert sample(later, "http_requests_total") == 8
