@@ -163,7 +163,7 @@ def image_to_pixels(
     gray = Image.fromarray(pixels)
     scale = min(width / gray.width, height / gray.height)
     size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
-    resized = gray.resize(size, Image.LANCZOS)
+    resized = gray.resize(size, Image.Resampling.LANCZOS)
     canvas = Image.new("L", (width, height), 0)
     canvas.paste(resized, ((width - size[0]) // 2, (height - size[1]) // 2))
     return np.asarray(canvas, dtype=np.uint8)

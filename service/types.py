@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +59,8 @@ def inner_shapes(inputs: Inputs) -> tuple:
 def join_inputs(parts: list[Inputs]) -> Inputs:
     """Several requests' inputs as one batch, in order (inner_shapes equal)."""
     if isinstance(parts[0], np.ndarray):
-        return _join(parts)
+        # Equal inner_shapes: every part is an array then.
+        return _join(cast("list[np.ndarray]", parts))
     return {key: _join([part[key] for part in parts]) for key in parts[0]}
 
 
@@ -74,7 +75,9 @@ def _join(arrays: list[np.ndarray]) -> np.ndarray:
     first = arrays[0]
     if first.ndim == 0 or first.dtype.hasobject or not all(a.flags.c_contiguous for a in arrays):
         return np.concatenate(arrays)
-    joined = bytearray().join(arrays)
+    # numpy declares ndarray's buffer protocol (__buffer__) to type checkers only on Python
+    # 3.12 and later; it has one at run time on every version.
+    joined = bytearray().join(arrays)  # type: ignore[arg-type]
     # The rows counted, not inferred: an inner dimension of 0 leaves no bytes to infer from.
     rows = sum(len(a) for a in arrays)
     return np.frombuffer(joined, dtype=first.dtype).reshape(rows, *first.shape[1:])

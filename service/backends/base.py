@@ -174,8 +174,9 @@ class Backend(abc.ABC):
         """The class labels a version answers with (its labels.txt)."""
 
     @abc.abstractmethod
-    def model_dir(self, name: str) -> Path:
-        """A model's folder in the repository (its versions, their reports and plots).
+    def model_dir(self, name: str) -> Path | str:
+        """A model's folder in the repository (its versions, their reports and plots), or its
+        URL where the backend reads the model from object storage itself (TF Serving).
 
         Raises:
             NotFound: the model is not served.
@@ -226,7 +227,7 @@ class DelegatingBackend(Backend):
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return self.inner.class_labels(name, version)
 
-    def model_dir(self, name: str) -> Path:
+    def model_dir(self, name: str) -> Path | str:
         return self.inner.model_dir(name)
 
     async def start(self) -> None:

@@ -149,7 +149,7 @@ class TFServingBackend(Backend):
     def device(self) -> str:
         return f"tfserving:{self.address}"
 
-    def model_dir(self, name: str) -> Path:
+    def model_dir(self, name: str) -> Path | str:
         entry = self.entries.get(name)
         if entry is None:
             raise NotFound(f"Could not find any versions of model {name}")
@@ -162,7 +162,7 @@ class TFServingBackend(Backend):
             raise NotFound(servable_not_found(name, version))
         if is_url(entry.base_path):
             return self._remote_labels(name, entry.base_path, version)
-        path = entry.base_path / str(version)
+        path = Path(entry.base_path) / str(version)
         stamp = assets_stamp(path)
         cached = self._labels.get((name, version))
         if cached is None or cached[0] != stamp:
