@@ -118,6 +118,11 @@ class TensorSpec:
     dtype: np.dtype | None
     shape: tuple[int, ...] | None
 
+    @property
+    def batched(self) -> bool:
+        """Whether its first dimension is the batch, of any size (-1)."""
+        return self.shape is not None and len(self.shape) >= 1 and self.shape[0] == -1
+
 
 @dataclasses.dataclass(frozen=True)
 class SignatureSpec:
@@ -133,10 +138,7 @@ class SignatureSpec:
         """Whether requests may share a model call (the function `batchable`); worked out once
         per signature, not per request."""
         tensors = (*self.inputs, *self.outputs)
-        return bool(self.inputs) and all(
-            spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1
-            for spec in tensors
-        )
+        return bool(self.inputs) and all(spec.batched for spec in tensors)
 
 
 def batchable(signature: SignatureSpec) -> bool:

@@ -232,9 +232,12 @@ class ImageInstances:
         """
         if self.arrays is not None:
             return pixels.pixel_images(self.arrays)
+        instances = self.instances
+        if instances is None:
+            raise TypeError("ImageInstances holds neither instances nor arrays")
         if self.contract:
             return _decode_contract(
-                self.instances, self.files, invert, pixel_budget, cancelled, in_flight
+                instances, self.files, invert, pixel_budget, cancelled, in_flight
             )
         decoded = {}
         if self.files:
@@ -247,7 +250,7 @@ class ImageInstances:
                 decoded[i]
                 if i in decoded
                 else pixels.pixel_array(item, self.image, f"instances[{i}]")
-                for i, item in enumerate(self.instances)
+                for i, item in enumerate(instances)
             ]
         )
 
