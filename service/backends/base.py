@@ -46,9 +46,11 @@ class Backend(abc.ABC):
         model_name: the default model (the one /predict serves).
     """
 
-    # Whether apply_config loads and unloads the models (False: another server does, and
-    # apply_config only takes the names and labels it routes by).
-    loads_models = True
+    @property
+    def loads_models(self) -> bool:
+        """Whether apply_config loads and unloads the models (False: another server does, and
+        apply_config only takes the names and labels it routes by)."""
+        return True
 
     def __init__(self, model_name: str):
         self.model_name = model_name

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class Feature:
     shape: tuple[int, ...]
 
     @staticmethod
-    def takes(dtype: np.dtype | None) -> bool:
+    def takes(dtype: np.dtype | None) -> TypeGuard[np.dtype]:
         """Whether a person can send values of this dtype (numbers, strings, booleans)."""
         return dtype is not None and dtype.kind in _TYPE_NAMES
 
