@@ -125,6 +125,16 @@ class ModelForm:
     softmax_guess: bool = False
     image_contract: bool = False
 
+    def image_input(self) -> ImageInput:
+        """The image input of an IMAGE or IMAGE_BYTES form.
+
+        Raises:
+            TypeError: the form takes no images.
+        """
+        if self.image is None:
+            raise TypeError(f"a {self.kind} form takes no image")
+        return self.image
+
     def to_json(self) -> dict:
         """What the page needs to build its input and read the answer."""
         image = None
