@@ -289,9 +289,12 @@ k8s: venv
 	done
 	$(PY) -m pytest tests/unit/deploy tests/live/deploy -q
 
+# ruff, then mypy over artifact/ and service/ ([tool.mypy] in pyproject.toml; its cache in
+# build/mypy). .pre-commit-config.yaml runs the same three commands before each commit.
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 format: venv
 	$(PY) -m ruff format .
