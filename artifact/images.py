@@ -156,7 +156,7 @@ def image_to_pixels(
 
     pixels = np.asarray(gray, dtype=np.uint8)
     if invert == "yes" or (invert == "auto" and _border_is_light(pixels)):
-        pixels = 255 - pixels
+        pixels = np.uint8(255) - pixels
     if pixels.shape == (height, width):
         return pixels
     # Longest side to the size keeping the aspect ratio, centred on the dark background.

@@ -1,8 +1,9 @@
-"""The type checker and the lint commands: mypy finds no error in artifact/ and service/,
-no check is switched off to hide one, and the pre-commit hooks run what `make lint` runs.
+"""The type checker and the lint commands: mypy finds no error in artifact/ and service/
+(in the service's venv) nor in training/ (against the trainer's venv), no check is switched
+off to hide one, and the pre-commit hooks run what `make lint` runs.
 
-mypy keeps its cache in build/mypy ([tool.mypy] in pyproject.toml): the first run of a clone
-makes it (seconds), the later ones read it."""
+mypy keeps its caches under build/ (build/mypy, build/mypy-training): the first run of a
+clone makes them (seconds), the later ones read them."""
 
 from __future__ import annotations
 
@@ -18,8 +19,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("artifact", "service")
-# What ships no type information, with no stubs for the versions here: typed Any.
-UNTYPED = {"tensorflow", "tensorflow.*", "tensorflow_serving.*", "fsspec", "fsspec.*"}
+TRAINING_PYTHON = ROOT / ".venv-training" / "bin" / "python"
+# What ships no type information, with no stubs for the versions here: typed Any (protobuf
+# only in the trainer's venv: the service's has its stubs).
+UNTYPED = {
+    "tensorflow",
+    "tensorflow.*",
+    "tensorflow_serving.*",
+    "tensorboard.*",
+    "fsspec",
+    "fsspec.*",
+    "google.protobuf",
+    "google.protobuf.*",
+}
 # Settings that would hide errors rather than find them.
 WEAKENING = (
     "ignore_errors",
@@ -42,22 +54,47 @@ def lint_commands() -> list[str]:
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^lint: .*\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe, "Makefile has no lint target"
-    return [line.strip().replace("$(PY)", ".venv/bin/python") for line in recipe[1].splitlines()]
+    return [
+        line.strip()
+        .replace("$(PY)", ".venv/bin/python")
+        .replace("$(TPY)", ".venv-training/bin/python")
+        for line in recipe[1].splitlines()
+    ]
 
 
-def package_sources() -> list[Path]:
-    return [path for package in CHECKED for path in sorted((ROOT / package).rglob("*.py"))]
+def package_sources(*packages: str) -> list[Path]:
+    return [path for package in packages for path in sorted((ROOT / package).rglob("*.py"))]
 
 
-def test_mypy_finds_no_error_in_artifact_and_service():
+def run_mypy(*options: str) -> int:
+    """mypy from the service's venv with these options; the number of files it checked."""
     result = subprocess.run(
-        [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "mypy", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     checked = re.search(r"^Success: no issues found in (\d+) source files$", result.stdout, re.M)
     assert checked, result.stdout
+    return int(checked[1])
+
+
+def test_mypy_finds_no_error_in_artifact_and_service():
     # Every module of the packages was read (mypy counts a folder without code as one too).
-    assert int(checked[1]) >= len(package_sources()) > 70
+    assert run_mypy() >= len(package_sources(*CHECKED)) > 70
+
+
+def test_mypy_finds_no_error_in_training_on_the_trainers_venv():
+    """training/ imports TF 2.15 and tf.estimator, which only the trainer's venv has: mypy
+    (the service venv's) reads that venv's packages (numpy 1.26's types among them)."""
+    assert TRAINING_PYTHON.exists(), "no .venv-training: `make setup` makes it"
+    checked = run_mypy(
+        "--python-executable", str(TRAINING_PYTHON), "--cache-dir", "build/mypy-training",
+        "-p", "training",
+    )  # fmt: skip
+    assert checked >= len(package_sources("training")) > 30
 
 
 def test_no_check_is_switched_off_to_hide_an_error():
@@ -77,7 +114,7 @@ def test_each_type_ignore_names_its_error_and_says_why():
     """Allowed where a library's stubs are wrong: with the error's code, and a comment above
     saying what the stubs get wrong."""
     found = []
-    for path in package_sources():
+    for path in package_sources(*CHECKED, "training"):
         lines = path.read_text().splitlines()
         for number, line in enumerate(lines):
             ignore = IGNORE.search(line)
@@ -106,11 +143,13 @@ def test_the_ignore_pattern_tells_a_bare_ignore_from_one_with_a_code(line, bare)
     assert ignore is not None and (ignore["codes"] is None) == bare
 
 
-def test_make_lint_runs_ruff_then_mypy():
+def test_make_lint_runs_ruff_then_mypy_on_both_sides():
     assert lint_commands() == [
         ".venv/bin/python -m ruff check .",
         ".venv/bin/python -m ruff format --check .",
         ".venv/bin/python -m mypy",
+        ".venv/bin/python -m mypy --python-executable .venv-training/bin/python "
+        "--cache-dir build/mypy-training -p training",
     ]
 
 
