@@ -299,9 +299,14 @@ k8s: venv
 	done
 	$(PY) -m pytest tests/unit/deploy tests/live/deploy -q
 
+# ruff, then mypy ([tool.mypy] in pyproject.toml): over artifact/ and service/ in the
+# service's venv, then over training/ against the trainer's (TF 2.15, numpy 1.26), each with
+# a cache of its own under build/. .pre-commit-config.yaml runs the same commands.
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m mypy --python-executable $(TPY) --cache-dir build/mypy-training -p training
 
 format: venv
 	$(PY) -m ruff format .

@@ -510,6 +510,7 @@ def sender_tally(directory: str | Path, cache: dict[str, SenderTally] | None = N
         closed = path.name.startswith(CLOSED_PREFIX)
         if not (closed or path.name.startswith(OPEN_PREFIX)):
             continue
+        tally: SenderTally | None
         if closed and cache is not None and path.name in cache:
             tally = cache[path.name]
         else:
@@ -864,7 +865,8 @@ class FeedbackWriter:
         self._lock = threading.Lock()
         self._shard: _ExampleOpenShard | None = None
         self._sequence = 0
-        self._used: int | None = None
+        self._opened = False
+        self._used = 0
         self._senders = SenderTally()
         self._sender_cache: dict[str, SenderTally] = {}
         self._measured = 0.0
@@ -873,7 +875,7 @@ class FeedbackWriter:
     @property
     def used_bytes(self) -> int:
         """The store's size as this writer last measured it, plus its own writes since."""
-        return self._used or 0
+        return self._used
 
     def open(self) -> None:
         """Create the folder, recover the open shards of dead writers, measure the store.
@@ -886,6 +888,7 @@ class FeedbackWriter:
             check_writable_dir(self.directory)
             self._recover_dead_writers()
             self._measure()
+            self._opened = True
 
     def sender_examples(self, sender: str) -> int:
         """A sender's examples in the store, as this writer last measured it plus its own
@@ -973,7 +976,7 @@ class FeedbackWriter:
         provenance_bytes = provenance_line(sender, received_at or dt.datetime.now(dt.UTC)) * added
         written = len(record_bytes) + len(version_bytes) + len(provenance_bytes)
         with self._lock:
-            if self._used is None:
+            if not self._opened:
                 raise RuntimeError("FeedbackWriter.open() was not called")
             need = written + (COMMITTED_DIGITS + 1 if self._shard is None else 0)
             refusal = self._refusal(sender, added, len(record_bytes), need)
@@ -1037,6 +1040,8 @@ class FeedbackWriter:
 
     def _rotate(self) -> Path | None:
         shard = self._shard
+        if shard is None:
+            return None
         self._sequence += 1
         target = self.directory / _closed_name(self.writer, self._sequence)
         try:

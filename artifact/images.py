@@ -156,14 +156,14 @@ def image_to_pixels(
 
     pixels = np.asarray(gray, dtype=np.uint8)
     if invert == "yes" or (invert == "auto" and _border_is_light(pixels)):
-        pixels = 255 - pixels
+        pixels = np.uint8(255) - pixels
     if pixels.shape == (height, width):
         return pixels
     # Longest side to the size keeping the aspect ratio, centred on the dark background.
     gray = Image.fromarray(pixels)
     scale = min(width / gray.width, height / gray.height)
     size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
-    resized = gray.resize(size, Image.LANCZOS)
+    resized = gray.resize(size, Image.Resampling.LANCZOS)
     canvas = Image.new("L", (width, height), 0)
     canvas.paste(resized, ((width - size[0]) // 2, (height - size[1]) // 2))
     return np.asarray(canvas, dtype=np.uint8)

@@ -277,7 +277,7 @@ def check_on_disk(entries: Iterable[ModelEntry], source: str | Path = "model con
                 on_disk = entry.versions_on_disk()
             except StorageError as err:
                 raise ConfigError(f"{where}: {err}") from None
-        elif not entry.base_path.is_dir():
+        elif not Path(entry.base_path).is_dir():
             raise ConfigError(f"{where}: base_path {entry.base_path} does not exist")
         else:
             on_disk = entry.versions_on_disk()

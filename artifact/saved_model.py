@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -70,7 +71,8 @@ class SavedModelPredictor:
         self.signatures = dict(self._loaded.signatures)
         # Read now, while the version's folder is there (it may be deleted while serving).
         self.signature_defs = signature_def_map(self.path)
-        self._runners = {}
+        # signature name -> (its concrete function, its input names in order, their specs)
+        self._runners: dict[str, tuple[Any, tuple[str, ...], dict[str, tf.TensorSpec]]] = {}
         if not self.signatures:
             raise ValueError("the SavedModel has no signatures: no request could use it")
 
@@ -78,7 +80,7 @@ class SavedModelPredictor:
         """The named inputs one signature takes."""
         return dict(self.signatures[signature_name].structured_input_signature[1])
 
-    def _runner(self, signature_name: str):
+    def _runner(self, signature_name: str) -> tuple[Any, tuple[str, ...], dict[str, tf.TensorSpec]]:
         """(a concrete function taking the signature's inputs in order, their names)."""
         runner = self._runners.get(signature_name)
         if runner is None:

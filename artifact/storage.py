@@ -36,6 +36,7 @@ used: local paths cost nothing here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -45,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from artifact.repository import SAVED_MODEL_FILE, parse_version
 
@@ -86,7 +87,7 @@ class StorageError(OSError):
 # --- URLs ------------------------------------------------------------------------------------
 
 
-def is_url(path: str | Path) -> bool:
+def is_url(path: str | Path) -> TypeGuard[str]:
     """True for `scheme://...` other than file://; a Path (even of a URL's text) never is."""
     if not isinstance(path, str):
         return False
@@ -99,10 +100,10 @@ def location(text: str | Path) -> Path | str:
     Path otherwise (file://PATH as PATH)."""
     if isinstance(text, Path):
         return text
-    if is_url(text):
-        scheme, rest = _URL.match(text).groups()
-        return f"{scheme.lower()}://{rest.rstrip('/')}"
     match = _URL.match(text)
+    if match and is_url(text):
+        scheme, rest = match.groups()
+        return f"{scheme.lower()}://{rest.rstrip('/')}"
     return Path(match.group(2) if match else text)
 
 
@@ -400,23 +401,23 @@ class RemoteModel:
             return fs.find(root, detail=True)
 
         found = self._call(find)
-        files: dict[str, list[RemoteFile]] = {}
+        files: dict[tuple[str, int], list[RemoteFile]] = {}
         foreign: set[str] = set()
         for path, info in found.items():
             if info.get("type") == "directory":
                 continue
             rel = path[len(root) :].lstrip("/") if path.startswith(root) else path
             top, _, inner = rel.partition("/")
-            if parse_version(top) is None:
+            version = parse_version(top)
+            if version is None:
                 if not top.startswith("."):
                     foreign.add(top)
                 continue
             if inner:
-                files.setdefault(top, []).append(RemoteFile(inner, int(info.get("size") or 0),
-                                                            _tag(info)))  # fmt: skip
+                size = int(info.get("size") or 0)
+                files.setdefault((top, version), []).append(RemoteFile(inner, size, _tag(info)))
         versions: dict[int, RemoteVersion] = {}
-        for name, listed in sorted(files.items()):
-            version = parse_version(name)
+        for (name, version), listed in sorted(files.items()):
             # "7" and "007" name the same version: the plain spelling wins (as on disk).
             if version not in versions or name == str(version):
                 versions[version] = RemoteVersion(
@@ -594,8 +595,10 @@ class RemoteModel:
         for group in groups:
             if group:
                 self._call(
-                    lambda g=group: self.fs.put(
-                        [str(version_dir / r) for r in g], [f"{remote_root}/{r}" for r in g]
+                    functools.partial(
+                        self.fs.put,
+                        [str(version_dir / r) for r in group],
+                        [f"{remote_root}/{r}" for r in group],
                     ),
                     url,
                 )

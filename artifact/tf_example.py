@@ -18,7 +18,7 @@ A feature is written here as (kind, values), kind one of KINDS.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def encode_feature(kind: str, values: Sequence | np.ndarray) -> bytes:
     raise ValueError(f"a feature's kind is one of {', '.join(KINDS)}, got {kind!r}")
 
 
-def encode_example(features: dict[str, tuple[str, Sequence | np.ndarray]]) -> bytes:
+def encode_example(features: Mapping[str, tuple[str, Sequence | np.ndarray]]) -> bytes:
     """A serialized tf.Example of features, each (kind, values), in name order."""
     entries = b"".join(
         _field(1, _field(1, name.encode("utf-8")) + _field(2, encode_feature(*value)))
@@ -92,10 +92,11 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes):
-    """(field number, wire type, value) of a message's fields: an int for varints and fixed
-    numbers, bytes for length-delimited ones."""
+def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of a message's fields: an int for varints, the bytes
+    of fixed numbers and length-delimited ones."""
     at = 0
+    value: int | bytes
     while at < len(data):
         tag, at = _read_varint(data, at)
         number, wire = tag >> 3, tag & 7
@@ -119,6 +120,14 @@ def _fields(data: bytes):
         yield number, wire, value
 
 
+def _length_delimited(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(field number, bytes) of a message's length-delimited fields (its sub-messages and
+    strings); its other fields are read past."""
+    for number, wire, value in _fields(data):
+        if wire == 2 and isinstance(value, bytes):
+            yield number, value
+
+
 def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -128,7 +137,11 @@ def _list_values(kind: str, data: bytes) -> list:
     for number, wire, value in _fields(data):
         if number != 1:
             continue
-        if kind == BYTES and wire == 2:
+        if isinstance(value, int):
+            if kind != INT64:
+                raise ExampleFormatError(f"a {kind}_list holds a field of wire type {wire}")
+            values.append(_signed(value))
+        elif kind == BYTES and wire == 2:
             values.append(bytes(value))
         elif kind == FLOAT and wire == 2:
             if len(value) % 4:
@@ -141,8 +154,6 @@ def _list_values(kind: str, data: bytes) -> list:
             while at < len(value):
                 item, at = _read_varint(value, at)
                 values.append(_signed(item))
-        elif kind == INT64 and wire == 0:
-            values.append(_signed(value))
         else:
             raise ExampleFormatError(f"a {kind}_list holds a field of wire type {wire}")
     return values
@@ -155,23 +166,23 @@ def decode_example(data: bytes) -> dict[str, tuple[str, list]]:
         ExampleFormatError: the bytes are not a tf.Example.
     """
     features: dict[str, tuple[str, list]] = {}
-    for number, wire, value in _fields(bytes(data)):
-        if number != 1 or wire != 2:
+    for number, value in _length_delimited(bytes(data)):
+        if number != 1:
             continue
-        for entry_number, entry_wire, entry in _fields(value):
-            if entry_number != 1 or entry_wire != 2:
+        for entry_number, entry in _length_delimited(value):
+            if entry_number != 1:
                 continue
             name, feature = None, b""
-            for part_number, part_wire, part in _fields(entry):
-                if part_number == 1 and part_wire == 2:
+            for part_number, part in _length_delimited(entry):
+                if part_number == 1:
                     name = bytes(part).decode("utf-8", errors="replace")
-                elif part_number == 2 and part_wire == 2:
+                elif part_number == 2:
                     feature = part
             if name is None:
                 raise ExampleFormatError("a feature without a name")
             kind, values = INT64, []  # a Feature with no kind set: an empty list
-            for kind_number, kind_wire, listed in _fields(feature):
-                if kind_number in _FIELD_KINDS and kind_wire == 2:
+            for kind_number, listed in _length_delimited(feature):
+                if kind_number in _FIELD_KINDS:
                     kind, values = (
                         _FIELD_KINDS[kind_number],
                         _list_values(_FIELD_KINDS[kind_number], listed),

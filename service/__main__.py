@@ -127,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     if settings.grpc_socket_path:
-        problem = socket_path_problem(settings.grpc_socket_path)
-        if problem is not None:
+        unusable = socket_path_problem(settings.grpc_socket_path)
+        if unusable is not None:
             if sock is not None:
                 sock.close()
-            print(f"error: GRPC_SOCKET_PATH: {problem}", file=sys.stderr)
+            print(f"error: GRPC_SOCKET_PATH: {unusable}", file=sys.stderr)
             return 2
     who = "" if worker is None else f" [worker {worker}]"
     logging.basicConfig(
@@ -163,7 +163,9 @@ def keep_keras_out() -> None:
     model_to_estimator) load and answer the same without it
     (tests/live/service/test_compatibility.py).
     """
-    sys.modules.setdefault("keras", None)
+    # None in sys.modules is the import system's "not importable"; typeshed types the
+    # mapping's values as modules only.
+    sys.modules.setdefault("keras", None)  # type: ignore[arg-type]
 
 
 def announce_access(settings: Settings) -> None:

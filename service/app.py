@@ -14,6 +14,7 @@ import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from artifact.model_config import ConfigError
 from service.backends.base import Backend
@@ -32,10 +33,14 @@ from service.protocols.page import PageAPI
 from service.protocols.simple_predict import PeopleAPI
 from service.protocols.tfserving_rest import TFServingREST
 from service.protocols.v2 import OpenInferenceREST
-from service.routes import NoSuchMethod, RouteTable
+from service.routes import NoSuchMethod, RouteSource, RouteTable
 from service.security import Access, TokenFile, allowed_hosts, enforces_hosts
 from service.settings import Settings
 from service.traffic import Traffic
+
+if TYPE_CHECKING:  # imported where they are made: TF Serving's protos import TensorFlow
+    from service.prediction_log import PredictionLogger
+    from service.protocols.grpc_server import GRPCServer
 
 log = logging.getLogger("service")
 
@@ -61,7 +66,7 @@ class Service:
     """
 
     dataplane: DataPlane
-    grpc_server: object | None = None
+    grpc_server: GRPCServer | None = None
     ingress: Ingress = dataclasses.field(init=False)
     on_startup_error: Callable[[str], None] | None = None
     startup_error: str | None = None
@@ -84,8 +89,8 @@ class _Parts:
     dataplane: DataPlane
     watcher: ConfigWatcher | None
     feedback: FeedbackAPI
-    prediction_log: object | None
-    grpc_server: object | None
+    prediction_log: PredictionLogger | None
+    grpc_server: GRPCServer | None
 
 
 def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -> Service:
@@ -146,7 +151,14 @@ def create_app(settings: Settings, backend: Backend, serve_grpc: bool = False) -
     )
     v2 = OpenInferenceREST(dataplane, SERVER_NAME, VERSION, settings.max_body_bytes)
     operations = Operations(dataplane)
-    protocols = [tf_serving, v2, people, feedback, operations, PageAPI(dataplane)]
+    protocols: list[RouteSource] = [
+        tf_serving,
+        v2,
+        people,
+        feedback,
+        operations,
+        PageAPI(dataplane),
+    ]
     routes = [route for protocol in protocols for route in protocol.routes()]
     # Written from the same routes the ingress dispatches on, the docs' own included.
     docs = DocsAPI(lambda: openapi_document(table, TITLE, VERSION, DESCRIPTION), TITLE)
@@ -203,17 +215,21 @@ def _config_reloader(backend: Backend, watcher: ConfigWatcher | None):
     return reload
 
 
-def _dataplane(settings: Settings, backend: Backend, metrics: Metrics):
+def _dataplane(
+    settings: Settings, backend: Backend, metrics: Metrics
+) -> tuple[DataPlane, PredictionLogger | None]:
     """The data plane, with canary/shadow traffic and, when sampled, its prediction logger
     (started and stopped by the lifespan); (data plane, logger or None)."""
     traffic = Traffic(settings.canary_percent, settings.shadow_percent)
     prediction_log = None
-    if settings.prediction_log_sampling_rate > 0:
+    # The settings refuse a sampling rate without a folder.
+    log_dir = settings.prediction_log_dir
+    if settings.prediction_log_sampling_rate > 0 and log_dir:
         # Imported only when logging is on: TF Serving's protos import TensorFlow.
         from service.prediction_log import PredictionLogger
 
         prediction_log = PredictionLogger(
-            settings.prediction_log_dir,
+            log_dir,
             settings.prediction_log_sampling_rate,
             settings.prediction_log_file_records,
             settings.prediction_log_max_bytes,

@@ -20,6 +20,7 @@ import dataclasses
 import importlib.metadata
 import textwrap
 import typing
+from collections.abc import Callable
 from typing import NoReturn
 
 from pydantic.fields import FieldInfo
@@ -197,7 +198,13 @@ def _bool(text: str) -> str:
 
 _bool.__name__ = "bool"  # argparse names the type in its message: "invalid bool value: 'x'"
 
-TYPES = {"bool": _bool, "int32": int, "int64": int, "float": float, "string": str}
+TYPES: dict[str, Callable[[str], object]] = {
+    "bool": _bool,
+    "int32": int,
+    "int64": int,
+    "float": float,
+    "string": str,
+}
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -227,7 +234,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         kind = TYPES[flag.kind]
         boolean = flag.kind == "bool"
         help_text = argparse.SUPPRESS
-        if flag.applies:
+        if flag.setting is not None:
             field = Settings.model_fields[flag.setting.lower()]
             help_text = (
                 f"{flag.setting}: {flag.about}. Here {flag_default(flag, field)}, "
@@ -278,7 +285,7 @@ def parse(argv: list[str]) -> CommandLine:
         value = given[flag.name]
         if value is None:
             continue
-        if not flag.applies:
+        if flag.setting is None:
             warnings.append((_position(argv, flag.name), f"--{flag.name}: TF Serving's flag does "
                              f"not apply here, ignored ({flag.about})"))  # fmt: skip
             continue

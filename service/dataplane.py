@@ -14,8 +14,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-
-import numpy as np
+from pathlib import Path
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME, output_problems
 from service.backends.base import Backend
@@ -62,7 +61,7 @@ class DataPlane:
         metrics: Metrics,
         max_images: int,
         traffic: Traffic | None = None,
-        on_prediction: Callable[[str, str, np.ndarray, PredictResult], None] | None = None,
+        on_prediction: Callable[[str, str, Inputs, PredictResult], None] | None = None,
     ):
         self.on_prediction = on_prediction
         self.backend = backend
@@ -168,8 +167,12 @@ class DataPlane:
         self._count(name, prediction, class_labels, route, count)
         served_classes = prediction.outputs.get(CLASSES_KEY)
         # The shadow's agreement is counted on class ids (the image contract's).
-        comparable = served_classes is not None and served_classes.dtype.kind in "iu"
-        if comparable and not pinned and self.traffic.wants_shadow(name, labels):
+        if (
+            served_classes is not None
+            and served_classes.dtype.kind in "iu"
+            and not pinned
+            and self.traffic.wants_shadow(name, labels)
+        ):
             self.traffic.start_shadow(
                 name,
                 self.backend.predict_shadow(name, images, SHADOW, signature_name),
@@ -276,7 +279,7 @@ class DataPlane:
     def device(self) -> str:
         return self.backend.device()
 
-    def model_dir(self, name: str):
+    def model_dir(self, name: str) -> Path | str:
         """A model's folder in the repository. Raises NotFound."""
         return self.backend.model_dir(name)
 
@@ -299,7 +302,7 @@ class DataPlane:
             return
         metrics = self.metrics
         gauge = metrics.version_state
-        now = set()
+        now: set[tuple[str, str, str]] = set()
         for name in self.model_names():
             try:
                 statuses = await self.backend.model_status(name, None)

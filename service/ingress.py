@@ -162,7 +162,7 @@ class Ingress:
     async def _http(self, scope, receive, send) -> None:
         metrics = self.metrics
         started = metrics.request_started()
-        task = asyncio.current_task()
+        task = current_task()
         self._in_flight.add(task)
         method = scope["method"]
         status = 500  # what a request that ends without an answer (a shutdown) counts as
@@ -180,11 +180,12 @@ class Ingress:
             extra = [NOSNIFF, *decision.headers]
             if decision.refusal is not None:
                 response = decision.refusal
-            elif route is None:
+            elif not isinstance(found, Match):
                 response = error_response(method, scope["path"], found)
                 if isinstance(found, MethodNotAllowed):
                     response.headers["allow"] = ", ".join(found.allowed)
             else:
+                route = found.route
                 headers = Headers(scope=scope)
                 query = QueryParams(scope["query_string"]) if scope["query_string"] else _NO_QUERY
                 try:
@@ -209,7 +210,8 @@ class Ingress:
         finally:
             self._in_flight.discard(task)
             seconds = metrics.request_finished(template, method, status, started)
-            if served is not None:
+            if served is not None and isinstance(found, Match):
+                route = found.route
                 name = found.params.get("name") or served.model
                 measured = metrics.route(id(route), route.protocol, route.tf_api, REST, name)
                 measured.finished(status < 400, status, seconds, served)
@@ -222,6 +224,7 @@ class Ingress:
         """The request's route, or the error that answers it (the protocol's own for a path
         under its prefix, else 404 or 405); and the route template it counts under."""
         template = "unmatched"
+        found: Match | ServiceError | None
         try:
             found = self.table.match(method, path)
         except NoSuchMethod as err:
@@ -334,10 +337,11 @@ async def read_body(
     reserved = int(declared) if declared and declared.isdigit() else 0
     if held is not None and reserved:
         held.reserve(reserved)
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     # A plain timer rather than asyncio.timeout, whose bookkeeping cost a twentieth of the
     # loop's CPU per one-image prediction (in-process, with and without).
-    task = asyncio.current_task()
+    task = current_task()
     cancelling = task.cancelling()
     late = False
 
@@ -378,6 +382,18 @@ async def read_body(
             task.uncancel()
 
 
+def current_task() -> asyncio.Task:
+    """The task running this code (an ASGI call always runs in one).
+
+    Raises:
+        RuntimeError: called outside a task.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("no task is running: ASGI calls run in tasks")
+    return task
+
+
 def body_too_slow(timeout: float, size: int) -> RequestTimeout:
     """The error of a body not whole within BODY_TIMEOUT_SECONDS, `size` bytes of it come."""
     return RequestTimeout(
@@ -402,7 +418,7 @@ async def unless_disconnected(receive, work: Awaitable[T], timeout: float = 0.0)
         ClientClosedRequest: the client left before the work was done.
         UpstreamTimeout: the work took longer than `timeout` (504).
     """
-    handler = asyncio.current_task()
+    handler = current_task()
     disconnected = False
     expired = False
     watcher: asyncio.Task | None = None

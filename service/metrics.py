@@ -175,7 +175,7 @@ class Metrics:
         self.model_names: Callable[[], Iterable[str]] = tuple
         self._routes: dict[tuple[int, str], _RouteMetrics] = {}
         self._calls: dict[tuple, _CallMetrics] = {}
-        self._batches: dict[tuple, object] = {}
+        self._batches: dict[tuple, tuple[Histogram, Histogram, Histogram]] = {}
         # The (model, version, state) series of the version state gauge set at the last scrape.
         self.version_states: set[tuple[str, str, str]] = set()
 
@@ -401,10 +401,11 @@ class _RouteMetrics:
         self.api = api
         self.entrypoint = entrypoint
         self.model = model
-        self.count: dict[str, object] = {}
-        self.latency = None  # made at the first answer, so a refused name's has no series
-        self.by_call: dict[tuple[str, str], object] = {}
-        self.feedback: dict[int, object] = {}
+        self.count: dict[str, Counter] = {}
+        # Made at the first answer, so a refused name's has no series.
+        self.latency: Histogram | None = None
+        self.by_call: dict[tuple[str, str], Histogram] = {}
+        self.feedback: dict[str | int, Counter] = {}
 
     def finished(self, ok: bool, status: str | int, seconds: float, served: Served | None):
         """Record one request: `status` is its HTTP status or its gRPC status's name, `seconds`

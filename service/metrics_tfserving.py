@@ -172,30 +172,31 @@ class TFServingMetrics:
     """TF Serving's metrics in a registry of their own (rendered by `render`)."""
 
     def __init__(self, registry: CollectorRegistry):
-        made = {}
+        counters: dict[str, Counter] = {}
+        histograms: dict[str, Histogram] = {}
         for definition in DEFINITIONS:
             if definition.kind == "counter":
-                made[definition.name] = Counter(
+                counters[definition.name] = Counter(
                     definition.name, definition.help, definition.labels, registry=registry
                 )
             else:
-                made[definition.name] = Histogram(
+                histograms[definition.name] = Histogram(
                     definition.name,
                     definition.help,
                     definition.labels,
                     buckets=definition.buckets,
                     registry=registry,
                 )
-        self.example_counts = made[EXAMPLE_COUNTS.name]
-        self.example_count_total = made[EXAMPLE_COUNT_TOTAL.name]
-        self.request_count = made[REQUEST_COUNT.name]
-        self.request_latency = made[REQUEST_LATENCY.name]
-        self.runtime_latency = made[RUNTIME_LATENCY.name]
-        self.queuing_latency = made[QUEUING_LATENCY.name].labels(THREAD_POOL)
-        self.wrapped_run_count = made[WRAPPED_RUN_COUNT.name]
-        self.input_batch_size = made[INPUT_BATCH_SIZE.name]
-        self.processed_batch_size = made[PROCESSED_BATCH_SIZE.name]
-        self.padding_size = made[PADDING_SIZE.name]
+        self.example_counts = histograms[EXAMPLE_COUNTS.name]
+        self.example_count_total = counters[EXAMPLE_COUNT_TOTAL.name]
+        self.request_count = counters[REQUEST_COUNT.name]
+        self.request_latency = histograms[REQUEST_LATENCY.name]
+        self.runtime_latency = histograms[RUNTIME_LATENCY.name]
+        self.queuing_latency = histograms[QUEUING_LATENCY.name].labels(THREAD_POOL)
+        self.wrapped_run_count = counters[WRAPPED_RUN_COUNT.name]
+        self.input_batch_size = histograms[INPUT_BATCH_SIZE.name]
+        self.processed_batch_size = histograms[PROCESSED_BATCH_SIZE.name]
+        self.padding_size = histograms[PADDING_SIZE.name]
 
 
 # prometheus_client's family name (a counter's without `_total`) -> TF Serving's definition.

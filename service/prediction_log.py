@@ -34,12 +34,13 @@ import random
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from artifact.contract import INPUT_KEY
 from artifact.feedback import store_bytes, writer_id
+from service.types import Inputs, PredictResult
 
 log = logging.getLogger("service.prediction_log")
 
@@ -88,7 +89,8 @@ class _ModelLog:
         self.path = directory / f"{OPEN_PREFIX}{writer}{SUFFIX}"
         self.records = 0
         self.sequence = 0
-        self._file = None
+        # A tf.io.TFRecordWriter while a file is open.
+        self._file: Any = None
         self._lock_fd: int | None = None
 
     def write(self, record: bytes) -> None:
@@ -102,15 +104,16 @@ class _ModelLog:
 
     def close(self) -> Path | None:
         """Close the open file as a closed one (fsynced, renamed); None when none is open."""
-        if self._file is None:
+        fd = self._lock_fd
+        if self._file is None or fd is None:
             return None
         self._file.close()
         self._file = None
-        os.fsync(self._lock_fd)
+        os.fsync(fd)
         self.sequence += 1
         target = self.directory / _closed_name(self.writer, self.sequence)
         os.rename(self.path, target)
-        os.close(self._lock_fd)
+        os.close(fd)
         self._lock_fd = None
         self.records = 0
         return target
@@ -210,7 +213,9 @@ class PredictionLogger:
         self._thread = threading.Thread(target=self._run, name="prediction-log", daemon=True)
         self._thread.start()
 
-    def __call__(self, name: str, signature_name: str, images: np.ndarray, result) -> None:
+    def __call__(
+        self, name: str, signature_name: str, images: Inputs, result: PredictResult
+    ) -> None:
         """Sample one prediction (on the event loop: a draw and a queue put, no I/O)."""
         if self._random.random() >= self.sampling_rate:
             return
@@ -234,7 +239,9 @@ class PredictionLogger:
             if closed is not None:
                 log.info("Prediction log closed: %s", closed)
 
-    def record(self, name: str, signature_name: str, images, result) -> bytes:
+    def record(
+        self, name: str, signature_name: str, images: Inputs, result: PredictResult
+    ) -> bytes:
         """One PredictionLog, serialized: TF Serving's request and response for a prediction."""
         tf, entry = self._tf, self._pb.PredictionLog()
         spec = entry.log_metadata.model_spec

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
@@ -178,6 +178,12 @@ def _literal(text: str, any_case: bool) -> str:
     if not text:
         return ""
     return f"(?i:{re.escape(text)})" if any_case else re.escape(text)
+
+
+class RouteSource(Protocol):
+    """A protocol's adapter, as the app gathers them: the routes it answers."""
+
+    def routes(self) -> list[Route]: ...
 
 
 class NoSuchMethod(Exception):

@@ -42,7 +42,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import orjson
@@ -221,7 +221,7 @@ class TokenFile(Mapping):
             return None
         return (info.st_ino, info.st_size, info.st_mtime_ns)
 
-    def current(self) -> dict[bytes, frozenset[str]]:
+    def current(self) -> dict[bytes, Scopes]:
         """The tokens in force now (the file is read again first if it changed)."""
         now = self._clock()
         if now - self._checked < self.check_seconds:
@@ -287,14 +287,15 @@ def bearer_problem(
 
 def _bearer(
     tokens: Mapping[bytes, frozenset[str]], authorization: bytes, needed: str
-) -> tuple[tuple[str, str] | None, str | None]:
-    """(bearer_problem's answer, the token's name when it is valid)."""
+) -> tuple[tuple[str, str] | None, str]:
+    """(bearer_problem's answer, the token's name when it is valid, else ANONYMOUS)."""
     kind, _, token = authorization.partition(b" ")
     if kind.lower() != b"bearer" or not token.strip():
-        return (MISSING, "this service needs a bearer token (Authorization: Bearer ...)"), None
+        message = "this service needs a bearer token (Authorization: Bearer ...)"
+        return (MISSING, message), ANONYMOUS
     scopes = _granted(tokens, token.strip())
     if scopes is None:
-        return (INVALID, "the bearer token is not valid"), None
+        return (INVALID, "the bearer token is not valid"), ANONYMOUS
     name = getattr(scopes, "name", None) or token_name(token.strip().decode("latin-1"))
     if needed not in scopes:
         return (SCOPE, f"the bearer token does not have the {needed!r} scope"), name
@@ -435,7 +436,7 @@ class Access:
         headers = dict(scope["headers"])
         if self.enforce_hosts and not probe:
             host = headers.get(b"host", b"")
-            if not _host_matches(host_name(host), self.hosts):
+            if self.hosts is not None and not _host_matches(host_name(host), self.hosts):
                 message = (
                     f"the host {host.decode('latin-1')[:100]!r} is not one this service "
                     "answers for (ALLOWED_HOSTS)"
@@ -490,7 +491,7 @@ class Access:
         return (403, message, scope_challenge), name
 
 
-def _error(status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> Response:
+def _error(status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> Response:
     response = Response(orjson.dumps({"error": message}), status, media_type="application/json")
     response.raw_headers.extend(headers)
     return response

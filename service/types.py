@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +59,8 @@ def inner_shapes(inputs: Inputs) -> tuple:
 def join_inputs(parts: list[Inputs]) -> Inputs:
     """Several requests' inputs as one batch, in order (inner_shapes equal)."""
     if isinstance(parts[0], np.ndarray):
-        return _join(parts)
+        # Equal inner_shapes: every part is an array then.
+        return _join(cast("list[np.ndarray]", parts))
     return {key: _join([part[key] for part in parts]) for key in parts[0]}
 
 
@@ -74,7 +75,9 @@ def _join(arrays: list[np.ndarray]) -> np.ndarray:
     first = arrays[0]
     if first.ndim == 0 or first.dtype.hasobject or not all(a.flags.c_contiguous for a in arrays):
         return np.concatenate(arrays)
-    joined = bytearray().join(arrays)
+    # numpy declares ndarray's buffer protocol (__buffer__) to type checkers only on Python
+    # 3.12 and later; it has one at run time on every version.
+    joined = bytearray().join(arrays)  # type: ignore[arg-type]
     # The rows counted, not inferred: an inner dimension of 0 leaves no bytes to infer from.
     rows = sum(len(a) for a in arrays)
     return np.frombuffer(joined, dtype=first.dtype).reshape(rows, *first.shape[1:])
@@ -117,6 +120,11 @@ class TensorSpec:
     dtype: np.dtype | None
     shape: tuple[int, ...] | None
 
+    @property
+    def batched(self) -> bool:
+        """Whether its first dimension is the batch, of any size (-1)."""
+        return self.shape is not None and len(self.shape) >= 1 and self.shape[0] == -1
+
 
 @dataclasses.dataclass(frozen=True)
 class SignatureSpec:
@@ -132,10 +140,7 @@ class SignatureSpec:
         """Whether requests may share a model call (the function `batchable`); worked out once
         per signature, not per request."""
         tensors = (*self.inputs, *self.outputs)
-        return bool(self.inputs) and all(
-            spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1
-            for spec in tensors
-        )
+        return bool(self.inputs) and all(spec.batched for spec in tensors)
 
 
 def batchable(signature: SignatureSpec) -> bool:

@@ -217,7 +217,7 @@ def _regression_checks(
         )
     if baseline is None:
         return found
-    increases = [
+    increases: list[tuple[str, float | None]] = [
         (metric, thresholds.max_rmse_increase)
         for metric in ("rmse", f"rmse/{TEST_SLICE}", f"rmse/{REFERENCE_SLICE}")
     ]

@@ -20,7 +20,6 @@ import math
 import time
 from pathlib import Path
 
-from artifact.repository import read_report
 from training import cli, compare_any, data, determinism, plots, runs, train_any
 from training.comparison import (
     budget_text,
@@ -113,10 +112,12 @@ def cmd_compare(args) -> int:
         )
         train_seconds = time.perf_counter() - started
         context = runs.report_context(args.data_dir, model_dir, params, train_seconds)
-        version = export_evaluated(
-            estimator, work_dir / "models" / kind, labels, test_images, test_labels, context
+        version = runs.local_version(
+            export_evaluated(
+                estimator, work_dir / "models" / kind, labels, test_images, test_labels, context
+            )
         )
-        report = read_report(version)
+        report = runs.exported_report(version)
         rows.append(
             {
                 "model": kind,

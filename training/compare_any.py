@@ -53,9 +53,17 @@ def _kind_args(args, kind: str, work_dir: Path) -> argparse.Namespace:
     )
 
 
+def _report(run: train_any.TrainedRun) -> dict:
+    """A run's evaluation report (read back from its version when the run did not keep it)."""
+    if run.report is not None:
+        return run.report
+    return runs.exported_report(runs.local_version(run.version))
+
+
 def result_row(run: train_any.TrainedRun) -> dict:
     """One kind's row: the task's metrics on the held-out data, cost and size."""
-    report = run.report
+    version = runs.local_version(run.version)
+    report = _report(run)
     if is_regression(report):
         metrics = {
             "task": "regression",
@@ -74,8 +82,8 @@ def result_row(run: train_any.TrainedRun) -> dict:
         "model": run.kind,
         **metrics,
         "train_seconds": round(run.train_seconds, 1),
-        "parameters": saved_model_parameter_count(run.version),
-        "export_bytes": runs.directory_bytes(run.version),
+        "parameters": saved_model_parameter_count(version),
+        "export_bytes": runs.directory_bytes(version),
         "steps": report["global_step"],
         "version": str(run.version),
     }
@@ -113,7 +121,7 @@ def cmd_compare_any(args, default_epochs: float) -> int:
     work_dir = Path(args.work_dir)
     check_work_dir(work_dir)
     print(f"Comparing {', '.join(kinds)} on {source}; work dir {work_dir}", flush=True)
-    rows, last = [], None
+    rows = []
     for kind in kinds:
         last = train_any.train_any(_kind_args(args, kind, work_dir), default_epochs)
         row = result_row(last)
@@ -123,7 +131,8 @@ def cmd_compare_any(args, default_epochs: float) -> int:
     budget = budget_text(
         last.max_steps, args.batch_size, math.ceil(last.train_examples / args.batch_size)
     )
-    examples = last.report["examples"]
+    last_report = _report(last)
+    examples = last_report["examples"]
     results = {"task": rows[0]["task"], "budget_steps": last.max_steps,
                "batch_size": args.batch_size}  # fmt: skip
     if rows[0]["task"] == "regression":
@@ -135,7 +144,7 @@ def cmd_compare_any(args, default_epochs: float) -> int:
             return plots.plot_regression_comparison(rows, path, heading)
     else:
         rows.sort(key=lambda row: row["accuracy"], reverse=True)
-        labels = [row["label"] for row in last.report["per_class"]]
+        labels = [row["label"] for row in last_report["per_class"]]
         results["labels"] = labels
         heading = f"Accuracy on {examples:,} held-out examples after {budget}, best first"
         table = format_table(rows, labels, "held-out accuracy")

@@ -146,14 +146,21 @@ def _tabular(path: Path, name: str, signature, report: dict | None) -> TabularVe
         # The training file's column order where the report records it.
         order = [c.name for c in recorded if c.name in taken]
         features = tuple(taken[n] for n in order + sorted(set(taken) - set(order)))
+    classes: tuple[str, ...]
     if PREDICTIONS_KEY in signature.outputs:
         task, label_kind, classes = "regression", "float", ()
     else:
         task = "classification"
         label_kind = data.get("label_kind", "string")
         classes = read_labels(path) or tuple(data.get("classes") or ())
-        if not classes:
-            width = _dims(signature.outputs[PROBABILITIES_KEY])[-1]
+        dims = _dims(signature.outputs[PROBABILITIES_KEY])
+        if not classes and not dims:
+            raise UsageError(
+                f"{path}: output {PROBABILITIES_KEY!r} has an unknown shape and the version "
+                "names no classes"
+            )
+        if not classes and dims:
+            width = dims[-1]
             classes, label_kind = tuple(str(k) for k in range(width)), "int"
     label = data.get("label", DEFAULT_LABEL)
     return TabularVersion(path, name, receiver, features, label, label_kind, task, classes)
@@ -168,9 +175,10 @@ def _image(path: Path, name: str, signature) -> ImageVersion | None:
     if min(height, width) <= 0 or channels not in CHANNELS:
         return None
     probabilities = signature.outputs.get(PROBABILITIES_KEY)
-    if probabilities is None or len(_dims(probabilities) or []) != 2:
+    shape = _dims(probabilities) if probabilities is not None else None
+    if shape is None or len(shape) != 2:
         return None
-    count = _dims(probabilities)[1]
+    count = shape[1]
     labels = read_labels(path) or tuple(str(k) for k in range(count))
     return ImageVersion(path, name, key, height, width, channels, labels)
 
@@ -190,7 +198,7 @@ def describe_version(path: str | Path) -> TabularVersion | ImageVersion | None:
         return _tabular(path, PREDICT_SIGNATURE, signatures[PREDICT_SIGNATURE], read_report(path))
     name = SIGNATURE_NAME if SIGNATURE_NAME in signatures else next(iter(sorted(signatures)), None)
     signature = signatures.get(name) if name else None
-    if signature is not None and len(signature.inputs) == 1:
+    if name and signature is not None and len(signature.inputs) == 1:
         info = next(iter(signature.inputs.values()))
         if info.dtype == types_pb2.DT_FLOAT and len(_dims(info) or []) == 3:
             return None  # the image contract: IDX data

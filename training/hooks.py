@@ -226,6 +226,9 @@ class ModelStatsHook(tf.estimator.SessionRunHook):
         stream.flush()
 
     def _summarize(self, global_step: int) -> None:
+        writer = self._writer
+        if writer is None:  # not training, or no summary folder: nothing to write to
+            return
         start, examples_before = self._window
         elapsed = self._last_end - start
         examples = self.examples - examples_before
@@ -241,7 +244,7 @@ class ModelStatsHook(tf.estimator.SessionRunHook):
                     tag=EXAMPLES_PER_SEC_TAG, simple_value=examples / elapsed
                 )
             )
-        self._writer.add_summary(tf.compat.v1.Summary(value=values), global_step)
+        writer.add_summary(tf.compat.v1.Summary(value=values), global_step)
         self._window = (self._last_end, self.examples)
 
 

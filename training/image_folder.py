@@ -95,7 +95,8 @@ def scan_image_folder(root: str | Path) -> ImageFolder:
             f"{root}: {len(classes)} class subfolder(s); an image folder needs one subfolder "
             "per class, at least 2"
         )
-    train, holdout = [], []
+    train: list[tuple[str, int]] = []
+    holdout: list[tuple[str, int]] = []
     for class_id, name in enumerate(classes):
         files = sorted(
             p
@@ -284,7 +285,7 @@ def serving_input_receiver_fn(size: int, channels: int):
 
 def export_image_model(
     estimator, folder: ImageFolder, size: int, channels: int, export_dir, context: dict
-) -> tuple[Path, dict]:
+) -> tuple[Path | str, dict]:
     """Export a new version with labels.txt (the class folders, in class-id order), the
     evaluation report on the held-out images made by the staged SavedModel itself, and its
     plots (the confusion matrix and the learning curves).

@@ -110,7 +110,7 @@ def learning_curves(
         }
     train = read_scalars(model_dir, REGRESSION_TAGS)
     evaluated = read_scalars(Path(model_dir) / EVAL_SUBDIR, REGRESSION_TAGS)
-    curves = {"train": {}, "eval": {}}
+    curves: dict[str, dict[str, Points]] = {"train": {}, "eval": {}}
     sources = (("train", train, LOSS_TAG), ("eval", evaluated, AVERAGE_LOSS_TAG))
     for split, found, squared in sources:
         if LOSS_TAG in found:

@@ -59,7 +59,7 @@ def export_model(
     checkpoint_path: str | None = None,
     warmup_images: np.ndarray | None = None,
     write_extras: Callable[[Path, dict | None], object] | None = None,
-) -> Path:
+) -> Path | str:
     """Export the estimator's latest (or the given) checkpoint as a new version.
 
     Args:
@@ -154,7 +154,7 @@ def export_version(
     receiver_fn: Callable,
     write_assets: Callable[[Path], object],
     checkpoint_path: str | None = None,
-) -> Path:
+) -> Path | str:
     """Export any Estimator through any serving input receiver as the next version.
 
     What export_model does for the image contract, for every other model (pre-made
@@ -184,7 +184,9 @@ def export_version(
         return publish_next(staged, base)
 
 
-def export_evaluated(estimator, export_dir, labels, test_images, test_labels, context) -> Path:
+def export_evaluated(
+    estimator, export_dir, labels, test_images, test_labels, context
+) -> Path | str:
     """Export a new version with its evaluation report on the test split, its plots (the
     confusion matrix, and the learning curves from the run's event files) and TF Serving
     warmup requests made of real test images.
@@ -203,13 +205,16 @@ def export_evaluated(estimator, export_dir, labels, test_images, test_labels, co
         classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
         return build_report(test_labels, classes, labels, **context)
 
+    def write_plots(extra: Path, report: dict | None) -> object:
+        if report is None:  # export_model passes what `build` made
+            raise ValueError("no evaluation report to plot")
+        return write_export_plots(extra, report, context.get("model_dir"))
+
     return export_model(
         estimator,
         export_dir,
         labels,
         build,
         warmup_images=normalize_pixels(test_images[: max(WARMUP_BATCH_SIZES)]),
-        write_extras=lambda extra, report: write_export_plots(
-            extra, report, context.get("model_dir")
-        ),
+        write_extras=write_plots,
     )

@@ -331,7 +331,7 @@ def cmd_retrain(args) -> int:
             repository = None if remote else Path(args.export_dir).absolute().parent
             if args.stage_to:
                 _hold_staging_area(args, repository, held)
-            elif not remote:
+            elif repository is not None:
                 try:
                     held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
                 except OSError as err:
@@ -465,7 +465,7 @@ def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
     for source in assembled.sources:
         if source["source"] == "feedback" and source["senders"]:
             print(feedback_source.format_senders(source), flush=True)
-    if _trained_on_the_same_inputs(baseline, inputs_key):
+    if baseline is not None and _trained_on_the_same_inputs(baseline, inputs_key):
         print(
             f"The serving version {baseline.version} was retrained on these very data with "
             "these options (its blessing.json says so): nothing new to train on."
@@ -746,7 +746,7 @@ def _stage(gate: Gate, candidate: Candidate, document: dict, staged: Path) -> No
     )
 
 
-def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> Path:
+def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> Path | str:
     """The staged candidate renamed in as the next version, its blessing.json (naming that
     version) written into it before the rename."""
 
@@ -758,7 +758,9 @@ def _publish_as_next_version(staged: Path, export_dir: str, document: dict) -> P
     return publish_staged(staged, export_dir, name_version)
 
 
-def _record_published(gate: Gate, candidate: Candidate, document: dict, published: Path) -> None:
+def _record_published(
+    gate: Gate, candidate: Candidate, document: dict, published: Path | str
+) -> None:
     """Say so, move --publish's label, and keep blessing.json (with the label's changes) in
     the run dir."""
     print(f"Blessed: published {published}", flush=True)
@@ -820,10 +822,10 @@ def _run_id(inputs_key: str, params: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _trained_on_the_same_inputs(baseline: Baseline | None, inputs_key: str) -> bool:
-    if baseline is None:
-        return False
-    path = baseline.path / ASSETS_EXTRA / BLESSING_FILE
+def _trained_on_the_same_inputs(baseline: Baseline, inputs_key: str) -> bool:
+    if is_url(baseline.path):
+        return False  # its blessing.json is not read from object storage: the run goes on
+    path = Path(baseline.path) / ASSETS_EXTRA / BLESSING_FILE
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -841,7 +843,7 @@ def _describe_baseline(baseline: Baseline | None) -> str:
 def _labels(args, baseline: Baseline | None) -> tuple[str, ...]:
     """The baseline's class labels (the service answers and takes feedback with them)."""
     exported = read_labels(baseline.path) if baseline is not None else None
-    if exported is None:
+    if baseline is None or exported is None:
         return cli.labels(args)
     if args.labels != "auto" and cli.labels(args) != exported:
         raise UsageError(
@@ -922,7 +924,7 @@ def _model_labels(args, baseline: Baseline | None, model) -> tuple[str, ...]:
         raise UsageError(f"--labels is for MNIST-format images; a {model.kind} model's classes "
                          "come from its data")  # fmt: skip
     exported = read_labels(baseline.path) if baseline is not None else None
-    if exported is not None and tuple(model.labels) != exported:
+    if baseline is not None and exported is not None and tuple(model.labels) != exported:
         raise UsageError(
             f"the serving version {baseline.version} answers with {', '.join(exported)}; the "
             f"data's classes are {', '.join(model.labels)}"

@@ -826,7 +826,8 @@ def model_data(args, report: dict, labels_of_idx: Callable[[], tuple[str, ...]])
         DataError: the base data is not usable.
     """
     params = report.get("params") or {}
-    recorded = params.get("data") if isinstance(params.get("data"), dict) else {}
+    data = params.get("data")
+    recorded = data if isinstance(data, dict) else {}
     if "csv" in recorded or (args.csv and not report):
         return _csv_data(args, recorded, params, bool(report))
     if "image_folder" in recorded or (args.image_folder and not report):
@@ -1056,7 +1057,8 @@ def held_out_set(model: ModelData, readers, paths) -> HeldOut:
     def batches():
         return held_out_input(readers, paths).batch(EVAL_BATCH_SIZE).as_numpy_iterator()
 
-    truths, codes, groups = [], [], {}
+    truths, codes = [], []
+    groups: dict[str, list[np.ndarray]] = {}
     for features, targets, batch_codes in batches():
         truths.append(targets)
         codes.append(batch_codes)

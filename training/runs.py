@@ -91,7 +91,32 @@ def newest_finite_checkpoint(model_dir: Path) -> tuple[str, int] | None:
     return None
 
 
-def exported_version_of(export_dir: Path, model_dir: Path, step: int) -> Path | None:
+def local_version(version: Path | str | None) -> Path:
+    """A version exported into a local folder (a comparison exports into its work dir).
+
+    Raises:
+        UsageError: nothing was exported, or it went to object storage.
+    """
+    if version is None or is_url(str(version)):
+        raise UsageError(
+            f"a comparison reads its models' versions from its work dir, got {version}"
+        )
+    return Path(version)
+
+
+def exported_report(version: Path) -> dict:
+    """A local version's evaluation report.
+
+    Raises:
+        UsageError: the version has none.
+    """
+    report = read_report(version)
+    if report is None:
+        raise UsageError(f"{version}: exported without its evaluation report")
+    return report
+
+
+def exported_version_of(export_dir: Path | str, model_dir: Path, step: int) -> Path | None:
     """The newest version exported from this model dir at this step, if any (a model on
     object storage is not searched: the retrain's blessing check covers a rerun there)."""
     if is_url(str(export_dir)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -53,6 +54,10 @@ def base_columns(schema: Schema) -> list:
     columns = []
     for c in schema.columns:
         if c.numeric:
+            if c.mean is None or c.std is None:
+                raise ValueError(
+                    f"the numeric column {c.name!r} has no mean and std to normalize by"
+                )
             columns.append(
                 tf.feature_column.numeric_column(
                     c.name, dtype=DTYPES[c.kind], normalizer_fn=_normalizer(c.mean, c.std)
@@ -107,7 +112,7 @@ def make_estimator(
         return keras_optimizer(params)
 
     if schema.task == "classification":
-        options = {"n_classes": schema.n_classes}
+        options: dict[str, Any] = {"n_classes": schema.n_classes}
         if schema.label_kind == "string":
             options["label_vocabulary"] = list(schema.classes)
         linear, dnn, combined = (
@@ -292,7 +297,7 @@ def regression_points(schema: Schema, outputs: dict, header, rows):
 
 def export_tabular(
     estimator, schema: Schema, export_dir, receiver: str, context: dict
-) -> tuple[Path, dict]:
+) -> tuple[Path | str, dict]:
     """Export a new version through the receiver, with labels.txt (classifiers), the
     evaluation report on the held-out rows made by the staged SavedModel itself, and the
     task's plots (training/plots.py).

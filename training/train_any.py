@@ -133,14 +133,14 @@ class TrainedRun:
     max_steps: int
     train_examples: int
     train_seconds: float
-    version: Path | None
+    version: Path | str | None
     report: dict | None
 
 
 def cmd_train_any(args, default_epochs: float) -> int:
     """Train on a CSV file or an image folder; export a new version unless --no-export."""
     run = train_any(args, default_epochs)
-    if run.version is not None:
+    if run.version is not None and run.report is not None:
         print(format_report(run.report), flush=True)
         print(f"Exported {run.version} after {run.train_seconds / 60:.1f} min of training.")
         sys.stdout.flush()

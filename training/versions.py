@@ -136,22 +136,38 @@ def _choose_baseline(entry, export_dir, on_disk: dict) -> Baseline | None:
 
 
 def pin_stable_before_a_canary(
-    config: str | Path, entry: ModelEntry, label: str, baseline: Baseline | None
+    config: str | Path, entry: ModelEntry | None, label: str, baseline: Baseline | None
 ) -> None:
     """Without a stable label the newest version takes all the traffic: pin the one serving
-    now before the candidate appears, so that it gets the canary's share only."""
-    if label == "canary" and baseline is not None and "stable" not in entry.labels:
+    now before the candidate appears, so that it gets the canary's share only.
+
+    Raises:
+        UsageError: a canary without --config's entry.
+    """
+    if label != "canary" or baseline is None:
+        return
+    entry = _labeled(entry, label)
+    if "stable" not in entry.labels:
         for line in promote(config, entry.name, label="stable", version=baseline.version):
             print(line)
 
 
-def move_label(config: str | Path, entry: ModelEntry, label: str, version: int) -> list[str]:
+def _labeled(entry: ModelEntry | None, label: str) -> ModelEntry:
+    """--config's entry, in which --publish moves a label (the command lines check first)."""
+    if entry is None:
+        raise UsageError(f"--publish {label} moves a label in the model config: give --config")
+    return entry
+
+
+def move_label(config: str | Path, entry: ModelEntry | None, label: str, version: int) -> list[str]:
     """Point the label at the version (widening a `specific` policy first when it does not
     serve it); print and return what changed.
 
     Raises:
-        UsageError: the config cannot be edited; the message says how to finish by hand.
+        UsageError: no --config's entry; the config cannot be edited (the message says how to
+            finish by hand).
     """
+    entry = _labeled(entry, label)
     changes = []
     try:
         current = {e.name: e for e in parse_config(Path(config).read_text(), config)}
@@ -271,7 +287,10 @@ def publish_remote(
         UsageError: the upload failed (one line, without secrets).
     """
     try:
-        return RemoteModel(location(url)).publish(Path(staged), before_upload)
+        remote = location(url)
+        if not isinstance(remote, str):
+            raise UsageError(f"--export-dir {url}: not a URL on object storage")
+        return RemoteModel(remote).publish(Path(staged), before_upload)
     except StorageError as err:
         raise UsageError(f"--export-dir: nothing published: {err}") from None
 

@@ -62,9 +62,11 @@ class Backend(abc.ABC):
         model_name: the default model (the one /predict serves).
     """
 
-    # Whether apply_config loads and unloads the models (False: another server does, and
-    # apply_config only takes the names and labels it routes by).
-    loads_models = True
+    @property
+    def loads_models(self) -> bool:
+        """Whether apply_config loads and unloads the models (False: another server does, and
+        apply_config only takes the names and labels it routes by)."""
+        return True
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -195,8 +197,9 @@ class Backend(abc.ABC):
         """The class labels a version answers with (its labels.txt)."""
 
     @abc.abstractmethod
-    def model_dir(self, name: str) -> Path:
-        """A model's folder in the repository (its versions, their reports and plots).
+    def model_dir(self, name: str) -> Path | str:
+        """A model's folder in the repository (its versions, their reports and plots), or its
+        URL where the backend reads the model from object storage itself (TF Serving).
 
         Raises:
             NotFound: the model is not served.
@@ -261,7 +264,7 @@ class DelegatingBackend(Backend):
     def class_labels(self, name: str, version: int) -> tuple[str, ...]:
         return self.inner.class_labels(name, version)
 
-    def model_dir(self, name: str) -> Path:
+    def model_dir(self, name: str) -> Path | str:
         return self.inner.model_dir(name)
 
     async def start(self) -> None:

@@ -165,25 +165,30 @@ class BatchingBackend(DelegatingBackend):
             self._thread = threading.Thread(target=self._work, name="batcher", daemon=True)
             self._thread.start()
 
-    def _answer(self, batch: list[_Request], prediction: Prediction | None, error) -> None:
+    def _answer(self, batch: list[_Request], outcome: Prediction | BaseException) -> None:
         """On the loop: each request's share of the batch's outputs, or the batch's error."""
         start = 0
         for request in batch:
             end = start + request.rows
             if not request.future.done():
-                if error is not None:
-                    request.future.set_exception(error)
+                if isinstance(outcome, BaseException):
+                    request.future.set_exception(outcome)
                 elif not request.reservation.batchable:
                     # Ran alone, and its outputs may have no batch dimension to slice.
-                    request.future.set_result(
-                        dataclasses.replace(prediction, queued=request.waited)
-                    )
+                    request.future.set_result(dataclasses.replace(outcome, queued=request.waited))
                 else:
-                    outputs = {k: v[start:end] for k, v in prediction.outputs.items()}
+                    outputs = {k: v[start:end] for k, v in outcome.outputs.items()}
                     request.future.set_result(
-                        Prediction(prediction.version, outputs, prediction.checked, request.waited)
+                        Prediction(outcome.version, outputs, outcome.checked, request.waited)
                     )
             start = end
+
+    def _answer_on_loop(self, batch: list[_Request], outcome: Prediction | BaseException) -> None:
+        """From the batch thread: _answer on the loop the requests came from (unless it is
+        closed: nobody waits then)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._answer, batch, outcome)
 
     # --- the batch thread ---------------------------------------------------------------
     def _work(self) -> None:
@@ -199,8 +204,7 @@ class BatchingBackend(DelegatingBackend):
                 failed = [*self._running, *self._queue]
                 self._queue.clear()
                 self._running = []
-            error = UpstreamError(f"the batcher failed: {type(err).__name__}")
-            self._loop.call_soon_threadsafe(self._answer, failed, None, error)
+            self._answer_on_loop(failed, UpstreamError(f"the batcher failed: {type(err).__name__}"))
 
     def _next_batch(self) -> list[_Request] | None:
         """Wait for requests (and, with a timeout, for company); take a batch; None when the
@@ -235,7 +239,7 @@ class BatchingBackend(DelegatingBackend):
             return []
         first = self._queue.popleft()
         batch, size = [first], first.rows
-        kept = collections.deque()
+        kept: collections.deque[_Request] = collections.deque()
         if not first.reservation.batchable:
             return batch
         while self._queue:
@@ -259,7 +263,7 @@ class BatchingBackend(DelegatingBackend):
         return sum(r.rows for r in self._queue if not r.dropped)
 
     def _run_batch(self, batch: list[_Request]) -> None:
-        prediction, error = None, None
+        outcome: Prediction | BaseException
         try:
             # Inside the try: inputs that cannot be joined fail their own batch, not the batcher.
             images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
@@ -273,21 +277,24 @@ class BatchingBackend(DelegatingBackend):
                 # Once for the batch, here, not per request on the loop: a batch within the
                 # contract has every request's rows within it.
                 prediction = dataclasses.replace(prediction, checked=True)
+            outcome = prediction
         except Exception as err:  # noqa: BLE001 - handed to this batch's waiters only
-            error = err
+            outcome = err
         except BaseException:  # a cancelled run at shutdown: close() has answered them
-            error = UpstreamError("the service is shutting down")
+            outcome = UpstreamError("the service is shutting down")
         with self._changed:
             self._running = []
-        if self._observer is not None and prediction is not None:
-            self._observe(batch, padded, prediction.version)
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._answer, batch, prediction, error)
+        if isinstance(outcome, Prediction):
+            self._observe(batch, padded, outcome.version)
+        self._answer_on_loop(batch, outcome)
 
     def _observe(self, batch: list[_Request], padded: int, version: int) -> None:
+        observer = self._observer
+        if observer is None:
+            return
         try:
             model, _, signature = batch[0].reservation.served
-            self._observer.batch_ran(
+            observer.batch_ran(
                 (model, version, signature),
                 sum(r.rows for r in batch),
                 padded,

@@ -32,7 +32,7 @@ def make_backend(settings: Settings, models: list[ModelEntry]) -> Backend:
             default_model=default,
         )
     intra_op_threads, inter_op_threads = settings.tensorflow_threads(os.cpu_count())
-    backend = InProcessBackend(
+    backend: Backend = InProcessBackend(
         models,
         device=settings.device,
         intra_op_threads=intra_op_threads,

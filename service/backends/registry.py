@@ -132,7 +132,7 @@ class Lease:
         self.version = record.version
         self.servable = record.servable
         self._registry = registry
-        self._record = record
+        self._record: VersionRecord | None = record
         record.inflight += 1
 
     def release(self) -> None:

@@ -212,10 +212,10 @@ class Sources:
 
     def open(self, base_path: Path | str) -> LocalSource | RemoteSource:
         """The source of a model config entry's base path."""
-        if not is_url(base_path):
-            return LocalSource(Path(base_path))
-        return RemoteSource(base_path, self.process_dir() / cache_key(base_path),
-                            self.settle_seconds)  # fmt: skip
+        if is_url(base_path):
+            return RemoteSource(base_path, self.process_dir() / cache_key(base_path),
+                                self.settle_seconds)  # fmt: skip
+        return LocalSource(Path(base_path))
 
     def process_dir(self) -> Path:
         """This process's cache folder, made (private) on first use; the folders of

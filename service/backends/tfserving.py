@@ -16,8 +16,11 @@ assets.extra.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import tensorflow as tf
@@ -89,6 +92,14 @@ def _state(number: int) -> VersionState:
         return VersionState.UNKNOWN
 
 
+@dataclasses.dataclass(frozen=True)
+class _Stubs:
+    """TF Serving's two gRPC services on one channel (their generated code is untyped)."""
+
+    predict: Any
+    model: Any
+
+
 class TFServingBackend(Backend):
     """Forwards every call to TensorFlow Serving's gRPC API.
 
@@ -105,7 +116,9 @@ class TFServingBackend(Backend):
         default_model: the model /predict serves (the first by default).
     """
 
-    loads_models = False  # TF Serving does, from its own config
+    @property
+    def loads_models(self) -> bool:
+        return False  # TF Serving does, from its own config
 
     def __init__(
         self,
@@ -121,8 +134,7 @@ class TFServingBackend(Backend):
         self.deadline_seconds = deadline_seconds
         self._status_poll_seconds = status_poll_seconds
         self._channel: grpc.aio.Channel | None = None
-        self._predict_stub = None
-        self._model_stub = None
+        self._stubs: _Stubs | None = None
         self._poller: asyncio.Task | None = None
         self._serving: dict[str, int | None] = {}
         self._reasons: dict[str, str] = {}
@@ -149,7 +161,7 @@ class TFServingBackend(Backend):
     def device(self) -> str:
         return f"tfserving:{self.address}"
 
-    def model_dir(self, name: str) -> Path:
+    def model_dir(self, name: str) -> Path | str:
         entry = self.entries.get(name)
         if entry is None:
             raise NotFound(f"Could not find any versions of model {name}")
@@ -162,7 +174,7 @@ class TFServingBackend(Backend):
             raise NotFound(servable_not_found(name, version))
         if is_url(entry.base_path):
             return self._remote_labels(name, entry.base_path, version)
-        path = entry.base_path / str(version)
+        path = Path(entry.base_path) / str(version)
         stamp = assets_stamp(path)
         cached = self._labels.get((name, version))
         if cached is None or cached[0] != stamp:
@@ -199,8 +211,10 @@ class TFServingBackend(Backend):
     async def start(self) -> None:
         # The channel belongs to the loop the server runs on, so it is made here.
         self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self._predict_stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
-        self._model_stub = model_service_pb2_grpc.ModelServiceStub(self._channel)
+        self._stubs = _Stubs(
+            prediction_service_pb2_grpc.PredictionServiceStub(self._channel),
+            model_service_pb2_grpc.ModelServiceStub(self._channel),
+        )
         await self.check_status()
         self._poller = asyncio.create_task(self._poll(), name="tfserving-status")
 
@@ -282,11 +296,17 @@ class TFServingBackend(Backend):
             message = details
         return GRPC_ERRORS.get(code.name, UpstreamError)(message)
 
-    async def _call(self, method, request, call: str):
-        if self._channel is None:
+    async def _call(self, method: Callable[[_Stubs], Any], request, call: str):
+        """`method` (which picks a stub's method) called with `request`, by the deadline.
+
+        Raises:
+            NotReady: not started; the ServiceError of TF Serving's gRPC status.
+        """
+        stubs = self._stubs
+        if stubs is None:
             raise NotReady(f"not connected to TensorFlow Serving at {self.address}")
         try:
-            return await method(request, timeout=self.deadline_seconds)
+            return await method(stubs)(request, timeout=self.deadline_seconds)
         except grpc.aio.AioRpcError as err:
             raise self._error(err, call) from err
 
@@ -322,7 +342,7 @@ class TFServingBackend(Backend):
         request.model_spec.name = name
         if version is not None:
             request.model_spec.version.value = version
-        response = await self._call(self._model_stub.GetModelStatus, request, "GetModelStatus")
+        response = await self._call(lambda s: s.model.GetModelStatus, request, "GetModelStatus")
         statuses = [
             VersionStatus(
                 entry.version,
@@ -354,7 +374,7 @@ class TFServingBackend(Backend):
         self._model_spec(request.model_spec, name, version, label)
         request.metadata_field.append(METADATA_FIELD)
         response = await self._call(
-            self._predict_stub.GetModelMetadata, request, "GetModelMetadata"
+            lambda s: s.predict.GetModelMetadata, request, "GetModelMetadata"
         )
         signature_defs = get_model_metadata_pb2.SignatureDefMap()
         packed = response.metadata.get(METADATA_FIELD)
@@ -410,7 +430,7 @@ class TFServingBackend(Backend):
                 request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
         else:
             request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images, tf.float32))
-        response = await self._call(self._predict_stub.Predict, request, "Predict")
+        response = await self._call(lambda s: s.predict.Predict, request, "Predict")
         # Sorted like the in-process outputs (TF returns a signature's outputs by key).
         outputs = {key: tf.make_ndarray(response.outputs[key]) for key in sorted(response.outputs)}
         return Prediction(response.model_spec.version.value, outputs)

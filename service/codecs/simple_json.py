@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class Feature:
     shape: tuple[int, ...]
 
     @staticmethod
-    def takes(dtype: np.dtype | None) -> bool:
+    def takes(dtype: np.dtype | None) -> TypeGuard[np.dtype]:
         """Whether a person can send values of this dtype (numbers, strings, booleans)."""
         return dtype is not None and dtype.kind in _TYPE_NAMES
 
@@ -232,9 +232,12 @@ class ImageInstances:
         """
         if self.arrays is not None:
             return pixels.pixel_images(self.arrays)
+        instances = self.instances
+        if instances is None:
+            raise TypeError("ImageInstances holds neither instances nor arrays")
         if self.contract:
             return _decode_contract(
-                self.instances, self.files, invert, pixel_budget, cancelled, in_flight
+                instances, self.files, invert, pixel_budget, cancelled, in_flight
             )
         decoded = {}
         if self.files:
@@ -247,7 +250,7 @@ class ImageInstances:
                 decoded[i]
                 if i in decoded
                 else pixels.pixel_array(item, self.image, f"instances[{i}]")
-                for i, item in enumerate(self.instances)
+                for i, item in enumerate(instances)
             ]
         )
 

@@ -10,7 +10,7 @@ the first image that is not finite named.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -154,7 +154,7 @@ def read_tensor(
     """
     alias, dtype = spec.name, spec.dtype
     expected = TF_OF_NUMPY.get(dtype) if dtype is not None else None
-    if proto.dtype != expected:
+    if dtype is None or proto.dtype != expected:
         raise BadInput(
             f"Expects arg[{position}] to be {tf_type_name(expected or 0)} but "
             f"{tf_type_name(proto.dtype)} is provided (input '{alias}' takes "
@@ -201,7 +201,7 @@ def read_tensor(
 
 def _typed_values(proto, dtype, alias: str, dims: list[int], elements: int, strict: bool):
     field = _FIELD_OF_TF.get(proto.dtype)
-    values = getattr(proto, field) if field else ()
+    values: Sequence | np.ndarray = getattr(proto, field) if field else ()
     if field == "half_val":  # float16's bits, one per int
         values = np.array(values, np.uint16).view(np.float16)
     count = len(values)

@@ -39,7 +39,7 @@ def _feature_of_json(value: Any, where: str) -> tuple[str, list]:
     if not values:
         raise BadInput(f"{where}: a feature needs at least one value, got []")
     kinds = set()
-    out = []
+    out: list[bytes | int | float] = []
     for i, item in enumerate(values):
         at = f"{where}[{i}]" if isinstance(value, list) else where
         if isinstance(item, str):
@@ -238,7 +238,13 @@ def classifications(outputs: dict[str, np.ndarray], count: int) -> list[list[tup
                 f"Expected {name} Tensor of shape [batch_size num_classes] with batch_size "
                 f"{count}; got {list(value.shape)}"
             )
-    width = (classes if classes is not None else scores).shape[1]
+    listed = classes if classes is not None else scores
+    if listed is None:
+        raise BadInput(
+            "Expected classification outputs to contain at least one of "
+            f'"{CLASSIFY_CLASSES}" or "{CLASSIFY_SCORES}"; got {sorted(outputs)}'
+        )
+    width = listed.shape[1]
     results = []
     for i in range(count):
         row = []

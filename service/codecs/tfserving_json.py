@@ -376,11 +376,14 @@ def _check_shape(array: np.ndarray, spec: TensorSpec, where: str) -> None:
 _EXACT_INT = 2**53
 
 
-def _scalar_column(values: list, dtype: np.dtype) -> np.ndarray | None:
+def _scalar_column(values: list, dtype: np.dtype | None) -> np.ndarray | None:
     """One input's values, one plain scalar per instance, as its array in one conversion: the
     fast path of tabular rows. None when any value is not a plain scalar of the input's kind
-    (a bool among numbers, a float for an integer, an integer out of range, a list, b64...):
-    the general path reads those, one by one, and says what is wrong."""
+    (a bool among numbers, a float for an integer, an integer out of range, a list, b64...),
+    or the input's dtype is unknown: the general path reads those, one by one, and says what
+    is wrong."""
+    if dtype is None:
+        return None
     kind = dtype.kind
     if kind == "f":
         for value in values:
@@ -483,7 +486,7 @@ def _rows(instances: Any, specs: dict[str, TensorSpec], max_instances: int) -> d
     inputs = {}
     for name in names:
         spec = specs[name]
-        parts = []
+        parts: list[np.ndarray] = []
         for i, value in enumerate(columns[name]):
             at = f"instances[{i}]" + (f".{name}" if named else "")
             element_words = (
@@ -541,9 +544,7 @@ def _columns(value: Any, specs: dict[str, TensorSpec], max_instances: int) -> di
             check_image_count(len(array), max_instances)
         _check_shape(array, spec, where)
         inputs[name] = array
-    rows = {
-        len(a) for n, a in inputs.items() if a.ndim and specs[n].shape and specs[n].shape[0] == -1
-    }
+    rows = {len(a) for n, a in inputs.items() if a.ndim and specs[n].batched}
     if len(rows) > 1:
         raise BadInput(
             f"inputs: the inputs' batch sizes differ ({sorted(rows)}); each must hold as many "

@@ -29,7 +29,7 @@ from service.codecs.v2_tensors import (
     signature_inputs,
 )
 from service.errors import BadInput
-from service.types import PredictResult, SignatureSpec
+from service.types import Inputs, PredictResult, SignatureSpec
 
 # A datatype -> the InferTensorContents field that holds its values (inference_grpc.md).
 CONTENTS_FIELD = {
@@ -68,10 +68,11 @@ def parse_grpc_infer_request(
             f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
             "send one per input, in the order of 'inputs'"
         )
-    generic = signature is not None and not is_image_signature(signature)
+    # Any signature but the image contract's, read by its own tensors.
+    generic = signature if signature is not None and not is_image_signature(signature) else None
     if not request.inputs:
-        if generic:
-            raise BadInput(f"'inputs' must hold the model's inputs, {inputs_text(signature)}")
+        if generic is not None:
+            raise BadInput(f"'inputs' must hold the model's inputs, {inputs_text(generic)}")
         raise BadInput(f"'inputs' must hold the model's one input, {INPUT_TEXT}")
     inputs = []
     for i, tensor in enumerate(request.inputs):
@@ -98,12 +99,12 @@ def parse_grpc_infer_request(
                     f"takes contents.{field}"
                 )
             item.data_field = f"contents.{field}"
-            if generic and stray:
+            if generic is not None and stray:
                 raise BadInput(
                     f"{where}: its values are in contents.{stray[0]}; {tensor.datatype} "
                     f"takes contents.{field}"
                 )
-            if field is not None and generic:
+            if field is not None and generic is not None:
                 values = list(getattr(tensor.contents, field))
                 dtype = NUMPY_OF_V2.get(tensor.datatype, np.dtype(np.object_))
                 item.data = np.empty(len(values), dtype)
@@ -111,9 +112,10 @@ def parse_grpc_infer_request(
             elif field is not None:
                 item.data = np.asarray(getattr(tensor.contents, field), np.float32)
         inputs.append(item)
-    if generic:
-        tensors = signature_inputs(inputs, signature, check_count)
-        names = output_names(signature)
+    tensors: Inputs
+    if generic is not None:
+        tensors = signature_inputs(inputs, generic, check_count)
+        names = output_names(generic)
     else:
         tensors = model_input(inputs, check_count)
         names = OUTPUT_KEYS

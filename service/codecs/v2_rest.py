@@ -117,13 +117,14 @@ def parse_infer_request(
     Raises:
         BadInput: the message names the field and says what was expected and what came.
     """
-    generic = signature is not None and not is_image_signature(signature)
+    # Any signature but the image contract's, read by its own tensors.
+    generic = signature if signature is not None and not is_image_signature(signature) else None
     header, binary = split_body(body, header_length)
     if header_length is not None and not header:
-        if generic:
+        if generic is not None:
             raise BadInput(
                 f"a raw binary request ({HEADER_LENGTH}: 0) has no header to say the inputs' "
-                f"shapes; this model takes {inputs_text(signature)}: send the JSON header"
+                f"shapes; this model takes {inputs_text(generic)}: send the JSON header"
             )
         return _raw_binary_request(binary, check_count)
     try:
@@ -140,9 +141,9 @@ def parse_infer_request(
         raise BadInput(f"'id' must be a string, got {type(request_id).__name__}")
     binary_output = bool(_flag(_parameters(request, "request"), "binary_data_output", "request"))
     inputs = _parse_inputs(request.get("inputs"), binary, header_length is not None, signature)
-    if generic:
-        tensors = signature_inputs(inputs, signature, check_count)
-        outputs = _parse_outputs(request.get("outputs"), output_names(signature))
+    if generic is not None:
+        tensors = signature_inputs(inputs, generic, check_count)
+        outputs = _parse_outputs(request.get("outputs"), output_names(generic))
         return InferRequest(request_id, tensors, outputs, binary_output)
     images = model_input(inputs, check_count)
     return InferRequest(request_id, images, _parse_outputs(request.get("outputs")), binary_output)
@@ -202,13 +203,13 @@ def _parse_inputs(
 
 def _slice_binary(inputs: list[WireInput], binary: memoryview, has_header_length: bool) -> None:
     """Give each binary input its bytes, in the order of `inputs`; the sizes must add up."""
-    binary_inputs = [item for item in inputs if item.binary_size is not None]
+    binary_inputs = [(item, item.binary_size) for item in inputs if item.binary_size is not None]
     if binary_inputs and not has_header_length:
         raise BadInput(
-            f"{binary_inputs[0].where} has binary_data_size, but the request has no "
+            f"{binary_inputs[0][0].where} has binary_data_size, but the request has no "
             f"{HEADER_LENGTH} header to say where the JSON ends and the binary data begins"
         )
-    declared = sum(item.binary_size for item in binary_inputs)
+    declared = sum(size for _, size in binary_inputs)
     if declared > len(binary):
         raise BadInput(
             f"the inputs' binary_data_size add up to {declared} bytes, but only {len(binary)} "
@@ -220,9 +221,9 @@ def _slice_binary(inputs: list[WireInput], binary: memoryview, has_header_length
             f"binary_data_size add up to {declared}"
         )
     offset = 0
-    for item in binary_inputs:
-        item.binary = binary[offset : offset + item.binary_size]
-        offset += item.binary_size
+    for item, size in binary_inputs:
+        item.binary = binary[offset : offset + size]
+        offset += size
 
 
 def _parse_outputs(
@@ -248,10 +249,15 @@ def _parse_outputs(
 def render_infer_response(result: PredictResult, request: InferRequest) -> Encoded:
     """The answer as JSON, or as JSON then binary tensors when any output is binary."""
     names = list(request.outputs) if request.outputs else list(result.outputs)
-    outputs, blobs = [], []
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
     for name in names:
         array = result.outputs[name]
-        output = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
+        output: dict[str, Any] = {
+            "name": name,
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+        }
         binary = (request.outputs or {}).get(name)
         if request.binary_output if binary is None else binary:
             data = blob(array)

@@ -77,11 +77,15 @@ def inputs_text(signature: SignatureSpec) -> str:
     )
 
 
-def _datatype_or_none(dtype) -> str:
+# What the model's inputs list (in messages) for a dtype no datatype names.
+UNSUPPORTED = "unsupported"
+
+
+def _datatype_or_none(dtype: np.dtype | None) -> str:
     try:
         return v2_datatype(dtype)
     except ValueError:
-        return "unsupported"
+        return UNSUPPORTED
 
 
 def signature_inputs(
@@ -105,7 +109,13 @@ def signature_inputs(
     counted = False
     for item in inputs:
         spec = specs[item.name]
-        _check_datatype(item, _datatype_or_none(spec.dtype))
+        datatype = _datatype_or_none(spec.dtype)
+        if spec.dtype is None or datatype == UNSUPPORTED:
+            raise BadInput(
+                f"{item.where}: the model takes it as {spec.dtype or 'a TensorFlow type'}, "
+                "which no Open Inference Protocol datatype holds"
+            )
+        _check_datatype(item, datatype)
         if spec.shape is not None and not (
             len(spec.shape) == len(item.shape)
             and all(want in (-1, got) for want, got in zip(spec.shape, item.shape, strict=True))
@@ -201,7 +211,8 @@ def _flatten(data: Any, item: WireInput) -> list:
         raise BadInput(
             f"{item.where}: 'data' must be an array of values, got {type(data).__name__}"
         )
-    flat, stack = [], [data]
+    flat: list = []
+    stack = [data]
     while stack:
         value = stack.pop()
         if isinstance(value, list):
@@ -282,6 +293,15 @@ def _check_inputs(inputs: list[WireInput]) -> list[WireInput]:
     return inputs
 
 
+def _regular_array(data: list) -> np.ndarray | None:
+    """Nested lists as an array; None when they are ragged or hold other than numbers."""
+    try:
+        values = np.array(data)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return None if values.dtype == np.object_ else values
+
+
 def _json_tensor(item: WireInput) -> np.ndarray:
     """A tensor's `data` (flat or nested, row-major; or gRPC's typed contents, already an
     array) as numbers of the declared shape."""
@@ -292,14 +312,12 @@ def _json_tensor(item: WireInput) -> np.ndarray:
             raise BadInput(
                 f"{item.where}: 'data' must be an array of numbers, got {type(item.data).__name__}"
             )
-        try:
-            values = np.array(item.data)
-        except (ValueError, TypeError, OverflowError):
-            values = None
-        if values is None or values.dtype == np.object_:
+        regular = _regular_array(item.data)
+        if regular is None:
             raise BadInput(
                 f"{item.where}: 'data' must be a regular array of numbers (ragged lists?)"
             )
+        values = regular
     if values.dtype.kind not in "iuf":
         kind = {"b": "booleans", "U": "strings"}.get(values.dtype.kind, f"{values.dtype}")
         raise BadInput(f"{item.where}: 'data' must hold numbers for {item.datatype}, got {kind}")

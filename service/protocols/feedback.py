@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,9 @@ from service.security import FEEDBACK
 from service.types import SignatureSpec
 
 log = logging.getLogger("service.feedback")
+FEEDBACK_OFF = (
+    "feedback is off on this service: set FEEDBACK_DIR to store labeled images for the retrain job"
+)
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 # The outputs that make a signature a classifier's (the image contract's and TF's canned
@@ -335,10 +340,7 @@ class FeedbackAPI:
     def refuse_early(self, params: dict, query: QueryParams) -> None:
         """Refuse before the body is read: feedback off, an unknown model, a bad `invert`."""
         if self.feedback_dir is None:
-            raise Forbidden(
-                "feedback is off on this service: set FEEDBACK_DIR to store labeled images "
-                "for the retrain job"
-            )
+            raise Forbidden(FEEDBACK_OFF)
         name = params["name"]
         if name not in self.dataplane.model_names():
             raise NotFound(f"Could not find any versions of model {name}")
@@ -352,6 +354,8 @@ class FeedbackAPI:
         # A sender with an empty bucket is refused before its body is parsed.
         self._check_rate(name, sender, 1, self.rates.wait(sender, 1))
         invert = call.query.get("invert", "auto")
+        # Images (an image model's), or any other signature's inputs by name.
+        examples: np.ndarray | dict[str, np.ndarray]
         if call.headers.get("content-type", "").startswith("multipart/form-data"):
             signature = await self._signature(name, None)
             if not is_image_signature(signature):
@@ -360,26 +364,24 @@ class FeedbackAPI:
                     f"images; signature {signature.name!r} of {name} takes "
                     f"{_inputs_text(signature)}: send JSON instances in its row format"
                 )
-            images, labels, version = await self._multipart(form_request(call), invert)
-            inputs = None
+            examples, labels, version = await self._multipart(form_request(call), invert)
         else:
             # In a thread: a large body must not stall the event loop.
             request = await asyncio.to_thread(json_body.loads, call.body)
             if not isinstance(request, dict):
                 raise BadInput('Request body must be a JSON object with "instances": [...]')
             signature = await self._signature(name, request.get("signature_name"))
-            images = inputs = None
             if is_image_signature(signature):
-                images, labels, version = await asyncio.to_thread(self._json, request, invert)
+                examples, labels, version = await asyncio.to_thread(self._json, request, invert)
             else:
-                inputs, labels, version = await asyncio.to_thread(
+                examples, labels, version = await asyncio.to_thread(
                     self._instances, request, signature
                 )
         task = feedback_task(signature)
         names = self.dataplane.class_labels(name) if task == CLASSIFICATION else None
         if task == CLASSIFICATION and names is None:
             raise NotReady(f"model {name} has no serving version yet: its labels are not known")
-        count = len(images) if images is not None else tensor_rows(inputs)
+        count = len(examples) if isinstance(examples, np.ndarray) else tensor_rows(examples)
         truth = class_ids_of(labels, names, count) if names else values_of(labels, count)
         if count > self.rates.size and self.rates.per_second:
             raise PayloadTooLarge(
@@ -387,14 +389,15 @@ class FeedbackAPI:
                 f"{self.rates.size} at once (FEEDBACK_BURST_IMAGES): send them in smaller "
                 "requests"
             )
-        if images is not None:
-            pixels = np.rint(images * PIXEL_MAX).astype(np.uint8)
-            encode, encoded = image_examples, (pixels, truth, INPUT_KEY)
+        encode: Callable[[], list[bytes]]
+        if isinstance(examples, np.ndarray):
+            pixels = np.rint(examples * PIXEL_MAX).astype(np.uint8)
+            encode = functools.partial(image_examples, pixels, truth, INPUT_KEY)
         else:
-            encode, encoded = feedback_examples, (inputs, truth)
+            encode = functools.partial(feedback_examples, examples, truth)
         self._check_rate(name, sender, count, self.rates.take(sender, count))
         try:
-            records = await asyncio.to_thread(encode, *encoded)
+            records = await asyncio.to_thread(encode)
             writer = await self._writer(name)
         except ValueError as err:  # an input of a dtype no tf.Example holds
             self.rates.give_back(sender, count)  # nothing stored: nothing counts
@@ -482,6 +485,8 @@ class FeedbackAPI:
         writer = self._writers.get(name)
         if writer is not None:
             return writer
+        if self.feedback_dir is None:
+            raise Forbidden(FEEDBACK_OFF)
         async with self._opening:
             if name not in self._writers:
                 writer = FeedbackWriter(
@@ -529,7 +534,7 @@ class FeedbackAPI:
         )
         return inputs, labels, version
 
-    async def _multipart(self, request, invert: str):
+    async def _multipart(self, request, invert: str) -> tuple[np.ndarray, list, int | None]:
         form, uploads = await image_form(request, self.dataplane.max_images, self.max_body_bytes)
         files = [
             (f"files[{i}] ({upload.filename or 'no name'})", await upload.read())

@@ -189,7 +189,7 @@ def _rpc(method):
             metrics.child(metrics.grpc_requests, name, code.name).inc()
             seconds = time.perf_counter() - started
             metrics.child(metrics.grpc_latency, name).observe(seconds)
-            if served is not None:
+            if served is not None and measured is not None:
                 protocol, api, model_of = measured
                 route = metrics.route(id(measured), protocol, api, GRPC, model_of(request))
                 route.finished(code == grpc.StatusCode.OK, code.name, seconds, served)

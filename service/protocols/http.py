@@ -3,7 +3,7 @@ and the OpenAPI pieces of their bodies."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
@@ -38,6 +38,14 @@ def request_body(schema: dict, example: Any, more: dict[str, dict] | None = None
 def json_response(content: Any, status_code: int = 200) -> Response:
     """A JSON answer encoded by the one encoder (numpy values go straight through)."""
     return Response(to_json(content), status_code=status_code, media_type=JSON)
+
+
+@overload
+def version_in_url(text: str) -> int: ...
+
+
+@overload
+def version_in_url(text: None) -> None: ...
 
 
 def version_in_url(text: str | None) -> int | None:

@@ -125,6 +125,16 @@ class ModelForm:
     softmax_guess: bool = False
     image_contract: bool = False
 
+    def image_input(self) -> ImageInput:
+        """The image input of an IMAGE or IMAGE_BYTES form.
+
+        Raises:
+            TypeError: the form takes no images.
+        """
+        if self.image is None:
+            raise TypeError(f"a {self.kind} form takes no image")
+        return self.image
+
     def to_json(self) -> dict:
         """What the page needs to build its input and read the answer."""
         image = None
@@ -270,6 +280,10 @@ def _is_float(spec: TensorSpec | None) -> bool:
     return spec is not None and spec.dtype is not None and spec.dtype.kind == "f"
 
 
+def _is_integer(spec: TensorSpec | None) -> bool:
+    return spec is not None and spec.dtype is not None and spec.dtype.kind in "iu"
+
+
 def _is_strings(spec: TensorSpec | None) -> bool:
     return spec is not None and spec.dtype == np.dtype(object)
 
@@ -312,10 +326,7 @@ def _task(signature: SignatureSpec) -> tuple[str, dict]:
             (
                 key
                 for key in (CLASS_IDS_KEY, CLASSES_KEY)
-                if key in outputs
-                and outputs[key].dtype is not None
-                and outputs[key].dtype.kind in "iu"
-                and _one_value(outputs[key])
+                if _is_integer(outputs.get(key)) and _one_value(outputs[key])
             ),
             None,
         )
@@ -358,7 +369,7 @@ def answer_rows(
     if form.image_contract:
         # Batch prediction's rows (artifact.contract), the version's labels as they are.
         return list(prediction_rows(outputs[CLASSES_KEY], outputs[PROBABILITIES_KEY], labels))
-    if form.task == CLASSIFICATION:
+    if form.task == CLASSIFICATION and form.probabilities is not None:
         probabilities = outputs[form.probabilities]
         guessed_wrong = form.softmax_guess and output_problems({PROBABILITIES_KEY: probabilities})
         if not guessed_wrong and probabilities.ndim == 2:
@@ -366,7 +377,7 @@ def answer_rows(
         if guessed_wrong:
             # Not probabilities: values (a pre-made regressor's with label_dimension > 1).
             return value_rows(probabilities)
-    if form.task == REGRESSION and outputs[form.value].ndim >= 1:
+    if form.task == REGRESSION and form.value is not None and outputs[form.value].ndim >= 1:
         return value_rows(outputs[form.value])
     return render_outputs(outputs, columnar=False)[1]
 
@@ -394,7 +405,7 @@ def _classification_rows(form, outputs, probabilities, labels) -> list:
     if form.class_names is None:
         return list(prediction_rows(class_ids, probabilities, fallback))
     names = outputs[form.class_names]
-    rows = []
+    rows: list[dict] = []
     for i, row in enumerate(probabilities):
         row_names = tuple(text_of(item) for item in names[i])
         # A head without label_vocabulary names its classes by their ids: labels.txt says more.

@@ -43,7 +43,7 @@ from service.protocols.http import (
     request_body,
 )
 from service.protocols.model_form import ModelForm
-from service.routes import MODEL_WRITE, Answers, Call, Route, admit_always
+from service.routes import MODEL_WRITE, Answers, Body, Call, Route, admit_always
 from service.security import PREDICT
 
 # JSON bodies up to this size are read on the event loop (a few pixel arrays cost less than a
@@ -71,7 +71,7 @@ _INSTANCES_TEXT = (
 )
 
 
-def _predict_doc(example: dict) -> dict:
+def _predict_doc(example: dict) -> Body:
     return request_body(
         {
             "type": "object",
@@ -256,7 +256,7 @@ class PeopleAPI:
         if len(body) > INLINE_PARSE_BYTES:
             return await self._decode(self._read_images, body, form, invert)
         read = simple_json.read_images(
-            body, form.image, form.image_contract, self.dataplane.max_images
+            body, form.image_input(), form.image_contract, self.dataplane.max_images
         )
         # Image files on the decoding thread, however their JSON is spelled: the body read
         # says it holds one (a key written "\u0062\u0036\u0034" is "b64" too).
@@ -266,7 +266,7 @@ class PeopleAPI:
 
     def _read_images(self, body: bytes, form: ModelForm, invert: str, cancelled=None):
         read = simple_json.read_images(
-            body, form.image, form.image_contract, self.dataplane.max_images
+            body, form.image_input(), form.image_contract, self.dataplane.max_images
         )
         return self._decode_images(read, invert, cancelled)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
@@ -121,7 +122,7 @@ ROLLOUT_ANSWER = {
 # TF Serving prints a signature's empty fields too (a dim's size 0, an empty name). protobuf
 # 5.26 renamed the option; the service runs on protobuf 6, and on TF 2.15's protobuf 4 for the
 # benchmark's comparison of TensorFlow versions.
-PRINT_DEFAULT_VALUES = (
+PRINT_DEFAULT_VALUES: dict[str, Any] = (
     {"always_print_fields_with_no_presence": True}
     if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
     else {"including_default_value_fields": True}
@@ -388,11 +389,12 @@ class TFServingREST:
             label,
             api="Classify" if kind == "classification" else "Regress",
         )
+        answer: dict[str, Any]
         if kind == "classification":
             results = tf_example.classifications(result.outputs, len(serialized))
-            body = {"results": [[[c, s] for c, s in row] for row in results]}
+            answer = {"results": [[[c, s] for c, s in row] for row in results]}
         else:
-            body = {"results": tf_example.regressions(result.outputs, len(serialized))}
+            answer = {"results": tf_example.regressions(result.outputs, len(serialized))}
         if self.extra_keys:
-            body["model_version"] = str(result.version)
-        return json_response(body)
+            answer["model_version"] = str(result.version)
+        return json_response(answer)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from typing import Any
 
 from starlette.responses import Response
 
@@ -132,9 +133,9 @@ class OpenInferenceREST:
             return Route("GET", path, handler, summary, scope, tags, **more)
 
         admit = admit_always(self.dataplane.admit)
-        infer = {"body": INFER_BODY, "answers": INFER_ANSWERS, "before_body": admit,
-                 "protocol": "v2_rest"}  # fmt: skip
-        probe = {"probe": True, "answers": Answers(errors=(503,))}
+        infer: dict[str, Any] = {"body": INFER_BODY, "answers": INFER_ANSWERS,
+                                 "before_body": admit, "protocol": "v2_rest"}  # fmt: skip
+        probe: dict[str, Any] = {"probe": True, "answers": Answers(errors=(503,))}
         return [
             Route("POST", "/v2/models/{name}/infer", self.infer,
                   "Inference with the newest version", PREDICT, tags, **infer),

@@ -24,7 +24,7 @@ from support.tfserving_standin import TFServingStandIn
 from artifact import idx as data
 from artifact.model_config import shortcut
 from service.backends.tfserving import MAX_MESSAGE_BYTES, TFServingBackend
-from service.errors import BadInput, NotFound, UpstreamTimeout
+from service.errors import BadInput, NotFound, NotReady, UpstreamTimeout
 
 MODEL = f"/v1/models/{MODEL_NAME}"
 PREDICT = f"{MODEL}:predict"
@@ -326,6 +326,22 @@ def test_wrong_input_shape_and_unknown_version_are_client_errors(standin, reposi
     assert isinstance(shape.__cause__, grpc.aio.AioRpcError)
     assert isinstance(version, NotFound)
     assert version.message == f"Servable not found for request: Specific({MODEL_NAME}, 7)"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda b: b.model_status(MODEL_NAME, None), id="GetModelStatus"),
+        pytest.param(lambda b: b.metadata(MODEL_NAME, None), id="GetModelMetadata"),
+        pytest.param(
+            lambda b: b.predict(MODEL_NAME, np.zeros((1, 28, 28), np.float32)), id="Predict"
+        ),
+    ],
+)
+def test_a_call_before_start_is_not_ready(tmp_path, call):
+    backend = TFServingBackend(shortcut(MODEL_NAME, tmp_path), f"127.0.0.1:{free_port()}", 1.0)
+    with pytest.raises(NotReady, match="not connected to TensorFlow Serving at 127.0.0.1:"):
+        asyncio.run(call(backend))
 
 
 def test_not_ready_while_tf_serving_is_unreachable_or_has_no_version(tmp_path):

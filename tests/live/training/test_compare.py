@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.helpers import assert_one_error_line
 from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, LABELS, call_main
 
 from artifact.repository import read_report
 from training.comparison import RESULTS_FILE, TABLE_FILE, format_table
+from training.errors import UsageError
 from training.estimator import MODEL_KINDS
-from training.runs import directory_bytes
+from training.runs import directory_bytes, exported_report, local_version
 
 PARAMETERS = {
     "cnn": 3_274_634,
@@ -94,3 +96,15 @@ def test_compare_rejects_unknown_kinds(tmp_path, small_data_dir, capsys):
         err, "--models: unknown kind(s) svm; known kinds: cnn, linear, dnn, keras"
     )
     assert not work_dir.exists()
+
+
+def test_a_comparison_reads_its_versions_from_a_local_folder(tmp_path):
+    (tmp_path / "1").mkdir()
+    assert local_version(str(tmp_path / "1")) == tmp_path / "1"
+    for version in (None, "s3://bucket/models/m/1"):
+        with pytest.raises(
+            UsageError, match=f"reads its models' versions from its work dir, got {version}"
+        ):
+            local_version(version)
+    with pytest.raises(UsageError, match="exported without its evaluation report"):
+        exported_report(tmp_path / "1")

@@ -300,3 +300,21 @@ def test_failure_midway_leaves_no_file(tmp_path, trained_model, small_test_data,
     assert calls == [100, 100]
     assert not output.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["all.npy"]
+
+
+def test_a_classifier_with_neither_classes_nor_a_known_width_is_named(tmp_path):
+    """A tabular signature whose probabilities have an unknown shape, with no labels.txt and
+    no classes in its report: nothing tells how many classes it has."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from training import exported
+    from training.errors import UsageError
+
+    signature = meta_graph_pb2.SignatureDef()
+    signature.inputs["rooms"].dtype = types_pb2.DT_FLOAT
+    signature.inputs["rooms"].tensor_shape.dim.add().size = -1
+    signature.outputs["probabilities"].dtype = types_pb2.DT_FLOAT
+    signature.outputs["probabilities"].tensor_shape.unknown_rank = True
+    with pytest.raises(UsageError, match="output 'probabilities' has an unknown shape"):
+        exported._tabular(tmp_path, "predict", signature, None)

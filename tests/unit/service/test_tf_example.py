@@ -115,6 +115,10 @@ def test_classes_and_scores_pair_up_and_regressions_flatten():
     ]
     with pytest.raises(BadInput, match="batch_size 2"):
         tf_example.classifications(outputs, 2)
+    with pytest.raises(
+        BadInput, match=r"at least one of \"classes\" or \"scores\"; got \['probabilities'\]"
+    ):
+        tf_example.classifications({"probabilities": outputs["scores"]}, 1)
     assert tf_example.regressions({"outputs": np.array([[1.5], [2.5]], np.float32)}, 2) == [
         1.5,
         2.5,

@@ -89,6 +89,20 @@ def test_bad_inputs_are_named(inputs, expected):
     assert expected in caught.value.message
 
 
+@pytest.mark.parametrize("datatype", ["unsupported", "FP32"])
+def test_an_input_no_datatype_holds_is_refused_whatever_it_is_sent_as(datatype):
+    """A model input of a TensorFlow type numpy has no match for (dtype None)."""
+    odd = SignatureSpec("predict", "tensorflow/serving/predict",
+                        (TensorSpec("odd", None, (-1,)),), (TensorSpec("out", FLOAT, (-1,)),))  # fmt: skip
+    sent = {"name": "odd", "datatype": datatype, "shape": [1], "data": [1]}
+    with pytest.raises(BadInput) as caught:
+        parse_infer_request(body(sent), None, signature=odd)
+    assert caught.value.message == (
+        "input 'odd': the model takes it as a TensorFlow type, which no Open Inference "
+        "Protocol datatype holds"
+    )
+
+
 def test_outputs_asked_for_are_the_signatures():
     parsed = parse_infer_request(
         body(COLOR, ROOMS, outputs=[{"name": "classes"}]), None, signature=SIGNATURE

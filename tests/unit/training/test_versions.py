@@ -65,3 +65,15 @@ def test_a_stable_label_on_a_version_not_on_disk_is_an_error(tmp_path):
     entry = config_entry(tmp_path, "all {}", 'version_labels { key: "stable" value: 7 }')
     with pytest.raises(UsageError, match="the stable label names version 7, which is not in"):
         versions.serving_baseline(entry, tmp_path / "m")
+
+
+def test_moving_a_label_without_configs_entry_says_to_give_config(tmp_path):
+    baseline = versions.Baseline(1, tmp_path / "m" / "1", "the stable label")
+    message = "--publish canary moves a label in the model config: give --config"
+    with pytest.raises(UsageError, match=message):
+        versions.move_label(tmp_path / "models.config", None, "canary", 2)
+    with pytest.raises(UsageError, match=message):
+        versions.pin_stable_before_a_canary(tmp_path / "models.config", None, "canary", baseline)
+    # Nothing to pin for another label, or with no version serving: no entry needed.
+    versions.pin_stable_before_a_canary(tmp_path / "models.config", None, "stable", baseline)
+    versions.pin_stable_before_a_canary(tmp_path / "models.config", None, "canary", None)
