@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME, output_problems
+from artifact.logs import current_request
 from service.backends.base import Backend
 from service.errors import (
     OVERLOADED,
@@ -131,6 +132,9 @@ class DataPlane:
                 overloaded.
         """
         count = rows_of(images)
+        request = current_request.get()
+        if request is not None:  # for the access line
+            request.model, request.signature = name, signature_name
         self.check_image_count(count)
         pinned = version is not None or label is not None
         labels = {} if pinned else self.backend.version_labels(name)
@@ -148,6 +152,9 @@ class DataPlane:
                     prediction = None  # the canary is not answering: the serving version does
         if prediction is None:
             prediction = await self.backend.predict(name, images, version, signature_name, label)
+        if request is not None:
+            request.version = prediction.version
+            request.batch_size = prediction.batch_size or count
         class_labels = self.backend.class_labels(name, prediction.version)
         self._count(name, prediction, class_labels, route, count)
         served_classes = prediction.outputs.get(CLASSES_KEY)

@@ -86,11 +86,14 @@ class Prediction:
 
     `checked` is true once artifact.contract.output_problems found nothing wrong with these
     outputs, or with a batch's outputs that hold them: the data plane need not look again.
+    `batch_size` is the instances of the model call that answered (the batcher's batch, its
+    padding not counted); None: the request's own.
     """
 
     version: int
     outputs: dict[str, np.ndarray]
     checked: bool = False
+    batch_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

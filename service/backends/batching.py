@@ -155,6 +155,7 @@ class BatchingBackend(DelegatingBackend):
     def _answer(self, batch: list[_Request], prediction: Prediction | None, error) -> None:
         """On the loop: each request's share of the batch's outputs, or the batch's error."""
         start = 0
+        size = sum(request.rows for request in batch)
         for request in batch:
             end = start + request.rows
             if not request.future.done():
@@ -166,7 +167,7 @@ class BatchingBackend(DelegatingBackend):
                 else:
                     outputs = {k: v[start:end] for k, v in prediction.outputs.items()}
                     request.future.set_result(
-                        Prediction(prediction.version, outputs, prediction.checked)
+                        Prediction(prediction.version, outputs, prediction.checked, size)
                     )
             start = end
 

@@ -15,6 +15,10 @@ DEADLINE_EXCEEDED and its slot is free. gRPC itself waits for a unary call's mes
 long as the client likes: the guard serves each unary method as a client-streaming one that
 reads the first message under a timer, then calls the method's own handler with it.
 
+Every call is given a request id, as an HTTP request is (the client's `x-request-id` metadata
+when it is a good one, else a new one), sent back in its trailing metadata whatever its
+status, and carried by the log records made while it is answered.
+
 A bearer token sent over plaintext gRPC (no TLS_CERT_FILE) is refused unless
 GRPC_ALLOW_PLAINTEXT_TOKENS says the network is trusted (a mesh that encrypts, loopback):
 anyone on the path could read it and replay it.
@@ -27,6 +31,7 @@ import logging
 
 import grpc
 
+from artifact.logs import RequestLog, current_request, request_id_of, trace_id_of
 from service.errors import printable
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
 
@@ -79,6 +84,8 @@ def scope_of_method(method: str) -> str | None:
     return METHOD_SCOPES.get(method, DEFAULT_SCOPE)
 
 
+# The trailing metadata key every call's request id is sent back in (HTTP's X-Request-ID).
+REQUEST_ID_KEY = "x-request-id"
 # A call's message must come within this long by default (BODY_TIMEOUT_SECONDS's default).
 RECEIVE_TIMEOUT_SECONDS = 30.0
 
@@ -165,6 +172,13 @@ def receiving_within(handler, seconds: float):
     answer = handler.unary_unary
 
     async def receive_then_answer(requests, context):
+        token = current_request.set(call_request_log(context))
+        try:
+            return await _receive_then_answer(context)
+        finally:
+            current_request.reset(token)
+
+    async def _receive_then_answer(context):
         try:
             async with asyncio.timeout(seconds):
                 # The context's own read: no async generator around it (`requests` is one).
@@ -187,10 +201,26 @@ def receiving_within(handler, seconds: float):
     )
 
 
+def call_request_log(context) -> RequestLog:
+    """A call's log record, as HTTP's (service/ingress.py): its id (the client's `x-request-id`
+    metadata when it is a good one, else a new one), the trace id of its `traceparent`; the
+    id is sent back in the call's trailing metadata, `x-request-id`, whatever its status."""
+    sent = traceparent = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id":
+            sent = value
+        elif key == "traceparent":
+            traceparent = value
+    request = RequestLog(request_id_of(sent), trace_id_of(traceparent))
+    context.set_trailing_metadata(((REQUEST_ID_KEY, request.request_id),))
+    return request
+
+
 def _refusing_handler(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     # Client-streaming, and nothing read: the call ends now, whether or not its message ever
     # comes, and the bytes gRPC received are never parsed.
     async def refuse(requests, context):
+        call_request_log(context)
         await context.abort(code, message)
 
     return grpc.stream_unary_rpc_method_handler(refuse)
