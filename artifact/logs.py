@@ -149,12 +149,13 @@ class JSONFormatter(logging.Formatter):
         self._prefix = ""
 
     def _time(self, created: float) -> str:
-        # strftime once a second: the access line is written per request.
-        seconds = int(created)
+        # strftime once a second: the access line is written per request. Microseconds
+        # rounded first: a float near 2e9 holds x.001 as x.000999927.
+        seconds, micros = divmod(round(created * 1_000_000), 1_000_000)
         if seconds != self._second:
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
             self._second = seconds
-        return f"{self._prefix}.{int((created - seconds) * 1000):03d}Z"
+        return f"{self._prefix}.{micros // 1000:03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {

@@ -132,9 +132,6 @@ class DataPlane:
                 overloaded.
         """
         count = rows_of(images)
-        request = current_request.get()
-        if request is not None:  # for the access line
-            request.model, request.signature = name, signature_name
         self.check_image_count(count)
         pinned = version is not None or label is not None
         labels = {} if pinned else self.backend.version_labels(name)
@@ -152,8 +149,13 @@ class DataPlane:
                     prediction = None  # the canary is not answering: the serving version does
         if prediction is None:
             prediction = await self.backend.predict(name, images, version, signature_name, label)
-        if request is not None:
-            request.version = prediction.version
+        request = current_request.get()
+        if request is not None:  # the access line says which version answered, and how
+            request.model, request.version, request.signature = (
+                name,
+                prediction.version,
+                signature_name,
+            )
             request.batch_size = prediction.batch_size or count
         class_labels = self.backend.class_labels(name, prediction.version)
         self._count(name, prediction, class_labels, route, count)
