@@ -15,6 +15,8 @@ Request ids (`request_id`): the client's `X-Request-ID` when it is 1-128 charact
 
 from __future__ import annotations
 
+import atexit
+import io
 import json
 import logging
 import logging.config
@@ -270,3 +272,86 @@ def formatter_for(log_format: str) -> logging.Formatter | None:
         if isinstance(handler.formatter, JSONFormatter):
             return handler.formatter
     return JSONFormatter()
+
+
+# `error: ...`, and argparse's `prog: error: ...`; `warning: ...`, `interrupted: ...`.
+_ERROR_LINE = re.compile(r"\s*(?:[\w .-]+: )?error:", re.IGNORECASE)
+_WARNING_LINE = re.compile(r"\s*(?:warning|interrupted):", re.IGNORECASE)
+
+
+class LineStream(io.TextIOBase):
+    """A text stream each of whose lines is written as one log record of `logger` (a
+    program's stdout or stderr, for JSON logs): at ERROR when it starts with `error:` (or
+    argparse's `prog: error:`), at WARNING with `warning:` or `interrupted:`, else at INFO.
+    A line is written when its newline comes (or at exit); blank lines are dropped."""
+
+    def __init__(self, logger: logging.Logger, original):
+        super().__init__()
+        self.logger = logger
+        self.original = original
+        self._partial = ""
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False  # progress bars write whole lines, not a line redrawn
+
+    def fileno(self) -> int:
+        return self.original.fileno()
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def finish(self) -> None:
+        """Write the last line even without its newline."""
+        partial, self._partial = self._partial, ""
+        self._emit(partial)
+
+    def _emit(self, line: str) -> None:
+        line = line.rstrip("\r")
+        if not line.strip():
+            return
+        level = logging.INFO
+        if _ERROR_LINE.match(line):
+            level = logging.ERROR
+        elif _WARNING_LINE.match(line):
+            level = logging.WARNING
+        self.logger.log(level, "%s", line)
+
+
+def print_as_json_lines(program: str) -> None:
+    """From now on every line the program prints (sys.stdout, sys.stderr) is one JSON object
+    on the same stream, logger `<program>.stdout` or `<program>.stderr`, and an exception that
+    ends the program is one record with its traceback. Once per process."""
+    if isinstance(sys.stderr, LineStream):
+        return
+    formatter = JSONFormatter()
+    streams = []
+    for name in ("stdout", "stderr"):
+        original = getattr(sys, name)
+        handler = logging.StreamHandler(original)
+        handler.setFormatter(formatter)
+        logger = logging.getLogger(f"{program}.{name}")
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+        stream = LineStream(logger, original)
+        setattr(sys, name, stream)
+        streams.append(stream)
+
+    def uncaught(kind, value, traceback) -> None:
+        logging.getLogger(program).critical(
+            "%s: %s", kind.__name__, value, exc_info=(kind, value, traceback)
+        )
+
+    sys.excepthook = uncaught
+    atexit.register(lambda: [stream.finish() for stream in streams])

@@ -13,6 +13,7 @@ import pytest
 from artifact.logs import (
     REQUEST_FIELDS,
     JSONFormatter,
+    LineStream,
     LogConfigError,
     RequestLog,
     configure_logging,
@@ -257,3 +258,40 @@ def test_a_log_config_dictconfig_refuses_is_one_line(tmp_path, restored_logging)
     with pytest.raises(LogConfigError, match=r"logging\.config\.dictConfig: .*h") as caught:
         configure_logging("json", "info", path)
     assert "\n" not in str(caught.value)
+
+
+# --- the trainer's printed lines as records ----------------------------------------------------
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[tuple[str, str]] = []
+
+    def emit(self, record):
+        self.records.append((record.levelname, record.getMessage()))
+
+
+def test_each_printed_line_is_one_record_at_the_level_its_words_say():
+    logger = logging.getLogger("logs.test.lines")
+    collect = Records()
+    logger.addHandler(collect)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    try:
+        stream = LineStream(logger, sys.__stderr__)
+        print("Exported 3", "after 1.0 min", file=stream)  # pieces of one line
+        stream.write("error: no data\n\nwarning: slow\r\npython -m training: error: bad")
+        assert collect.records[-1] == ("WARNING", "warning: slow")  # blank line dropped
+        stream.finish()  # the last line, without its newline
+    finally:
+        logger.removeHandler(collect)
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)
+    assert collect.records == [
+        ("INFO", "Exported 3 after 1.0 min"),
+        ("ERROR", "error: no data"),
+        ("WARNING", "warning: slow"),
+        ("ERROR", "python -m training: error: bad"),
+    ]
+    assert not stream.isatty()
