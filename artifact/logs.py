@@ -236,9 +236,10 @@ def configure_logging(
     who: str = "",
     static: dict | None = None,
 ) -> None:
-    """Set up the root logger: one handler on stderr in `log_format` (text or json) at `level`;
-    then, with `config_file`, that file's dictConfig on top (its loggers, handlers and
-    formatters; a formatter may name `()`: artifact.logs.JSONFormatter).
+    """Set up the root logger, unless it has handlers already: one handler on stderr in
+    `log_format` (text or json) at `level`; then, with `config_file`, that file's dictConfig on
+    top (its loggers, handlers and formatters; a formatter may name `()`:
+    artifact.logs.JSONFormatter).
 
     Raises:
         LogConfigError: `config_file` cannot be read, parsed or applied.
@@ -247,10 +248,10 @@ def configure_logging(
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter(static) if log_format == "json" else text_formatter(who))
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper() if isinstance(level, str) else level)
+    # As logging.basicConfig: a root logger set up already (a test's) is left as it is.
+    if not root.handlers:
+        root.addHandler(handler)
+        root.setLevel(level.upper() if isinstance(level, str) else level)
     if log_format == "json":
         # Python's warnings are log records too, not lines of their own.
         logging.captureWarnings(True)

@@ -194,6 +194,13 @@ def restored_logging():
     logging.captureWarnings(False)
 
 
+def bare_root() -> None:
+    """No handler on the root logger (pytest puts its own there for each test's call):
+    configure_logging leaves a root that has one as it is."""
+    logging.getLogger().handlers[:] = []
+    logging.getLogger().setLevel(logging.NOTSET)
+
+
 def file_handler_config(path) -> dict:
     return {
         "version": 1,
@@ -211,6 +218,7 @@ def test_a_log_config_file_is_applied_over_the_format(tmp_path, restored_logging
     config = tmp_path / f"logging{suffix}"
     # JSON is YAML too: the .yaml file holds the same text.
     config.write_text(json.dumps(file_handler_config(written)))
+    bare_root()
     configure_logging("text", "warning", config)
     logging.getLogger("logs.test").debug("below the root's level, and %s", "kept")
     entry = json.loads(written.read_text().strip())
@@ -223,6 +231,7 @@ def test_a_log_config_file_is_applied_over_the_format(tmp_path, restored_logging
 
 
 def test_json_logs_write_json_to_stderr(restored_logging, capsys):
+    bare_root()
     configure_logging("json", "info")
     logging.getLogger("logs.test").info("to %s", "stderr")
     entry = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
@@ -295,3 +304,12 @@ def test_each_printed_line_is_one_record_at_the_level_its_words_say():
         ("ERROR", "python -m training: error: bad"),
     ]
     assert not stream.isatty()
+
+
+def test_a_root_logger_set_up_already_is_left_as_it_is(restored_logging):
+    bare_root()
+    mine = logging.NullHandler()
+    logging.getLogger().addHandler(mine)
+    configure_logging("json", "debug")
+    assert logging.getLogger().handlers == [mine]
+    assert logging.getLogger().level == logging.NOTSET
