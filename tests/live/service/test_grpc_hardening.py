@@ -294,10 +294,11 @@ def test_every_call_is_answered_with_its_request_id_refused_or_not(tokens):
     handler = logging.Handler(logging.INFO)
     handler.setFormatter(JSONFormatter())
     handler.emit = lambda record: lines.append(handler.format(record))
-    logger = logging.getLogger("service.grpc")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger("service.grpc"), logging.getLogger("service.access")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     port = free_port()
     try:
         with (
@@ -327,8 +328,23 @@ def test_every_call_is_answered_with_its_request_id_refused_or_not(tokens):
                     assert re.fullmatch("[0-9a-f]{32}", answered), answered
                     made = answered
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    entries = [json.loads(line) for line in lines]
     # The not-found call's own line carries the id it was answered with.
-    (logged,) = [json.loads(line) for line in lines if "NOT_FOUND" in line]
+    (logged,) = [
+        e for e in entries if e["logger"] == "service.grpc" and "NOT_FOUND" in e["message"]
+    ]
     assert logged["request_id"] == made
+    # Every call's access line, as HTTP's: the HTTP status of its code, what answered it.
+    access = {e["request_id"]: e for e in entries if e["logger"] == "service.access"}
+    assert set(access) == {"granted-1", "refused-1", made}, access
+    predict = "/tensorflow.serving.PredictionService/Predict"
+    for request_id, status, model in [("granted-1", 200, MODEL_NAME), ("refused-1", 401, None),
+                                      (made, 404, None)]:  # fmt: skip
+        line = access[request_id]
+        assert (line["method"], line["path"], line["status"]) == ("gRPC", predict, status), line
+        assert line["model"] == model and line["client"].startswith("127.0.0.1:"), line
+    assert (access["granted-1"]["version"], access["granted-1"]["batch_size"]) == (1, 1)
+    assert access[made]["message"].endswith(f'"gRPC {predict}" NOT_FOUND')

@@ -131,7 +131,11 @@ def test_a_bad_id_is_replaced_and_an_error_answered_with_the_new_one(run):
 
 
 def test_grpc_answers_carry_the_request_id_in_trailing_metadata(run):
-    _, answers, _, _ = run
+    server, answers, _, _ = run
+    entries = [json.loads(line) for line in server.log().splitlines()]
+    (access,) = [e for e in entries if e.get("request_id") == "live-grpc-1"]
+    assert (access["logger"], access["method"], access["status"]) == ("service.access", "gRPC", 200)
+    assert (access["model"], access["version"], access["batch_size"]) == (MODEL_NAME, 1, 1)
     assert trailing_id(answers["grpc"]) == "live-grpc-1"
     code, metadata = answers["grpc error"]
     assert code == grpc.StatusCode.NOT_FOUND
