@@ -192,7 +192,8 @@ def text_formatter(who: str = "") -> logging.Formatter:
 
 def read_log_config(path: str | Path) -> dict:
     """A `logging.config.dictConfig` dictionary from a JSON or YAML file (by its suffix:
-    .json is JSON, anything else YAML, which JSON is a part of).
+    .json is JSON, anything else YAML, which JSON is a part of; YAML needs PyYAML, which the
+    development venvs have and the images do not).
 
     Raises:
         LogConfigError: the file cannot be read or parsed, or is not a mapping with `version`.
@@ -203,13 +204,19 @@ def read_log_config(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or err
         raise LogConfigError(f"{path}: cannot read it: {reason}") from err
-    try:
-        if path.suffix.lower() == ".json":
-            config = json.loads(text)
-        else:
+    if path.suffix.lower() == ".json":
+        load = json.loads
+    else:
+        try:
             import yaml
-
-            config = yaml.safe_load(text)
+        except ImportError:
+            raise LogConfigError(
+                f"{path}: a YAML file needs PyYAML, which is not installed here (the API image "
+                "has none); write the same dictionary as JSON, in a .json file"
+            ) from None
+        load = yaml.safe_load
+    try:
+        config = load(text)
     except Exception as err:  # noqa: BLE001 - json's and yaml's errors, said in one line
         problem = " ".join(str(err).split())
         raise LogConfigError(f"{path}: not valid {_kind(path)}: {problem}") from err

@@ -294,9 +294,9 @@ class Settings(BaseSettings):
     )
     log_config: str | None = Field(
         None,
-        description="A logging.config.dictConfig file (JSON, or YAML), applied over "
-        "LOG_FORMAT's handler: more handlers, other levels per logger. A file that cannot be "
-        "read or applied stops the start (exit 2).",
+        description="A logging.config.dictConfig file (JSON; YAML where PyYAML is "
+        "installed), applied over LOG_FORMAT's handler: more handlers, other levels per "
+        "logger. A file that cannot be read or applied stops the start (exit 2).",
     )
     # --- clients that are slow, large or many ---------------------------------------------
     max_header_bytes: int = Field(

@@ -256,6 +256,17 @@ def test_a_log_config_that_cannot_be_read_says_why_in_one_line(tmp_path, name, t
     assert message.startswith(str(path)) and expected in message and "\n" not in message
 
 
+def test_a_yaml_log_config_without_pyyaml_says_to_write_json(tmp_path, monkeypatch):
+    path = tmp_path / "logging.yaml"
+    path.write_text("version: 1\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as in the API image: no PyYAML
+    with pytest.raises(LogConfigError, match=r"needs PyYAML.*as JSON, in a \.json file"):
+        read_log_config(path)
+    json_path = tmp_path / "logging.json"
+    json_path.write_text('{"version": 1}')
+    assert read_log_config(json_path) == {"version": 1}
+
+
 def test_a_missing_log_config_says_so(tmp_path):
     with pytest.raises(LogConfigError, match="cannot read it"):
         read_log_config(tmp_path / "absent.yaml")
