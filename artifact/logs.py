@@ -133,8 +133,11 @@ def trace_id_of(traceparent: bytes | str | None) -> str | None:
 
 def _dumps(entry: dict) -> str:
     if orjson is not None:
-        return orjson.dumps(entry, default=str).decode()
-    return json.dumps(entry, ensure_ascii=False, default=str)
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except TypeError:
+            pass  # a lone surrogate (a path's undecodable byte): json escapes it
+    return json.dumps(entry, default=str, separators=(",", ":"))
 
 
 class JSONFormatter(logging.Formatter):

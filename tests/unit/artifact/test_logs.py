@@ -70,6 +70,12 @@ def test_a_newline_in_a_message_stays_in_one_line():
     assert line(record("two\nlines %s", ("\r\n",)))["message"] == "two\nlines \r\n"
 
 
+def test_a_message_that_is_not_valid_unicode_is_still_one_line():
+    # A path's undecodable byte, kept by surrogateescape: orjson refuses it, json escapes it.
+    entry = line(record("GET %s", ("/a\udcff",)))
+    assert entry["message"] == "GET /a\udcff"
+
+
 def test_an_exception_is_written_with_its_traceback():
     try:
         raise ValueError("the cause")
