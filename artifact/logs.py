@@ -5,11 +5,12 @@ whatever a `logging.config.dictConfig` file says (LOG_CONFIG).
 A JSON line holds `time` (RFC 3339, UTC, milliseconds), `level`, `logger` and `message`, and
 `exception` (the traceback) when the record has one. A record made while a request is being
 answered carries the request's `request_id` and `trace_id` (`current_request`, a context
-variable the service sets for each request); the access line, one per HTTP request, carries
-every field of `REQUEST_FIELDS` (null where it does not apply: no model for /healthz).
+variable the service sets for each request); the access line, one per HTTP request and gRPC
+call, carries every field of `REQUEST_FIELDS` (null where it does not apply: no model for
+/healthz).
 
-Request ids (`request_id`): the client's `X-Request-ID` when it is 1-128 characters of
-`REQUEST_ID_CHARACTERS`, else a new random one (32 hex digits); a trace id from a W3C
+Request ids (`request_id`): the client's `X-Request-ID` when it is 1 to MAX_REQUEST_ID
+characters of a safe set, else a new random one (32 hex digits); a trace id from a W3C
 `traceparent` header when it is a valid one (`trace_id_of`).
 """
 
@@ -47,9 +48,10 @@ REQUEST_FIELDS = (
     "duration_ms",
     "client",
 )
+# A request id a client sends is kept when it is 1 to this many of these characters (letters,
+# digits and . _ : + / = @ -: nothing a log line or a header could be broken with).
 MAX_REQUEST_ID = 128
-REQUEST_ID_CHARACTERS = "A-Za-z0-9 and . _ : + / = @ -"
-_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,%d}" % MAX_REQUEST_ID)
 # W3C Trace Context: version-trace_id-parent_id-flags, lowercase hex; a later version may add
 # fields after a dash.
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -104,8 +106,8 @@ def new_request_id() -> str:
 
 
 def request_id_of(sent: bytes | str | None) -> str:
-    """The id a request is known by: the one its client sent (X-Request-ID) when it is 1-128
-    characters of REQUEST_ID_CHARACTERS, else a new one."""
+    """The id a request is known by: the one its client sent (X-Request-ID) when it is 1 to
+    MAX_REQUEST_ID characters of the safe set (_REQUEST_ID), else a new one."""
     if isinstance(sent, str):
         sent = sent.encode("utf-8", "replace")
     if sent and _REQUEST_ID.fullmatch(sent):
@@ -150,17 +152,19 @@ class JSONFormatter(logging.Formatter):
     def __init__(self, static: dict | None = None):
         super().__init__()
         self.static = dict(static or {})
-        self._second = -1
-        self._prefix = ""
+        # (second, its text): one tuple, replaced whole, as handlers on other threads (each
+        # with its own lock) may share this formatter.
+        self._second: tuple[int, str] = (-1, "")
 
     def _time(self, created: float) -> str:
         # strftime once a second: the access line is written per request. Microseconds
         # rounded first: a float near 2e9 holds x.001 as x.000999927.
         seconds, micros = divmod(round(created * 1_000_000), 1_000_000)
-        if seconds != self._second:
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-            self._second = seconds
-        return f"{self._prefix}.{micros // 1000:03d}Z"
+        cached = self._second
+        if cached[0] != seconds:
+            cached = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+            self._second = cached
+        return f"{cached[1]}.{micros // 1000:03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -170,7 +174,7 @@ class JSONFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         request = record.__dict__.get("request")
-        if request is not None:  # the access line: every field
+        if isinstance(request, RequestLog):  # the access line: every field
             entry.update(request.fields())
         else:
             request = current_request.get()

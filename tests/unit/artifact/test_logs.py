@@ -119,6 +119,10 @@ def test_the_access_line_carries_every_request_field():
     }
 
 
+def test_another_library_s_request_extra_is_not_taken_for_the_access_line():
+    assert "method" not in line(record(request="GET /elsewhere"))
+
+
 def test_static_fields_are_on_every_line():
     assert line(record(), JSONFormatter({"worker": 2}))["worker"] == 2
 
