@@ -96,11 +96,13 @@ def import_tensorflow():
     return tf
 
 
-def quiet_tensorflow(verbose: bool = False) -> None:
+def quiet_tensorflow(verbose: bool = False, formatter: logging.Formatter | None = None) -> None:
     """Import TensorFlow quietly and keep its log to warnings, errors and progress.
 
     Args:
         verbose: keep TensorFlow's INFO lines too (checkpoint saves, step rates).
+        formatter: how TensorFlow's log handler writes its lines (artifact/logs.py's JSON
+            formatter, for JSON logs); None: `LEVEL: message`.
     """
     tf = import_tensorflow()
     # TensorFlow's own switch for its "From ...: X is deprecated" notices (a module flag that
@@ -119,7 +121,7 @@ def quiet_tensorflow(verbose: bool = False) -> None:
     for handler in logger.handlers:
         handler.filters.clear()
         handler.addFilter(InfoFilter(verbose))
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        handler.setFormatter(formatter or logging.Formatter("%(levelname)s: %(message)s"))
     tf.autograph.set_verbosity(0)
     # SavedModel loading logs "Fingerprint not found" at INFO through absl.
     logging.getLogger("absl").setLevel(logging.WARNING)

@@ -8,11 +8,13 @@ and the server process's CPU per request (from /proc).
 A SIDE is a checkout (`git worktree add /tmp/old <commit>` makes one), run as it ships
 (`python -m service`), or CHECKOUT@SERVER: that checkout's app on another server
 (benchmarks/servers.py: uvicorn-httptools, uvicorn-h11, granian, hypercorn), to choose the
-server by measurement. Each runs with this venv's Python. Interleaved rounds, each in another
-order (rotated, and reversed every other round), so a machine that slows down or speeds up
-during the run weighs on every side alike; the medians are printed, and each side's ratios to
-the first. The model is the newest export under models/fashion_mnist, or a small one trained
-first (common).
+server by measurement; either followed by `,NAME=VALUE` settings of its own, to compare
+settings of one checkout (`. .,LOG_FORMAT=json`: every side runs with LOG_LEVEL=warning and
+its log thrown away unless it says otherwise). Each runs with this venv's Python.
+Interleaved rounds, each in another order (rotated, and reversed every other round), so a
+machine that slows down or speeds up during the run weighs on every side alike; the medians
+are printed, and each side's ratios to the first. The model is the newest export under
+models/fashion_mnist, or a small one trained first (common).
 
 With --constant-model the SavedModel's call answers a constant of its shapes instead (in each
 checkout's `artifact.saved_model.SavedModelPredictor.run`): what is left is the service's own
@@ -76,22 +78,33 @@ CONSTANT_SERVICE = (
 
 
 class Side(NamedTuple):
-    """A checkout, and the server it runs on (None: as it ships)."""
+    """A checkout, the server it runs on (None: as it ships), and settings of its own."""
 
     checkout: Path
     server: str | None
+    settings: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> Side:
-        path, _, server = text.partition("@")
+        where, *assignments = text.split(",")
+        path, _, server = where.partition("@")
         if server and server not in SERVERS:
             raise argparse.ArgumentTypeError(
                 f"{text}: unknown server {server!r}; one of {', '.join(SERVERS)}"
             )
-        return cls(Path(path), server or None)
+        settings = []
+        for assignment in assignments:
+            name, equals, value = assignment.partition("=")
+            if not equals or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+                raise argparse.ArgumentTypeError(
+                    f"{text}: expected NAME=VALUE settings after the checkout, got {assignment!r}"
+                )
+            settings.append((name, value))
+        return cls(Path(path), server or None, tuple(settings))
 
     def __str__(self) -> str:
-        return f"{self.checkout}@{self.server}" if self.server else str(self.checkout)
+        text = f"{self.checkout}@{self.server}" if self.server else str(self.checkout)
+        return ",".join([text, *(f"{name}={value}" for name, value in self.settings)])
 
     def command(self, constant_model: bool) -> list[str]:
         if self.server is not None:
@@ -116,7 +129,8 @@ def measure(
     """One side's readings at each concurrency, each after a warm-up."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(side.checkout), "MODEL_BASE_PATH": str(model_base),
-           "PORT": str(port), "GRPC_PORT": "0", "LOG_LEVEL": "warning"}  # fmt: skip
+           "PORT": str(port), "GRPC_PORT": "0", "LOG_LEVEL": "warning",
+           **dict(side.settings)}  # fmt: skip
     if constant_model:
         env["BENCH_CONSTANT_MODEL"] = "1"
     command = [sys.executable, *side.command(constant_model)]

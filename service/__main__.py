@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from artifact.feedback import check_writable_dir
+from artifact.logs import LogConfigError, configure_logging, formatter_for
 from artifact.model_config import ConfigError
 from service.cli import PROG, UsageError, build_parser, parse, version_text
 from service.config_files import ServerFileError, read_server_files
@@ -133,11 +134,20 @@ def main(argv: list[str] | None = None) -> int:
                 sock.close()
             print(f"error: GRPC_SOCKET_PATH: {unusable}", file=sys.stderr)
             return 2
-    who = "" if worker is None else f" [worker {worker}]"
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s",
-    )
+    log_format = "json" if settings.json_logs(sys.stderr.isatty()) else "text"
+    try:
+        configure_logging(
+            log_format,
+            settings.log_level,
+            settings.log_config,
+            who="" if worker is None else f" [worker {worker}]",
+            static=None if worker is None else {"worker": worker},
+        )
+    except LogConfigError as err:
+        if sock is not None:
+            sock.close()
+        print(f"error: LOG_CONFIG: {err}", file=sys.stderr)
+        return 2
     if settings.workers > 1 and worker is None:
         announce_access(settings)  # once: the supervisor's, not each worker's
         if sock is not None:
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     from artifact.quiet import quiet_tensorflow
 
     keep_keras_out()
-    quiet_tensorflow()
+    quiet_tensorflow(formatter=formatter_for(log_format))
     return serve(settings, models, sock, announce=worker is None)
 
 

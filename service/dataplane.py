@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from artifact.contract import CLASSES_KEY, SIGNATURE_NAME, output_problems
+from artifact.logs import current_request
 from service.backends.base import Backend
 from service.errors import (
     OVERLOADED,
@@ -163,6 +164,14 @@ class DataPlane:
             time.perf_counter() - started,
             prediction.queued,
         )
+        request = current_request.get()
+        if request is not None:  # the access line says which version answered, and how
+            request.model, request.version, request.signature = (
+                name,
+                prediction.version,
+                signature_name,
+            )
+            request.batch_size = prediction.batch_size or count
         class_labels = self.backend.class_labels(name, prediction.version)
         self._count(name, prediction, class_labels, route, count)
         served_classes = prediction.outputs.get(CLASSES_KEY)

@@ -27,7 +27,9 @@ Every request passes the same steps, in this order:
    (which frees its place in the batch queue), or when it is not done within
    REQUEST_TIMEOUT_SECONDS (504, TF Serving's --rest_api_timeout_in_ms).
 7. **Answer**: errors rendered by the one renderer (service/errors.py: error_response); every
-   answer gets `X-Content-Type-Options: nosniff` and, for allowed origins, CORS headers. An
+   answer gets `X-Content-Type-Options: nosniff`, the request's `X-Request-ID` (the client's
+   when it sent a good one, else a new one: artifact/logs.py) and, for allowed origins, CORS
+   headers; the access line is written once it is sent. An
    answer says `connection: close` when the connection must not carry another request: the
    service is draining, or the request's body was refused unread and could not be set aside
    at once (so a client cannot hold the connection by sending it slowly).
@@ -43,12 +45,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
 
+from artifact.logs import RequestLog, current_request, request_id_of, trace_id_of
 from service.budgets import BodyBudget, Held
 from service.errors import (
     ClientClosedRequest,
@@ -66,7 +70,8 @@ from service.routes import Call, Match, NoSuchMethod, RouteTable
 from service.security import NOSNIFF, Access, scope_of
 
 log = logging.getLogger("service.ingress")
-# One line per request at INFO (LOG_LEVEL info or debug): client, request line, status.
+# One line per request at INFO (LOG_LEVEL info or debug): client, request line, status; as
+# JSON, every field of the request's RequestLog (artifact/logs.py).
 access_log = logging.getLogger("service.access")
 T = TypeVar("T")
 
@@ -165,6 +170,9 @@ class Ingress:
         task = current_task()
         self._in_flight.add(task)
         method = scope["method"]
+        request = request_log_of(scope)
+        # Log records made while this request is answered carry its ids.
+        token = current_request.set(request)
         status = 500  # what a request that ends without an answer (a shutdown) counts as
         template = "unmatched"
         read = False  # whether the body was read whole
@@ -177,7 +185,7 @@ class Ingress:
                 SERVED.set(served)
             needed = scope_of(method) if route is None else route.scope
             decision = self.access.check(scope, needed, route is not None and route.probe)
-            extra = [NOSNIFF, *decision.headers]
+            extra = [NOSNIFF, (b"x-request-id", request.request_id.encode()), *decision.headers]
             if decision.refusal is not None:
                 response = decision.refusal
             elif not isinstance(found, Match):
@@ -216,9 +224,12 @@ class Ingress:
                 measured = metrics.route(id(route), route.protocol, route.tf_api, REST, name)
                 measured.finished(status < 400, status, seconds, served)
             if access_log.isEnabledFor(logging.INFO):
-                access_log.info('%s - "%s %s HTTP/%s" %d', _client(scope), printable(method),
+                request.status = status
+                request.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+                access_log.info('%s - "%s %s HTTP/%s" %d', request.client, printable(method),
                                 printable(_path_with_query(scope)), scope["http_version"],
-                                status)  # fmt: skip
+                                status, extra={"request": request})  # fmt: skip
+            current_request.reset(token)
 
     def _match(self, method: str, path: str) -> tuple[Match | ServiceError, str]:
         """The request's route, or the error that answers it (the protocol's own for a path
@@ -289,9 +300,23 @@ class Ingress:
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def _client(scope) -> str:
+def request_log_of(scope) -> RequestLog:
+    """A request's log record as it comes: its id (the client's X-Request-ID when it is a
+    good one, else a new one), the trace id of its `traceparent`, method, path and client."""
+    sent_id = traceparent = None
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            sent_id = value
+        elif name == b"traceparent":
+            traceparent = value
     client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else "-"
+    return RequestLog(
+        request_id_of(sent_id),
+        trace_id_of(traceparent),
+        scope["method"],
+        scope["path"],
+        f"{client[0]}:{client[1]}" if client else "-",
+    )
 
 
 def _path_with_query(scope) -> str:

@@ -1,8 +1,9 @@
 """Prediction logging, as TF Serving's `logging_config` does it: a sampled share of the
 successful predictions written as `PredictionLog` records (TF Serving's
 tensorflow_serving/apis/prediction_log.proto: log_metadata and a predict_log with the
-request and the response) in TFRecord files, so TensorFlow's own tools read them
-(`tf.data.TFRecordDataset`, then `PredictionLog.FromString`).
+request and the response; the request's id in log_metadata.request_origin) in TFRecord
+files, so TensorFlow's own tools read them (`tf.data.TFRecordDataset`, then
+`PredictionLog.FromString`).
 
     <PREDICTION_LOG_DIR>/<model name>/
         predictions-<closed at, UTC>-<writer>-<n>.tfrecord   closed: complete, never written again
@@ -40,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from artifact.contract import INPUT_KEY
 from artifact.feedback import store_bytes, writer_id
+from artifact.logs import current_request
 from service.types import Inputs, PredictResult
 
 log = logging.getLogger("service.prediction_log")
@@ -216,11 +218,14 @@ class PredictionLogger:
     def __call__(
         self, name: str, signature_name: str, images: Inputs, result: PredictResult
     ) -> None:
-        """Sample one prediction (on the event loop: a draw and a queue put, no I/O)."""
+        """Sample one prediction (on the event loop: a draw and a queue put, no I/O), with the
+        id of the request it answers."""
         if self._random.random() >= self.sampling_rate:
             return
+        request = current_request.get()
+        request_id = request.request_id if request is not None else ""
         try:
-            self._queue.put_nowait((name, signature_name, images, result))
+            self._queue.put_nowait((name, signature_name, images, result, request_id))
         except queue.Full:
             self.dropped.labels(name, "queue_full").inc()
 
@@ -240,13 +245,25 @@ class PredictionLogger:
                 log.info("Prediction log closed: %s", closed)
 
     def record(
-        self, name: str, signature_name: str, images: Inputs, result: PredictResult
+        self,
+        name: str,
+        signature_name: str,
+        images: Inputs,
+        result: PredictResult,
+        request_id: str = "",
     ) -> bytes:
-        """One PredictionLog, serialized: TF Serving's request and response for a prediction."""
+        """One PredictionLog, serialized: TF Serving's request and response for a prediction.
+
+        The request's id (its X-Request-ID, or the one the service gave it) is written in
+        `log_metadata.request_origin`: TF Serving's LogMetadata has no field for a request id,
+        and leaves this one (a string saying where the request came from) empty.
+        """
         tf, entry = self._tf, self._pb.PredictionLog()
         spec = entry.log_metadata.model_spec
         spec.name, spec.signature_name = name, signature_name
         spec.version.value = result.version
+        if request_id:
+            entry.log_metadata.request_origin = request_id
         entry.log_metadata.sampling_config.sampling_rate = self.sampling_rate
         entry.log_metadata.saved_model_tags.append("serve")
         request, response = entry.predict_log.request, entry.predict_log.response

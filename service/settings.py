@@ -284,7 +284,20 @@ class Settings(BaseSettings):
         description="TensorFlow ops run in parallel; 1 was best measured here, 0 = TF's choice.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the service and uvicorn."
+        "info", description="Log level of the service (INFO writes one access line a request)."
+    )
+    log_format: Literal["text", "json", "auto"] = Field(
+        "text",
+        description="text: one line a record for a person; json: one JSON object a line "
+        "(time, level, logger, message; a request's request_id, trace_id, and on its access "
+        "line method, path, status, model, version, signature, batch_size, duration_ms, "
+        "client); auto: json when stderr is not a terminal, text when it is.",
+    )
+    log_config: str | None = Field(
+        None,
+        description="A logging.config.dictConfig file (JSON; YAML where PyYAML is "
+        "installed), applied over LOG_FORMAT's handler: more handlers, other levels per "
+        "logger. A file that cannot be read or applied stops the start (exit 2).",
     )
     # --- clients that are slow, large or many ---------------------------------------------
     max_header_bytes: int = Field(
@@ -406,7 +419,7 @@ class Settings(BaseSettings):
         "service mesh, loopback); false refuses them with UNAUTHENTICATED saying why.",
     )
 
-    @field_validator("backend", "device", "log_level", mode="before")
+    @field_validator("backend", "device", "log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value):
         # DEVICE=GPU and LOG_LEVEL=INFO mean what they say.
@@ -435,6 +448,7 @@ class Settings(BaseSettings):
         "batching_parameters_file",
         "monitoring_config_file",
         "ssl_config_file",
+        "log_config",
     )
     @classmethod
     def _optional_dir(cls, value: str | None) -> str | None:
@@ -500,11 +514,18 @@ class Settings(BaseSettings):
             "batching_parameters_file",
             "monitoring_config_file",
             "ssl_config_file",
+            "log_config",
         ):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{name.upper()}={path}: no such file")
         return self
+
+    def json_logs(self, stderr_is_a_terminal: bool) -> bool:
+        """Whether the logs are JSON lines (LOG_FORMAT; auto: when stderr is no terminal)."""
+        if self.log_format == "auto":
+            return not stderr_is_a_terminal
+        return self.log_format == "json"
 
     def allowed_host_names(self) -> list[str]:
         """ALLOWED_HOSTS as a list."""

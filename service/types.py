@@ -89,6 +89,8 @@ class Prediction:
 
     `checked` is true once artifact.contract.output_problems found nothing wrong with these
     outputs, or with a batch's outputs that hold them: the data plane need not look again.
+    `batch_size` is the instances of the model call that answered (the batcher's batch, its
+    padding not counted); None: the request's own.
     """
 
     version: int
@@ -96,6 +98,7 @@ class Prediction:
     checked: bool = False
     # Seconds the request waited in the batch queue before its batch ran (0: not batched).
     queued: float = 0.0
+    batch_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

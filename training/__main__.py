@@ -6,11 +6,38 @@ from __future__ import annotations
 
 import sys
 
+from artifact.logs import FORMATS, configure_logging, formatter_for, print_as_json_lines
 from artifact.quiet import quiet_tensorflow
+
+
+def log_format_of(argv: list[str]) -> str:
+    """--log-format's value wherever it is given (before or after the command), or text. A
+    value it does not take is text here: the parser refuses it afterwards."""
+    for at, argument in enumerate(argv):
+        if argument.startswith("--log-format="):
+            value = argument.split("=", 1)[1]
+        elif argument == "--log-format" and at + 1 < len(argv):
+            value = argv[at + 1]
+        else:
+            continue
+        return value if value in FORMATS else "text"
+    return "text"
+
+
+def set_up_logs(argv: list[str]) -> None:
+    """JSON lines when --log-format json asks (every line printed, TensorFlow's log and an
+    uncaught exception: one JSON object each); TensorFlow imported quietly either way."""
+    log_format = log_format_of(argv)
+    if log_format == "json":
+        configure_logging("json", "info")
+        print_as_json_lines("training")
+    verbose = any(a in ("-v", "--verbose") for a in argv)
+    quiet_tensorflow(verbose=verbose, formatter=formatter_for(log_format))
+
 
 # First, before anything imports TensorFlow: its import-time noise is filtered here, and the
 # parser's help (model kinds, hooks) comes from modules that import it.
-quiet_tensorflow(verbose=any(a in ("-v", "--verbose") for a in sys.argv[1:]))
+set_up_logs(sys.argv[1:])
 
 import argparse  # noqa: E402
 
@@ -44,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show TensorFlow's INFO log lines too"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text: lines for a person; json: every line one JSON object (time, level, "
+        "logger, message), for a log pipeline (a retrain CronJob's) (default: text)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_arguments(
@@ -148,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
             "(40x30 RGB circles, squares and triangles, one subfolder per class).",
         )
     )
+    for command in sub.choices.values():
+        # After the command too (`python -m training retrain --log-format json`).
+        command.add_argument(
+            "--log-format", choices=FORMATS, default=argparse.SUPPRESS, help="as before the command"
+        )
     return parser
 
 
@@ -179,8 +218,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
-    # Again for callers that pass argv (tests): -v there decides.
-    quiet_tensorflow(verbose=any(a in ("-v", "--verbose") for a in given))
+    # Again for callers that pass argv (tests): -v and --log-format there decide.
+    set_up_logs(given)
     args = build_parser().parse_args(argv)
     try:
         with determinism.applied(args):

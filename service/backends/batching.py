@@ -168,6 +168,7 @@ class BatchingBackend(DelegatingBackend):
     def _answer(self, batch: list[_Request], outcome: Prediction | BaseException) -> None:
         """On the loop: each request's share of the batch's outputs, or the batch's error."""
         start = 0
+        size = sum(request.rows for request in batch)
         for request in batch:
             end = start + request.rows
             if not request.future.done():
@@ -179,7 +180,7 @@ class BatchingBackend(DelegatingBackend):
                 else:
                     outputs = {k: v[start:end] for k, v in outcome.outputs.items()}
                     request.future.set_result(
-                        Prediction(outcome.version, outputs, outcome.checked, request.waited)
+                        Prediction(outcome.version, outputs, outcome.checked, request.waited, size)
                     )
             start = end
 

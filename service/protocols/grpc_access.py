@@ -15,6 +15,11 @@ DEADLINE_EXCEEDED and its slot is free. gRPC itself waits for a unary call's mes
 long as the client likes: the guard serves each unary method as a client-streaming one that
 reads the first message under a timer, then calls the method's own handler with it.
 
+Every call is given a request id, as an HTTP request is (the client's `x-request-id` metadata
+when it is a good one, else a new one), sent back in its trailing metadata whatever its
+status, and carried by the log records made while it is answered; and, refused or answered,
+an access line as HTTP's (method `gRPC`, the method's full name as its path).
+
 A bearer token sent over plaintext gRPC (no TLS_CERT_FILE) is refused unless
 GRPC_ALLOW_PLAINTEXT_TOKENS says the network is trusted (a mesh that encrypts, loopback):
 anyone on the path could read it and replay it.
@@ -24,13 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 
-from service.errors import printable
+from artifact.logs import RequestLog, current_request, request_id_of, trace_id_of
+from service.errors import GRPC_ERRORS, UpstreamInternal, printable
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
 
 log = logging.getLogger("service.grpc")
+# One line per call at INFO, as HTTP's (service/ingress.py).
+access_log = logging.getLogger("service.access")
 
 TFS_PREDICTION = "/tensorflow.serving.PredictionService/"
 TFS_MODEL = "/tensorflow.serving.ModelService/"
@@ -79,6 +88,8 @@ def scope_of_method(method: str) -> str | None:
     return METHOD_SCOPES.get(method, DEFAULT_SCOPE)
 
 
+# The trailing metadata key every call's request id is sent back in (HTTP's X-Request-ID).
+REQUEST_ID_KEY = "x-request-id"
 # A call's message must come within this long by default (BODY_TIMEOUT_SECONDS's default).
 RECEIVE_TIMEOUT_SECONDS = 30.0
 
@@ -125,7 +136,7 @@ class CallGuard(grpc.aio.ServerInterceptor):
             guarded = self._guarded.get(method)
             if guarded is None:
                 handler = await continuation(handler_call_details)
-                guarded = receiving_within(handler, self.receive_timeout)
+                guarded = receiving_within(handler, self.receive_timeout, method)
                 if handler is not None:  # a method no service has: not kept
                     self._guarded[method] = guarded
             return guarded
@@ -133,7 +144,7 @@ class CallGuard(grpc.aio.ServerInterceptor):
         if self.count is not None:
             self.count(metric_name(method), code.name)
         log.info("gRPC %s -> %s: %s", printable(method), code.name, message)
-        return _refusing_handler(code, message)
+        return _refusing_handler(code, message, method)
 
     def _refusal(self, method: str, header: str) -> tuple[grpc.StatusCode, str] | None:
         if self.refuse_plaintext and header:
@@ -153,10 +164,11 @@ class CallGuard(grpc.aio.ServerInterceptor):
         return code, message
 
 
-def receiving_within(handler, seconds: float):
+def receiving_within(handler, seconds: float, method: str = ""):
     """A unary-unary method's handler as a client-streaming one that waits at most `seconds`
     for the request message, then answers as the method does; other handlers (and None, a
-    method no service has) as they are.
+    method no service has) as they are. Each call gets its request id and, once answered, its
+    access line (`method`: the method's full name).
 
     The client sees no difference: a unary call is one message and a half-close either way.
     """
@@ -165,6 +177,25 @@ def receiving_within(handler, seconds: float):
     answer = handler.unary_unary
 
     async def receive_then_answer(requests, context):
+        started = time.perf_counter()
+        request = call_request_log(context, method)
+        token = current_request.set(request)
+        code = "UNKNOWN"
+        try:
+            response = await _receive_then_answer(context)
+            code = "OK"
+            return response
+        except asyncio.CancelledError:
+            code = "CANCELLED"  # the client left, or its deadline passed
+            raise
+        except BaseException:
+            code = _code_name(context.code())
+            raise
+        finally:
+            write_access_line(request, code, started)
+            current_request.reset(token)
+
+    async def _receive_then_answer(context):
         try:
             async with asyncio.timeout(seconds):
                 # The context's own read: no async generator around it (`requests` is one).
@@ -187,10 +218,50 @@ def receiving_within(handler, seconds: float):
     )
 
 
-def _refusing_handler(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+def call_request_log(context, method: str) -> RequestLog:
+    """A call's log record, as HTTP's (service/ingress.py): its id (the client's `x-request-id`
+    metadata when it is a good one, else a new one), the trace id of its `traceparent`, the
+    method (`path`) and the client; the id is sent back in the call's trailing metadata,
+    `x-request-id`, whatever its status."""
+    sent = traceparent = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id":
+            sent = value
+        elif key == "traceparent":
+            traceparent = value
+    peer = context.peer() or "-"
+    # grpc's peer is `ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000` or `unix:/path`.
+    client = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    request = RequestLog(request_id_of(sent), trace_id_of(traceparent), "gRPC", method, client)
+    context.set_trailing_metadata(((REQUEST_ID_KEY, request.request_id),))
+    return request
+
+
+def write_access_line(request: RequestLog, code: str, started: float) -> None:
+    """A call's access line, as an HTTP request's: `status` is the HTTP status TF Serving's
+    table gives the gRPC code (service/errors.py: GRPC_ERRORS; OK is 200), which the line's
+    message names."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    request.status = 200 if code == "OK" else GRPC_ERRORS.get(code, UpstreamInternal).status
+    request.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    access_log.info('%s - "gRPC %s" %s', request.client, printable(request.path or ""), code,
+                    extra={"request": request})  # fmt: skip
+
+
+def _code_name(code) -> str:
+    """The name of the status a call was ended with (context.code(): a StatusCode, or None
+    when the handler raised without setting one, which gRPC answers UNKNOWN)."""
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+
+
+def _refusing_handler(code: grpc.StatusCode, message: str, method: str) -> grpc.RpcMethodHandler:
     # Client-streaming, and nothing read: the call ends now, whether or not its message ever
     # comes, and the bytes gRPC received are never parsed.
     async def refuse(requests, context):
+        started = time.perf_counter()
+        request = call_request_log(context, method)
+        write_access_line(request, code.name, started)
         await context.abort(code, message)
 
     return grpc.stream_unary_rpc_method_handler(refuse)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
+import logging
+import re
 import threading
 
 import grpc
@@ -280,3 +283,68 @@ def test_a_call_whose_message_never_comes_ends_at_the_receive_deadline():
             grpc.StatusCode.INTERNAL,
             "the call ended without its request message",
         )
+
+
+def test_every_call_is_answered_with_its_request_id_refused_or_not(tokens):
+    """x-request-id in the trailing metadata (service/protocols/grpc_access.py): the client's
+    when it is a good one, else a new one; and the log records of the call carry it."""
+    from artifact.logs import JSONFormatter
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.setFormatter(JSONFormatter())
+    handler.emit = lambda record: lines.append(handler.format(record))
+    loggers = [logging.getLogger("service.grpc"), logging.getLogger("service.access")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    port = free_port()
+    try:
+        with (
+            app_client(FakeBackend(), serve_grpc=True, grpc_port=port, auth_tokens_file=tokens,
+                       grpc_allow_plaintext_tokens=True),
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):  # fmt: skip
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            _, call = stub.Predict.with_call(
+                ONE_IMAGE, metadata=(*GRANTED, ("x-request-id", "granted-1")), timeout=WAIT_SECONDS
+            )
+            assert dict(call.trailing_metadata())["x-request-id"] == "granted-1"
+            for metadata, code in [
+                ((("x-request-id", "refused-1"),), grpc.StatusCode.UNAUTHENTICATED),
+                ((*GRANTED, ("x-request-id", "x" * 129)), grpc.StatusCode.NOT_FOUND),
+            ]:
+                request = predict_request(np.zeros((1, 28, 28), np.float32))
+                if code == grpc.StatusCode.NOT_FOUND:
+                    request.model_spec.name = "nobody"
+                with pytest.raises(grpc.RpcError) as failed:
+                    stub.Predict(request, metadata=metadata, timeout=WAIT_SECONDS)
+                assert failed.value.code() == code
+                answered = dict(failed.value.trailing_metadata())["x-request-id"]
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    assert answered == "refused-1"
+                else:
+                    assert re.fullmatch("[0-9a-f]{32}", answered), answered
+                    made = answered
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    entries = [json.loads(line) for line in lines]
+    # The not-found call's own line carries the id it was answered with.
+    (logged,) = [
+        e for e in entries if e["logger"] == "service.grpc" and "NOT_FOUND" in e["message"]
+    ]
+    assert logged["request_id"] == made
+    # Every call's access line, as HTTP's: the HTTP status of its code, what answered it.
+    access = {e["request_id"]: e for e in entries if e["logger"] == "service.access"}
+    assert set(access) == {"granted-1", "refused-1", made}, access
+    predict = "/tensorflow.serving.PredictionService/Predict"
+    for request_id, status, model in [("granted-1", 200, MODEL_NAME), ("refused-1", 401, None),
+                                      (made, 404, None)]:  # fmt: skip
+        line = access[request_id]
+        assert (line["method"], line["path"], line["status"]) == ("gRPC", predict, status), line
+        assert line["model"] == model and line["client"].startswith("127.0.0.1:"), line
+    assert (access["granted-1"]["version"], access["granted-1"]["batch_size"]) == (1, 1)
+    assert access[made]["message"].endswith(f'"gRPC {predict}" NOT_FOUND')

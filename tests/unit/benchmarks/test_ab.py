@@ -47,6 +47,16 @@ def test_a_side_is_a_checkout_or_a_checkout_on_a_server(tmp_path):
     assert args.concurrency == [1, 64] and len(args.sides) == 2
 
 
+def test_a_side_may_carry_settings_of_its_own(tmp_path):
+    side = Side.parse(f"{tmp_path},LOG_FORMAT=json,LOG_LEVEL=info")
+    assert side == Side(tmp_path, None, (("LOG_FORMAT", "json"), ("LOG_LEVEL", "info")))
+    assert str(side) == f"{tmp_path},LOG_FORMAT=json,LOG_LEVEL=info"
+    assert Side.parse(f"{tmp_path}@granian,WORKERS=2").server == "granian"
+    assert Side.parse(str(tmp_path)) != side  # two sides of one checkout
+    with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE"):
+        Side.parse(f"{tmp_path},json")
+
+
 @pytest.mark.parametrize("line, ms", [("     50%  125.00us", 0.125), ("     50%    2.36ms", 2.36),
                                       ("     50%    1.20s", 1200.0)])  # fmt: skip
 def test_the_p50_of_wrk_in_milliseconds(line, ms):

@@ -210,6 +210,24 @@ def test_servers_have_startup_readiness_and_liveness_probes(all_pods):
 # --- the API against the service's settings --------------------------------------------------
 
 
+def test_the_shipped_logs_are_json(all_pods):
+    """Every API logs JSON lines, and every scheduled training command (the retrain
+    CronJob's, the feedback expiry's) too: a cluster's log pipeline parses them."""
+    text = {
+        f"{where} {pod.owner}"
+        for where, pod, c in api_containers(all_pods)
+        if setting(c, "LOG_FORMAT") != "json"
+    }
+    scheduled = [
+        (label, args)
+        for label, args, pod, c in training_commands(all_pods)
+        if pod.kind == "CronJob"
+    ]
+    assert {args[0] for _, args in scheduled} >= {"retrain", "publish", "expire-feedback"}
+    text |= {label for label, args in scheduled if option(args, "--log-format") != "json"}
+    assert text == set()
+
+
 def test_api_env_names_are_service_settings(all_pods):
     """Settings ignores unknown variables: a misspelled name would be silently dropped."""
     from service.settings import Settings

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import socket
 import threading
 
@@ -94,6 +95,47 @@ def test_queued_requests_merge_into_one_call_and_split_back_in_order(images):
             np.testing.assert_allclose(probabilities_of(future.result()), expected[a:b], atol=1e-5)
     # 2 + 2 images fill a batch of 4; the last request runs in the next one.
     assert gated.sizes == [1, 4, 1]
+
+
+def test_the_access_line_says_the_batch_each_request_rode_in(images):
+    """batch_size on a request's access line (artifact/logs.py) is its model call's instances:
+    the batch it was merged into, not its own."""
+    pixels, _ = images
+    sizes: dict[str, int] = {}
+    handler = logging.Handler()
+    handler.emit = lambda record: sizes.update(
+        {record.request.request_id: record.request.batch_size}
+    )
+    access = logging.getLogger("service.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+
+    def send(request_id, part):
+        body = {"instances": np.asarray(part).tolist()}
+        headers = {"X-Request-ID": request_id}
+        return httpx.post(url + PATH, json=body, headers=headers, timeout=WAIT_SECONDS)
+
+    try:
+        with (
+            concurrent.futures.ThreadPoolExecutor(4) as pool,
+            serving(max_batch_size=4) as (url, gated, batcher),
+        ):
+            gated.gate.clear()
+            first = pool.submit(send, "alone", pixels[0:1])
+            wait_until(lambda: gated.calls_started == 1, "the first request to hold the model")
+            queued = []
+            for count, (request_id, part) in enumerate(
+                [("two", pixels[1:3]), ("one", pixels[3:4])], start=1
+            ):
+                queued.append(pool.submit(send, request_id, part))
+                wait_until(lambda count=count: batcher.waiting == count, f"{count} queued")
+            gated.gate.set()
+            assert all(f.result().status_code == 200 for f in [first, *queued])
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(logging.NOTSET)
+    assert gated.sizes == [1, 3]
+    assert sizes == {"alone": 1, "two": 3, "one": 3}
 
 
 def test_batches_are_padded_up_to_an_allowed_size_and_the_padding_dropped(images):

@@ -112,6 +112,8 @@ def over_loopback(settings: Settings):
 
 
 WAYS_IN = {"asgi": in_process, "server": over_loopback}
+# Sent with every request of the table, and answered back whatever the status.
+REQUEST_ID = "kinds-table:1"
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,11 @@ def ways_in(settings):
 
 def send(client, method: str, path: str, options: dict) -> tuple[int, dict, bytes]:
     options = dict(options)
-    headers = {**(BEARER if options.pop("auth", True) else {}), **options.pop("headers", {})}
+    headers = {
+        "x-request-id": REQUEST_ID,
+        **(BEARER if options.pop("auth", True) else {}),
+        **options.pop("headers", {}),
+    }
     response = client.request(method, path, headers=headers, **options)
     kept = {k.lower(): v for k, v in response.headers.items() if k.lower() not in SERVER_HEADERS}
     return response.status_code, kept, response.content
@@ -137,6 +143,7 @@ def test_every_way_in_answers_every_kind_the_same_and_as_the_table_says(
     first = answers["asgi"]
     assert first[0] == status, first
     assert first[1].get("x-content-type-options") == "nosniff", first[1]
+    assert first[1].get("x-request-id") == REQUEST_ID, first[1]  # errors and refusals too
     if status >= 400:
         assert set(orjson.loads(first[2])) == {"error"}, first[2]
     for name, answer in answers.items():

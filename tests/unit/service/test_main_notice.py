@@ -22,7 +22,7 @@ def start(monkeypatch, tmp_path, **env) -> None:
     for name, value in {"PORT": str(free_port()), "GRPC_PORT": "0",
                         "MODEL_BASE_PATH": str(tmp_path), **env}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(artifact.quiet, "quiet_tensorflow", lambda: None)
+    monkeypatch.setattr(artifact.quiet, "quiet_tensorflow", lambda **options: None)
 
     def serve(settings, models, sock, announce=True):
         # The real serve() announces once its start-up checks passed (a GPU asked for, ...);
