@@ -113,6 +113,15 @@ def pinned(repository):
                   labels='version_labels { key: "stable" value: 1 }')  # fmt: skip
 
 
+def pin(model_service, repository) -> None:
+    """Version 1 alone, labeled stable, from whatever config the server holds: every version
+    first, as a label may point only to an AVAILABLE version (so each test stands alone,
+    whichever ran before it in this module's server)."""
+    every = config((MODEL_NAME, repository / MODEL_NAME), policy="model_version_policy { all {} }")
+    assert reload(model_service, every).status.error_code == 0
+    assert reload(model_service, pinned(repository)).status.error_code == 0
+
+
 def predicts(prediction_service, name: str = MODEL_NAME) -> int:
     """Predict once; the version that answered."""
     answer = prediction_service.Predict(predict_request(PIXELS, name), timeout=30)
@@ -182,7 +191,7 @@ def test_a_bad_reload_is_refused_whole_and_the_version_serving_keeps_serving(
     stubs, repository, make, code, message
 ):
     model_service, prediction_service = stubs
-    reload(model_service, pinned(repository))
+    pin(model_service, repository)
     before = versions(model_service, MODEL_NAME)
     assert predicts(prediction_service) == 1
     with pytest.raises(grpc.RpcError) as refused:
@@ -195,7 +204,7 @@ def test_a_bad_reload_is_refused_whole_and_the_version_serving_keeps_serving(
 
 def test_a_new_model_that_does_not_load_is_unknown_and_the_others_serve(stubs, repository):
     model_service, prediction_service = stubs
-    reload(model_service, pinned(repository))
+    pin(model_service, repository)
     broken = config((MODEL_NAME, repository / MODEL_NAME), ("broken", repository / "broken"),
                     policy="model_version_policy { specific { versions: 1 } }")  # fmt: skip
     with pytest.raises(grpc.RpcError) as refused:
