@@ -1,7 +1,7 @@
 """The service's feedback as a retrain source, bounded per sender; and expiring old feedback.
 
 The retrain (`--feedback-dir`) reads the closed shards of a model's store
-(artifact/feedback.py) and keeps, of each sender's examples (provenance.txt: a token's name;
+(artifact/feedback/) and keeps, of each sender's examples (provenance.txt: a token's name;
 `unknown` for shards older than provenance), only:
 
 - those received within `--feedback-max-age-days` (a shard older than provenance counts as
