@@ -22,6 +22,7 @@ from training import (  # noqa: E402
     evaluate,
     export,
     feedback_source,
+    kinds,
     predict,
     promote,
     retrain,
@@ -164,11 +165,11 @@ INTERRUPTED = {
     "expire-feedback": "every shard is whole: the old one or its compacted copy.",
 }
 COMMANDS = {
-    "train": train.cmd_train,
+    "train": kinds.run_train,
     "evaluate": evaluate.cmd_evaluate,
     "export": export.cmd_export,
     "predict": predict.cmd_predict,
-    "compare": compare.cmd_compare,
+    "compare": kinds.run_compare,
     "promote": promote.cmd_promote,
     "retrain": retrain.cmd_retrain,
     "publish": staging.cmd_publish,

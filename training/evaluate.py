@@ -24,7 +24,7 @@ import numpy as np
 from artifact.contract import normalize_pixels
 from artifact.repository import newest_version, read_labels, resolve_version_path
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported, runs, tabular
+from training import cli, data, exported, kinds, runs, tabular
 from training.errors import UsageError
 from training.estimator import make_estimator
 from training.evaluation import build_report, format_report
@@ -96,9 +96,9 @@ def cmd_evaluate(args) -> int:
 
 
 def _refuse_other_data(args, why: str) -> None:
-    for option, given in (("--csv", args.csv), ("--image-folder", args.image_folder)):
-        if given:
-            raise UsageError(f"{option}: {why}")
+    for kind in kinds.KINDS.values():
+        if kind.given(args):
+            raise UsageError(f"{kind.option}: {why}")
 
 
 def _evaluate_idx_export(args, version_path: Path) -> dict:

@@ -67,6 +67,7 @@ from training import (
     data,
     feedback_source,
     finetune,
+    kinds,
     lock,
     publish,
     retrain_data,
@@ -74,14 +75,12 @@ from training import (
     sources,
     staging,
     train,
-    train_any,
 )
 from training.errors import UsageError
-from training.estimator import DEFAULT_HIDDEN_UNITS, MODEL_KINDS
-from training.image_folder import IMAGE_KINDS
+from training.estimator import DEFAULT_HIDDEN_UNITS
+from training.kinds.model_data import HeldOut, ModelData, Reader
 from training.plots import write_export_plots
 from training.staging import EXIT_LOCKED, EXIT_NOT_BLESSED
-from training.tabular import TABULAR_KINDS
 from training.versions import (
     PUBLISH_MODES,
     Baseline,
@@ -296,8 +295,8 @@ class Candidate:
     assembled: sources.Assembled
     inputs_key: str  # _inputs_key's hash: a later retrain on the same inputs stops early
     train_seconds: float
-    model: retrain_data.ModelData
-    readers: tuple[retrain_data.Reader, ...]
+    model: ModelData
+    readers: tuple[Reader, ...]
     selections: tuple[Path, ...]  # each reader's decisions, one byte an example
     args: argparse.Namespace
 
@@ -355,12 +354,9 @@ def _hold_staging_area(args, repository: Path | None, held: ExitStack) -> None:
 def _default_folders(args) -> None:
     """--model-dir and --export-dir as `train` defaults them: for the IDX images the
     Fashion-MNIST folders, for --csv and --image-folder runs/NAME and models/NAME."""
-    if args.csv or args.image_folder:
-        name = train_any.data_name(args)
-        args.model_dir = args.model_dir or f"runs/{name}"
-        args.export_dir = args.export_dir or f"models/{name}"
-    args.model_dir = args.model_dir or cli.DEFAULT_MODEL_DIR
-    args.export_dir = args.export_dir or cli.DEFAULT_EXPORT_DIR
+    model_dir, export_dir = kinds.of_args(args).default_folders(args)
+    args.model_dir = args.model_dir or model_dir
+    args.export_dir = args.export_dir or export_dir
 
 
 def _thresholds(args, task: str) -> blessing.Thresholds:
@@ -419,7 +415,7 @@ def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
     fetch_to = model_dir / BASELINE_COPY if is_url(export_dir) else None
     baseline = serving_baseline(entry, export_dir, fetch_to)
     baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
-    model = retrain_data.model_data(args, baseline_report, lambda: _labels(args, baseline))
+    model = kinds.retrain_data(args, baseline_report, lambda: _labels(args, baseline))
     labels = _model_labels(args, baseline, model)
     _model_kind(args, baseline, baseline_report, model)
     thresholds = _thresholds(args, model.task)
@@ -571,11 +567,11 @@ def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
     return 0
 
 
-def _held_out_set(candidate: Candidate) -> retrain_data.HeldOut:
+def _held_out_set(candidate: Candidate) -> HeldOut:
     return retrain_data.held_out_set(candidate.model, candidate.readers, candidate.selections)
 
 
-def _report_context(gate: Gate, candidate: Candidate, held_out: retrain_data.HeldOut) -> dict:
+def _report_context(gate: Gate, candidate: Candidate, held_out: HeldOut) -> dict:
     """What the candidate's evaluation report records besides its metrics."""
     context = runs.report_context(
         candidate.model.base, candidate.run_dir, candidate.params, candidate.train_seconds
@@ -600,7 +596,7 @@ def _remove_half_staged(run_dir: Path) -> None:
 
 @contextmanager
 def _staged_candidate(
-    gate: Gate, candidate: Candidate, held_out: retrain_data.HeldOut, context: dict
+    gate: Gate, candidate: Candidate, held_out: HeldOut, context: dict
 ) -> Iterator[tuple[Path, np.ndarray]]:
     """The candidate staged as a complete version in its run dir (removed when the block ends
     unless published), and its predictions (class ids or values) for the held-out examples
@@ -628,7 +624,7 @@ def _staged_candidate(
 
 
 def _judge(
-    gate: Gate, labels: tuple[str, ...], held_out: retrain_data.HeldOut, predicted: np.ndarray
+    gate: Gate, labels: tuple[str, ...], held_out: HeldOut, predicted: np.ndarray
 ) -> blessing.Blessing:
     """The candidate's metrics on the held-out set against the baseline's, by the thresholds."""
 
@@ -785,7 +781,7 @@ def _confusions(truth, predicted, slices: dict[str, np.ndarray], labels) -> dict
     }
 
 
-def _predict_baseline(baseline: Baseline, held_out: retrain_data.HeldOut) -> np.ndarray:
+def _predict_baseline(baseline: Baseline, held_out: HeldOut) -> np.ndarray:
     try:
         predictor = SavedModelPredictor(baseline.path)
     except (OSError, ValueError, KeyError, tf.errors.OpError) as err:
@@ -803,7 +799,8 @@ def _inputs_key(params: dict, assembled: sources.Assembled, from_scratch: bool) 
     kept = {k: v for k, v in params.items() if k not in _NOT_IN_RUN_ID + _START}
     if isinstance(kept.get("data"), dict):
         # Where the base file is does not shape the weights (its content is in the hashes).
-        kept["data"] = {k: v for k, v in kept["data"].items() if k not in ("csv", "image_folder")}
+        where = kinds.location_keys()
+        kept["data"] = {k: v for k, v in kept["data"].items() if k not in where}
     key = {
         "params": kept,
         "from_scratch": from_scratch,
@@ -879,13 +876,13 @@ def _start_checkpoint(baseline: Baseline, report: dict) -> str:
 def _model_kind(args, baseline: Baseline | None, report: dict, model) -> None:
     """--model: the serving version's kind when left out (warm-starting needs the same);
     the data's default kind for a first model."""
-    kinds = {"idx": MODEL_KINDS, "csv": TABULAR_KINDS, "image_folder": IMAGE_KINDS}[model.kind]
+    known = kinds.KINDS[model.kind].model_kinds
     recorded = (report.get("params") or {}).get("model") if baseline is not None else None
     if args.model is None:
-        args.model = recorded or ("cnn" if model.kind == "idx" else model.default_model)
-    if args.model not in kinds:
+        args.model = recorded or model.default_model
+    if args.model not in known:
         raise UsageError(
-            f"--model {args.model} is not a kind for this model's data; use {', '.join(kinds)}"
+            f"--model {args.model} is not a kind for this model's data; use {', '.join(known)}"
         )
     if baseline is not None and not args.from_scratch:
         kind = recorded or "cnn"
