@@ -18,7 +18,7 @@ or one turned hostile) takes at most its day's share: it cannot push out what th
 sent on other days, as keeping only the newest N let it. The choice is made from the
 shards' bookkeeping alone (their provenance and versions, not their examples): what it keeps
 is a mask per shard, which the retrain applies as it streams the examples from the shards
-(training/retrain_data.py). What was read, kept and dropped, per sender, goes into the
+(training/kinds/model_data.py). What was read, kept and dropped, per sender, goes into the
 sources table and blessing.json.
 
 `python -m training expire-feedback` removes old images from the store itself (removed or
