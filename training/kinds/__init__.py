@@ -1,8 +1,8 @@
 """The kinds of training data, registered in one place: IDX images (`--data-dir`, the
 default), a CSV file (`--csv`) and an image folder (`--image-folder`). Each is one module
 implementing training/kinds/base.py's DataKind (its options, its `train` and `compare`, the
-data a retrain reads of it); the commands dispatch through KINDS. A new kind of data is one
-new module and one line here."""
+data a retrain reads of it); the commands (training/commands/) dispatch through KINDS. A new
+kind of data is one new module and one line here."""
 
 from __future__ import annotations
 
@@ -35,18 +35,6 @@ def of_args(args) -> DataKind:
 def location_keys() -> frozenset[str]:
     """The keys of a run's recorded data that say where its files are (not what they hold)."""
     return frozenset(key for kind in KINDS.values() for key in kind.location_keys)
-
-
-def run_train(args) -> int:
-    """`python -m training train`: train on the kind of data the command line names."""
-    kind = of_args(args)
-    return kind.train(args, others(kind))
-
-
-def run_compare(args) -> int:
-    """`python -m training compare`: compare the model kinds of the data's kind."""
-    kind = of_args(args)
-    return kind.compare(args, others(kind))
 
 
 def retrain_data(args, report: dict, labels_of_idx: Callable[[], tuple[str, ...]]) -> ModelData:

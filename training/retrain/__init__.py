@@ -35,14 +35,22 @@ is, unless --csv or --image-folder gives it again).
 Exit codes: 0 published (or already published by an earlier run), 1 crash, 2 bad input,
 3 not blessed, 75 another retrain holds the lock.
 
-The package: `arguments` (the options), `command` (the run: locks, sources, training),
-`inputs` (the tf.data input and held-out set over the sources' decisions), `start` (the run
-id, the serving version's checkpoint, kind, layers and labels), `judge` (the verdict and
-what follows from it: publish, stage or record).
+The package: `arguments` (the options, and RetrainConfig: what the code reads of them),
+`command` (the run: locks, sources, training), `inputs` (the tf.data input and held-out set
+over the sources' decisions), `start` (the run id, the serving version's checkpoint, kind,
+layers and labels), `judge` (the verdict and what follows from it: publish, stage or
+record).
 """
 
-from training.retrain.arguments import DEFAULT_EPOCHS, add_arguments
-from training.retrain.command import cmd_retrain
+from training.retrain.arguments import DEFAULT_EPOCHS, RetrainConfig, add_arguments
+from training.retrain.command import retrain
 from training.staging import EXIT_LOCKED, EXIT_NOT_BLESSED
 
-__all__ = ["DEFAULT_EPOCHS", "EXIT_LOCKED", "EXIT_NOT_BLESSED", "add_arguments", "cmd_retrain"]
+__all__ = [
+    "DEFAULT_EPOCHS",
+    "EXIT_LOCKED",
+    "EXIT_NOT_BLESSED",
+    "RetrainConfig",
+    "add_arguments",
+    "retrain",
+]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 from training import (
     cli,
     feedback_source,
+    kinds,
     lock,
     train,
 )
+from training.errors import UsageError
 from training.versions import (
     PUBLISH_MODES,
 )
@@ -187,3 +190,86 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="when another retrain runs on this --model-dir, wait this long for it before "
         "giving up with exit code 75 (default: %(default)s, give up at once)",
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrainConfig:
+    """Every option of `retrain` (add_arguments above), typed: what the retrain's code
+    reads instead of argparse's Namespace. Built by `from_args` at the command line's edge
+    (training/commands/retrain.py); docs/retraining.md says what each option does."""
+
+    # The data and where the model lives (--model-dir and --export-dir after their defaults).
+    data_dir: str
+    labels: str
+    model: str | None
+    model_dir: str
+    export_dir: str
+    csv: str | None
+    image_folder: str | None
+    label: str | None
+    task: str | None
+    max_vocabulary: int | None
+    receiver: str | None
+    image_size: int | None
+    channels: int | None
+    extra_data: list[str]
+    # The budget, the model and its schedule: train's options.
+    epochs: float | None
+    max_steps: int | None
+    batch_size: int
+    learning_rate: float
+    constant_learning_rate: bool
+    data_format: str
+    hidden_units: list[int]
+    seed: int
+    deterministic: bool
+    eval_every_secs: int
+    checkpoint_steps: int
+    hooks: list[str]
+    check_numerics: bool
+    # The feedback store.
+    feedback_dir: str | None
+    max_feedback_per_sender: int
+    exclude_sender: list[str]
+    feedback_max_age_days: float | None
+    # The held-out set and the start.
+    holdout_fraction: float
+    holdout_seed: int
+    from_scratch: bool
+    # The gate (training/blessing.py): a classifier's, a regressor's.
+    min_accuracy: float | None
+    max_accuracy_drop: float | None
+    max_class_recall_drop: float | None
+    max_rmse: float | None
+    max_rmse_increase: float | None
+    max_mae_increase: float | None
+    max_slice_error_increase: float | None
+    # Where a blessed candidate goes.
+    config: str | None
+    publish: str
+    stage_to: str | None
+    wait_for_lock: float
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RetrainConfig:
+        """The parsed command line, its options checked together and --model-dir and
+        --export-dir defaulted as `train` defaults them (the data's kind says how).
+
+        Raises:
+            UsageError: --publish with --stage-to, or a label to move without --config.
+        """
+        if args.stage_to and args.publish != "version":
+            raise UsageError(
+                f"--publish {args.publish} with --stage-to: the publish step moves the label "
+                f"(`python -m training publish --staged {args.stage_to} --publish {args.publish} "
+                "...`)"
+            )
+        if args.publish != "version" and not args.config:
+            raise UsageError(
+                f"--publish {args.publish} moves a label in the model config: give --config"
+            )
+        model_dir, export_dir = kinds.of_args(args).default_folders(args)
+        given = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        given["model_dir"] = args.model_dir or model_dir
+        given["export_dir"] = args.export_dir or export_dir
+        return cls(**given)

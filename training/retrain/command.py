@@ -28,7 +28,7 @@ from training import (
     train,
 )
 from training.errors import UsageError
-from training.retrain.arguments import BASELINE_COPY, DEFAULT_EPOCHS, RUN_PREFIX
+from training.retrain.arguments import BASELINE_COPY, DEFAULT_EPOCHS, RUN_PREFIX, RetrainConfig
 from training.retrain.inputs import (
     evaluation_input,
     trained_examples,
@@ -56,19 +56,8 @@ from training.versions import (
 )
 
 
-def cmd_retrain(args) -> int:
+def retrain(args: RetrainConfig) -> int:
     """Train a candidate, judge it against the serving version, publish it only if blessed."""
-    if args.stage_to and args.publish != "version":
-        raise UsageError(
-            f"--publish {args.publish} with --stage-to: the publish step moves the label "
-            f"(`python -m training publish --staged {args.stage_to} --publish {args.publish} "
-            "...`)"
-        )
-    if args.publish != "version" and not args.config:
-        raise UsageError(
-            f"--publish {args.publish} moves a label in the model config: give --config"
-        )
-    _default_folders(args)
     hooks = cli.hook_names(args.hooks)
     model_dir = Path(args.model_dir)
     try:
@@ -104,14 +93,6 @@ def _hold_staging_area(args, repository: Path | None, held: ExitStack) -> None:
     stage_dir = staging.make_area(args.stage_to, repository)
     held.enter_context(lock.hold_directory(stage_dir, args.wait_for_lock))
     staging.clear(stage_dir)
-
-
-def _default_folders(args) -> None:
-    """--model-dir and --export-dir as `train` defaults them: for the IDX images the
-    Fashion-MNIST folders, for --csv and --image-folder runs/NAME and models/NAME."""
-    model_dir, export_dir = kinds.of_args(args).default_folders(args)
-    args.model_dir = args.model_dir or model_dir
-    args.export_dir = args.export_dir or export_dir
 
 
 def _thresholds(args, task: str) -> blessing.Thresholds:
@@ -162,7 +143,7 @@ def _scan(readers, holdout_seed: int) -> list[sources.Scanned]:
     return scanned
 
 
-def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
+def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> int:
     export_dir = location(args.export_dir)
     entry = config_entry(args.config, export_dir) if args.config else None
     model_name = entry.name if entry is not None else basename(export_dir)
@@ -172,7 +153,7 @@ def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
     baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
     model = kinds.retrain_data(args, baseline_report, lambda: _labels(args, baseline))
     labels = _model_labels(args, baseline, model)
-    _model_kind(args, baseline, baseline_report, model)
+    args = _model_kind(args, baseline, baseline_report, model)
     thresholds = _thresholds(args, model.task)
     selection = None
     if args.feedback_dir:
@@ -197,7 +178,7 @@ def _retrain(args, hooks, model_dir: Path, held: ExitStack) -> int:
     start = None
     if baseline is not None and not args.from_scratch:
         start = _start_checkpoint(baseline, baseline_report)
-        _keep_architecture(args, baseline, baseline_report)
+        args = _keep_architecture(args, baseline, baseline_report)
     steps_per_epoch = math.ceil(assembled.train_count / args.batch_size)
     max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
     base_params = (baseline_report.get("params") or {}) if start is not None else {}

@@ -4,7 +4,6 @@ as not blessed."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shutil
@@ -29,6 +28,7 @@ from training import (
 from training.errors import UsageError
 from training.kinds.model_data import HeldOut, ModelData, Reader
 from training.plots import write_export_plots
+from training.retrain.arguments import RetrainConfig
 from training.retrain.inputs import held_out_set
 from training.retrain.start import _describe_baseline
 from training.staging import EXIT_NOT_BLESSED
@@ -46,7 +46,7 @@ from training.versions import (
 class Gate:
     """What a candidate is judged against, by which thresholds, and where a blessed one goes."""
 
-    args: argparse.Namespace  # its --data-dir, --export-dir, --config and --publish
+    args: RetrainConfig  # its --data-dir, --export-dir, --config and --publish
     thresholds: blessing.Thresholds
     entry: ModelEntry | None  # --config's entry for --export-dir; None without --config
     model_name: str
@@ -67,7 +67,7 @@ class Candidate:
     model: ModelData
     readers: tuple[Reader, ...]
     selections: tuple[Path, ...]  # each reader's decisions, one byte an example
-    args: argparse.Namespace
+    args: RetrainConfig
 
 
 def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:

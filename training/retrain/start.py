@@ -3,6 +3,7 @@ version's checkpoint, model kind, layers and labels."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from training import (
 )
 from training.errors import UsageError
 from training.estimator import DEFAULT_HIDDEN_UNITS
+from training.retrain.arguments import RetrainConfig
 from training.versions import (
     Baseline,
 )
@@ -109,13 +111,15 @@ def _start_checkpoint(baseline: Baseline, report: dict) -> str:
         raise UsageError(f"{err}: {hint}") from err
 
 
-def _model_kind(args, baseline: Baseline | None, report: dict, model) -> None:
+def _model_kind(
+    args: RetrainConfig, baseline: Baseline | None, report: dict, model
+) -> RetrainConfig:
     """--model: the serving version's kind when left out (warm-starting needs the same);
-    the data's default kind for a first model."""
+    the data's default kind for a first model. Returns the config with it."""
     known = kinds.KINDS[model.kind].model_kinds
     recorded = (report.get("params") or {}).get("model") if baseline is not None else None
     if args.model is None:
-        args.model = recorded or model.default_model
+        args = dataclasses.replace(args, model=recorded or model.default_model)
     if args.model not in known:
         raise UsageError(
             f"--model {args.model} is not a kind for this model's data; use {', '.join(known)}"
@@ -128,17 +132,17 @@ def _model_kind(args, baseline: Baseline | None, report: dict, model) -> None:
                 f"model; warm-starting needs the same kind: use --model {kind}, or "
                 "--from-scratch"
             )
+    return args
 
 
-def _keep_architecture(args, baseline: Baseline, report: dict) -> None:
+def _keep_architecture(args: RetrainConfig, baseline: Baseline, report: dict) -> RetrainConfig:
     """--hidden-units: the serving version's when left at its default (warm-starting needs
-    the same layers); another one given is refused."""
+    the same layers); another one given is refused. Returns the config with them."""
     recorded = (report.get("params") or {}).get("hidden_units")
     if not recorded or args.model not in ("dnn", "dnn_linear") or args.hidden_units == recorded:
-        return
+        return args
     if args.hidden_units == list(DEFAULT_HIDDEN_UNITS):
-        args.hidden_units = list(recorded)
-        return
+        return dataclasses.replace(args, hidden_units=list(recorded))
     given, kept = (",".join(map(str, units)) for units in (args.hidden_units, recorded))
     raise UsageError(
         f"--hidden-units {given}: the serving version {baseline.version} has {kept}; "
