@@ -85,6 +85,16 @@ class DataKind(abc.ABC):
             DataError: the base data is not usable.
         """
 
+    def takes(self, version) -> bool:
+        """Whether an exported version (training/exported.py's description) is a model of
+        this kind's data."""
+        return False
+
+    def evaluate_export(self, args, version) -> dict:
+        """`evaluate`'s report of an exported version of this kind, on the data the command
+        line gives (UsageError when it gives none of this kind)."""
+        raise UsageError(f"{version.path}: evaluate it on {self.option}")
+
     def recorded_in(self, recorded: dict) -> bool:
         """Whether a version's recorded data (its params' `data`) is of this kind."""
         return self.attribute in recorded

@@ -3,13 +3,16 @@ training/tabular_schema.py), and what a retrain reads of them."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from artifact.saved_model import SavedModelPredictor
 from training import (
+    exported,
     sources,
     tabular,
     tabular_schema,
@@ -333,6 +336,28 @@ class CsvKind(DataKind):
 
     def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
         return _csv_data(args, recorded, params, has_baseline, others)
+
+    def takes(self, version) -> bool:
+        return isinstance(version, exported.TabularVersion)
+
+    def evaluate_export(self, args, version) -> dict:
+        """Every row of --csv (the label column --label's, or the version's)."""
+        if not args.csv:
+            raise UsageError(
+                f"{version.path} is a model of CSV rows (it takes {version.inputs_text()}): "
+                f"evaluate it with --csv FILE holding those columns and the label column "
+                f"{(args.label or version.label)!r}"
+            )
+        if args.label:
+            version = dataclasses.replace(version, label=args.label)
+        rows = exported.read_csv_for(version, args.csv, with_label=True)
+        predictor = SavedModelPredictor(version.path)
+        inputs = exported.model_inputs(version, rows)
+        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        return tabular.evaluation_report(
+            rows.schema, outputs, rows.header, rows.rows, csv=str(args.csv),
+            receiver=version.receiver, saved_model=str(version.path), split="all",
+        )  # fmt: skip
 
 
 CSV = CsvKind()

@@ -12,7 +12,9 @@ from artifact.contract import (
     INPUT_KEY,
     SIGNATURE_NAME,
 )
+from artifact.saved_model import SavedModelPredictor
 from training import (
+    exported,
     image_folder,
     sources,
 )
@@ -199,6 +201,25 @@ class ImageFolderKind(DataKind):
 
     def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
         return _folder_data(args, recorded, has_baseline, others)
+
+    def takes(self, version) -> bool:
+        return isinstance(version, exported.ImageVersion)
+
+    def evaluate_export(self, args, version) -> dict:
+        """Every image of --image-folder, its class by its subfolder."""
+        if not args.image_folder:
+            raise UsageError(
+                f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
+                f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
+            )
+        images, truth, _ = exported.read_labeled_folder(version, args.image_folder)
+        predictor = SavedModelPredictor(version.path)
+        inputs = {version.input_name: images}
+        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        return build_report(
+            truth, exported.image_classes(outputs), version.labels, task="classification",
+            image_folder=str(args.image_folder), saved_model=str(version.path), split="all",
+        )  # fmt: skip
 
 
 IMAGE_FOLDER = ImageFolderKind()
