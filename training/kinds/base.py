@@ -1,6 +1,6 @@
 """The interface every kind of training data implements (training/kinds/__init__.py registers
-them): its options, how `train` and `compare` run on it, and the data a retrain reads of it
-(training/kinds/model_data.py's ModelData)."""
+them): its options, how `train` and `compare` run on it, `evaluate` of its exported versions,
+and the data a retrain reads of it (training/kinds/model_data.py's ModelData)."""
 
 from __future__ import annotations
 
