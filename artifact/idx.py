@@ -1,7 +1,7 @@
 """MNIST-format (IDX) files without TensorFlow: found, validated, read and written.
 
 Both sides read this format: the trainer's data (training/data.py builds its tf.data input
-functions on these checks) and the feedback store's shards (artifact/feedback.py); the tests
+functions on these checks) and the feedback store's shards (artifact/feedback/); the tests
 of either side make small MNIST-format folders with `write_idx`. Every check names the file
 and what is wrong with it (`DataError`).
 """

@@ -1,5 +1,5 @@
 """tf.Example in its wire format, without TensorFlow or its protos: written for TF Serving's
-Classify and Regress (service/examples.py) and the feedback store (artifact/feedback.py), read
+Classify and Regress (service/examples.py) and the feedback store (artifact/feedback/), read
 back by the tests and the store's tools.
 
 tensorflow/core/example/example.proto and feature.proto:

@@ -49,7 +49,7 @@ TOKEN_BYTES = 32
 CLIENTS = ("predict,status", "clients")
 FEEDBACK = "feedback"
 DEFAULT_SENDERS = ("feedback-1",)
-# A token's name, as the service takes it (artifact/feedback.py: SENDER_PATTERN).
+# A token's name, as the service takes it (artifact/feedback/: SENDER_PATTERN).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 HEADER = "# <{}> <scope>[,<scope>] <name>: made by deploy/make_tokens.py"
 

@@ -44,18 +44,15 @@ import argparse  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from training import (  # noqa: E402
-    compare,
     determinism,
     evaluate,
     export,
     feedback_source,
     predict,
-    promote,
-    retrain,
     sample_data,
     staging,
-    train,
 )
+from training.commands import compare, promote, retrain, train  # noqa: E402
 from training.data import DataError  # noqa: E402
 from training.errors import NumericsError, UsageError  # noqa: E402
 
@@ -203,13 +200,13 @@ INTERRUPTED = {
     "expire-feedback": "every shard is whole: the old one or its compacted copy.",
 }
 COMMANDS = {
-    "train": train.cmd_train,
+    "train": train.run,
     "evaluate": evaluate.cmd_evaluate,
     "export": export.cmd_export,
     "predict": predict.cmd_predict,
-    "compare": compare.cmd_compare,
-    "promote": promote.cmd_promote,
-    "retrain": retrain.cmd_retrain,
+    "compare": compare.run,
+    "promote": promote.run,
+    "retrain": retrain.run,
     "publish": staging.cmd_publish,
     "sample-data": sample_data.cmd_sample_data,
     "expire-feedback": feedback_source.cmd_expire_feedback,

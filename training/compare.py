@@ -20,7 +20,7 @@ import math
 import time
 from pathlib import Path
 
-from training import cli, compare_any, data, determinism, plots, runs, train_any
+from training import cli, data, determinism, plots, runs
 from training.comparison import (
     budget_text,
     check_work_dir,
@@ -70,12 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_any_data_arguments(p)
 
 
-def cmd_compare(args) -> int:
-    """Train, export and evaluate each kind; print and save the table, best first."""
-    if args.csv or args.image_folder:
-        return compare_any.cmd_compare_any(args, ANY_EPOCHS)
-    train_any.refuse_options(args, train_any.CSV_ONLY, "--csv")
-    train_any.refuse_options(args, train_any.FOLDER_ONLY, "--image-folder")
+def compare_idx(args, others) -> int:
+    """Train, export and evaluate each model kind on IDX images; print and save the table,
+    best first. `others`: the other kinds of data (training/kinds/), whose options are
+    refused."""
+    for other in others:
+        other.refuse_options(args, "--data-dir")
     kinds = chosen_kinds(args.models, MODEL_KINDS)
     work_dir = Path(args.work_dir)
     check_work_dir(work_dir)

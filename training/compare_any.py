@@ -27,8 +27,6 @@ from training.comparison import (
     saved_model_parameter_count,
 )
 from training.evaluation import is_regression, worst_slice
-from training.image_folder import IMAGE_KINDS
-from training.tabular import TABULAR_KINDS
 from training.train import DEFAULT_CHECKPOINT_STEPS, DEFAULT_EVAL_EVERY_SECS
 
 
@@ -112,22 +110,21 @@ def format_regression_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_compare_any(args, default_epochs: float) -> int:
-    """Train, export and evaluate each kind on --csv or --image-folder; print and save the
-    table, best first by the task's metric."""
-    known = TABULAR_KINDS if args.csv else IMAGE_KINDS
-    source = f"--csv {args.csv}" if args.csv else f"--image-folder {args.image_folder}"
-    kinds = chosen_kinds(args.models, known, " for " + source.split()[0])
+def cmd_compare_any(args, kind, others, default_epochs: float) -> int:
+    """Train, export and evaluate each model kind on --csv or --image-folder (`kind`,
+    training/kinds/); print and save the table, best first by the task's metric."""
+    source = f"{kind.option} {getattr(args, kind.attribute)}"
+    kinds = chosen_kinds(args.models, kind.model_kinds, " for " + kind.option)
     work_dir = Path(args.work_dir)
     check_work_dir(work_dir)
     print(f"Comparing {', '.join(kinds)} on {source}; work dir {work_dir}", flush=True)
     rows = []
-    for kind in kinds:
-        last = train_any.train_any(_kind_args(args, kind, work_dir), default_epochs)
+    for model in kinds:
+        last = train_any.train_any(_kind_args(args, model, work_dir), kind, others, default_epochs)
         row = result_row(last)
         rows.append(row)
         metric = "rmse" if row["task"] == "regression" else "accuracy"
-        print(f"[{kind}] held-out {metric} {row[metric]:.4f}; exported {last.version}", flush=True)
+        print(f"[{model}] held-out {metric} {row[metric]:.4f}; exported {last.version}", flush=True)
     budget = budget_text(
         last.max_steps, args.batch_size, math.ceil(last.train_examples / args.batch_size)
     )

@@ -15,7 +15,6 @@ of them (training/exported.py reads them against what the version takes).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 from artifact.contract import normalize_pixels
 from artifact.repository import newest_version, read_labels, resolve_version_path
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported, runs, tabular
+from training import cli, data, exported, kinds, runs
 from training.errors import UsageError
 from training.estimator import make_estimator
 from training.evaluation import build_report, format_report
@@ -96,9 +95,9 @@ def cmd_evaluate(args) -> int:
 
 
 def _refuse_other_data(args, why: str) -> None:
-    for option, given in (("--csv", args.csv), ("--image-folder", args.image_folder)):
-        if given:
-            raise UsageError(f"{option}: {why}")
+    for kind in kinds.KINDS.values():
+        if kind.given(args):
+            raise UsageError(f"{kind.option}: {why}")
 
 
 def _evaluate_idx_export(args, version_path: Path) -> dict:
@@ -130,35 +129,6 @@ def _evaluate_checkpoint(args, model_dir: Path, params: dict) -> dict:
 
 
 def _evaluate_export(args, version) -> dict:
-    """An exported CSV or image model on every row of --csv or image of --image-folder."""
-    source = {"saved_model": str(version.path), "split": "all"}
-    if isinstance(version, exported.TabularVersion):
-        if not args.csv:
-            raise UsageError(
-                f"{version.path} is a model of CSV rows (it takes {version.inputs_text()}): "
-                f"evaluate it with --csv FILE holding those columns and the label column "
-                f"{(args.label or version.label)!r}"
-            )
-        if args.label:
-            version = dataclasses.replace(version, label=args.label)
-        rows = exported.read_csv_for(version, args.csv, with_label=True)
-        predictor = SavedModelPredictor(version.path)
-        inputs = exported.model_inputs(version, rows)
-        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
-        return tabular.evaluation_report(
-            rows.schema, outputs, rows.header, rows.rows, csv=str(args.csv),
-            receiver=version.receiver, **source,
-        )  # fmt: skip
-    if not args.image_folder:
-        raise UsageError(
-            f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
-            f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
-        )
-    images, truth, _ = exported.read_labeled_folder(version, args.image_folder)
-    predictor = SavedModelPredictor(version.path)
-    inputs = {version.input_name: images}
-    outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
-    return build_report(
-        truth, exported.image_classes(outputs), version.labels, task="classification",
-        image_folder=str(args.image_folder), **source,
-    )  # fmt: skip
+    """An exported CSV or image model on its kind's data (training/kinds/)."""
+    (kind,) = [kind for kind in kinds.KINDS.values() if kind.takes(version)]
+    return kind.evaluate_export(args, version)

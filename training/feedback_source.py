@@ -1,7 +1,7 @@
 """The service's feedback as a retrain source, bounded per sender; and expiring old feedback.
 
 The retrain (`--feedback-dir`) reads the closed shards of a model's store
-(artifact/feedback.py) and keeps, of each sender's examples (provenance.txt: a token's name;
+(artifact/feedback/) and keeps, of each sender's examples (provenance.txt: a token's name;
 `unknown` for shards older than provenance), only:
 
 - those received within `--feedback-max-age-days` (a shard older than provenance counts as
@@ -18,7 +18,7 @@ or one turned hostile) takes at most its day's share: it cannot push out what th
 sent on other days, as keeping only the newest N let it. The choice is made from the
 shards' bookkeeping alone (their provenance and versions, not their examples): what it keeps
 is a mask per shard, which the retrain applies as it streams the examples from the shards
-(training/retrain_data.py). What was read, kept and dropped, per sender, goes into the
+(training/kinds/model_data.py). What was read, kept and dropped, per sender, goes into the
 sources table and blessing.json.
 
 `python -m training expire-feedback` removes old images from the store itself (removed or

@@ -14,6 +14,8 @@ and AVAILABLE). This command sees the files, not the servers, so it checks what 
 version is on disk and the current config serves it (its policy picks it, or another label
 names it). To label a version the policy does not serve yet, first change the policy
 (`--policy`), wait until the service shows the version AVAILABLE, then move the label.
+
+Its command line: training/commands/promote.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from artifact.model_config import ConfigError, Policy, edit_config, parse_config, write_config
+from artifact.model_config import Policy, edit_config, parse_config, write_config
 from artifact.repository import parse_version
 from training.errors import UsageError
 
@@ -34,20 +36,6 @@ def version_number(text: str) -> int:
 
 
 version_number.__name__ = "version number"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `promote` subcommand's options."""
-    p.add_argument(
-        "--config", required=True, help="TF Serving's model config file (ModelServerConfig text)"
-    )
-    p.add_argument("--model", required=True, help="the model's name in the config")
-    p.add_argument("--label", help="the version label to set, e.g. stable or canary")
-    p.add_argument("--version", type=version_number, help="the version the label names")
-    p.add_argument(
-        "--policy",
-        help="a new version policy: latest, latest:N, all, or specific:V1,V2,...",
-    )
 
 
 def promote(
@@ -110,21 +98,3 @@ def promote(
     if changes:
         write_config(path, edit_config(text, model, labels=labels, policy=policy, source=path))
     return changes
-
-
-def cmd_promote(args) -> int:
-    """Edit the config; print what changed."""
-    if (args.label is None) != (args.version is None):
-        raise UsageError("--label and --version go together: the label names that version")
-    if args.label is None and args.policy is None:
-        raise UsageError("nothing to do: give --label with --version, or --policy, or both")
-    try:
-        policy = Policy.parse(args.policy) if args.policy is not None else None
-        changes = promote(args.config, args.model, args.label, args.version, policy)
-    except ConfigError as err:
-        raise UsageError(str(err)) from err
-    for line in changes or [f"{args.model}: no change; {args.config} left as it was"]:
-        print(line)
-    if changes:
-        print(f"Wrote {args.config}")
-    return 0

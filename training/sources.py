@@ -4,8 +4,8 @@ Sources come in a fixed order: the base test split (all held out), the base trai
 trained on), then the new data (`--extra-data`, then the service's feedback). Each example is
 known here only by a digest of its content (the bytes the model reads: an IDX image's 784
 pixels; a CSV row's typed feature values; an image's pixels at the model's size), its label,
-and two keys of its content (training/retrain_data.py scans the sources once, one example at
-a time, and streams them again from their files to train): so memory grows by a few dozen
+and two keys of its content (training/kinds/model_data.py scans the sources once, one
+example at a time, and streams them again from their files to train): so memory grows by a few dozen
 bytes an example, not by the examples.
 
 An example already seen (the same content) is dropped where it comes again, so an example of

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from artifact.contract import normalize_pixels
 from artifact.storage import location
-from training import cli, data, determinism, distributed, finetune, runs, train_any
+from training import cli, data, determinism, distributed, finetune, runs
 from training.errors import NumericsError, UsageError
 from training.estimator import (
     DEFAULT_HIDDEN_UNITS,
@@ -371,12 +371,11 @@ def _fine_tuning(args, estimator, start_step: int, model_dir: Path):
     return settings, added
 
 
-def cmd_train(args) -> int:
-    """Train (resuming from --model-dir), evaluate, and export a new version."""
-    if args.csv or args.image_folder:
-        return train_any.cmd_train_any(args, DEFAULT_EPOCHS)
-    train_any.refuse_options(args, train_any.CSV_ONLY, "--csv")
-    train_any.refuse_options(args, train_any.FOLDER_ONLY, "--image-folder")
+def train_idx(args, others) -> int:
+    """Train on IDX images (resuming from --model-dir), evaluate, and export a new version;
+    `others` are the other kinds of data (training/kinds/), whose options are refused."""
+    for other in others:
+        other.refuse_options(args, "--data-dir")
     if args.model in TABULAR_KINDS and args.model not in MODEL_KINDS:
         raise UsageError(f"--model {args.model} is for --csv")
     # The IDX defaults, as they always were.

@@ -14,75 +14,43 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
 
 from artifact.storage import location
-from training import cli, determinism, distributed, image_folder, runs, tabular
+from training import cli, determinism, distributed, runs
 from training.errors import UsageError
 from training.evaluation import format_report
 from training.hooks import ProgressHook
-from training.runs import EVAL_BATCH_SIZE
-from training.tabular_schema import DEFAULT_MAX_VOCABULARY, infer_schema
-
-# Options of one kind of data: option -> args attribute (None when not given).
-CSV_ONLY = {
-    "--label": "label",
-    "--task": "task",
-    "--max-vocabulary": "max_vocabulary",
-    "--receiver": "receiver",
-}
-FOLDER_ONLY = {"--image-size": "image_size", "--channels": "channels"}
-# Options of the IDX kinds that these runs do not support (yet).
-_IDX_ONLY = {
-    "--warm-start-from": "warm_start_from",
-    "--fine-tune-from": "fine_tune_from",
-    "--check-numerics": "check_numerics",
-    "--num-gpus": "num_gpus",
-}
 
 
-def data_name(args) -> str:
-    """The model's default name: the CSV file's stem or the image folder's name."""
-    return Path(args.csv).stem if args.csv else Path(args.image_folder).resolve().name
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A CSV file or an image folder read and checked for a run (its kind's `prepare`):
+    what train_any counts, records, trains and exports."""
+
+    count: int  # training examples
+    data: dict  # the data as the run's params record it
+    what: str  # the data, as the line before training names it
+    extra_params: dict  # params the data decides (an image folder's number of classes)
+    estimator: Callable[[dict, tf.estimator.RunConfig], tf.estimator.Estimator]
+    train_input: Callable[[], tf.data.Dataset]
+    eval_input: Callable[[], tf.data.Dataset]
+    # (estimator, export dir, report context) -> the version exported and its report
+    export: Callable[[tf.estimator.Estimator, object, dict], tuple[Path | str, dict]]
 
 
-def refuse_options(args, options: dict[str, str], for_what: str) -> None:
-    """UsageError naming the first of `options` given: they are for `for_what` only."""
-    for option, attribute in options.items():
-        if getattr(args, attribute) is not None:
-            raise UsageError(f"{option} is for {for_what}")
-
-
-def _check_options(args) -> None:
+def _check_options(args, kind, others) -> None:
     """Refuse what does not apply to the data; fill in the defaults of what does."""
-    source = "--csv" if args.csv else "--image-folder"
-    for option, attribute in _IDX_ONLY.items():
-        if getattr(args, attribute):
-            raise UsageError(f"{option} is for the IDX image kinds; not with {source}")
+    for other in others:
+        other.refuse_options(args, kind.option)
     if distributed.read_tf_config() is not None:
-        raise UsageError(f"TF_CONFIG is set: {source} trains on one host only; unset it")
-    if args.csv:
-        if args.model not in (None, *tabular.TABULAR_KINDS):
-            raise UsageError(
-                f"--model {args.model} is not for --csv; use {', '.join(tabular.TABULAR_KINDS)}"
-            )
-        refuse_options(args, FOLDER_ONLY, "--image-folder")
-        args.label = args.label or "label"
-        args.max_vocabulary = args.max_vocabulary or DEFAULT_MAX_VOCABULARY
-        args.receiver = args.receiver or "raw"
-        return
-    if args.model not in (None, *image_folder.IMAGE_KINDS):
-        raise UsageError(
-            f"--model {args.model} is not for --image-folder; use "
-            f"{' or '.join(image_folder.IMAGE_KINDS)}"
-        )
-    # An image folder's classes are its subfolders, and its receiver is raw.
-    refuse_options(args, CSV_ONLY, "--csv")
-    args.image_size = args.image_size or image_folder.DEFAULT_IMAGE_SIZE
-    args.channels = args.channels or image_folder.DEFAULT_CHANNELS
-    args.receiver = "raw"
+        raise UsageError(f"TF_CONFIG is set: {kind.option} trains on one host only; unset it")
+    if args.model not in (None, *kind.model_kinds):
+        raise UsageError(f"--model {args.model} is not for {kind.option}; use {kind.models_text}")
+    kind.fill_defaults(args)
 
 
 def run_params(args, kind: str, max_steps: int, receiver: str, data: dict) -> dict:
@@ -137,9 +105,10 @@ class TrainedRun:
     report: dict | None
 
 
-def cmd_train_any(args, default_epochs: float) -> int:
-    """Train on a CSV file or an image folder; export a new version unless --no-export."""
-    run = train_any(args, default_epochs)
+def cmd_train_any(args, kind, others, default_epochs: float) -> int:
+    """Train on a CSV file or an image folder (`kind`, training/kinds/); export a new version
+    unless --no-export. `others`: the other kinds, whose options are refused."""
+    run = train_any(args, kind, others, default_epochs)
     if run.version is not None and run.report is not None:
         print(format_report(run.report), flush=True)
         print(f"Exported {run.version} after {run.train_seconds / 60:.1f} min of training.")
@@ -147,61 +116,34 @@ def cmd_train_any(args, default_epochs: float) -> int:
     return 0
 
 
-def train_any(args, default_epochs: float) -> TrainedRun:
-    """Train args.model (or the data's default kind) on args.csv or args.image_folder to the
-    budget, evaluating on the held-out rows or images; export unless args.no_export.
+def train_any(args, kind, others, default_epochs: float) -> TrainedRun:
+    """Train args.model (or the data's default kind) on the data of `kind` (a CSV file or an
+    image folder, training/kinds/) to the budget, evaluating on the held-out rows or images;
+    export unless args.no_export.
 
     Raises:
         UsageError / DataError: options that do not apply, bad data, a model dir of another
             run; all before anything is written.
     """
-    _check_options(args)
-    name = data_name(args)
-    model_dir = Path(args.model_dir or f"runs/{name}")
-    export_dir = location(args.export_dir or f"models/{name}")
-    if args.csv:
-        schema = infer_schema(args.csv, args.label, args.task, args.max_vocabulary)
-        kind, count, data = args.model or "linear", schema.train_rows, schema.to_json()
-    else:
-        folder = image_folder.scan_image_folder(args.image_folder)
-        kind, count, data = args.model or "cnn", len(folder.train), folder.to_json()
-        data = {**data, "image_size": args.image_size, "channels": args.channels}
+    _check_options(args, kind, others)
+    default_model_dir, default_export_dir = kind.default_folders(args)
+    model_dir = Path(args.model_dir or default_model_dir)
+    export_dir = location(args.export_dir or default_export_dir)
+    prepared = kind.prepare(args)
+    model, count = args.model or kind.default_model, prepared.count
     steps_per_epoch = math.ceil(count / args.batch_size)
     max_steps = cli.budget_steps(args, default_epochs, steps_per_epoch)
-    params = run_params(args, kind, max_steps, args.receiver, data)
+    params = run_params(args, model, max_steps, args.receiver, prepared.data)
     _check_resumable(model_dir, params)
     config = run_config(args, model_dir)
-    if args.csv:
-        estimator = tabular.make_estimator(schema, params, config)
-
-        def train_input():
-            return tabular.train_input_fn(schema, args.batch_size, args.seed)
-
-        def eval_input():
-            return tabular.eval_input_fn(schema, EVAL_BATCH_SIZE)
-
-        what = f"{count:,} rows of {args.csv} ({schema.task}, label {schema.label!r})"
-    else:
-        params["num_classes"] = len(folder.classes)
-        estimator = image_folder.make_estimator(params, config)
-        size, channels = args.image_size, args.channels
-
-        def train_input():
-            return image_folder.train_input_fn(folder, size, channels, args.batch_size, args.seed)
-
-        def eval_input():
-            return image_folder.eval_input_fn(folder, size, channels, EVAL_BATCH_SIZE)
-
-        what = (
-            f"{count:,} images of {len(folder.classes)} classes from {args.image_folder} "
-            f"({size}x{size}x{channels})"
-        )
+    params.update(prepared.extra_params)
+    estimator = prepared.estimator(params, config)
     # Everything is checked: from here on the run writes.
     model_dir.mkdir(parents=True, exist_ok=True)
     runs.write_params(model_dir, params)
     start_step = runs.latest_step(model_dir)
     print(
-        f"Training on {what}, model {kind}; model dir {model_dir}"
+        f"Training on {prepared.what}, model {model}; model dir {model_dir}"
         + (f", resuming at step {start_step}" if start_step else ""),
         flush=True,
     )
@@ -210,28 +152,24 @@ def train_any(args, default_epochs: float) -> TrainedRun:
         tf.estimator.train_and_evaluate(
             estimator,
             tf.estimator.TrainSpec(
-                train_input,
+                prepared.train_input,
                 max_steps=max_steps,
                 hooks=[ProgressHook(max_steps, args.batch_size, label="train")],
             ),
             tf.estimator.EvalSpec(
-                eval_input, steps=None, start_delay_secs=0, throttle_secs=args.eval_every_secs
+                prepared.eval_input,
+                steps=None,
+                start_delay_secs=0,
+                throttle_secs=args.eval_every_secs,
             ),
         )
     else:
         print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
     if args.no_export:
-        return TrainedRun(kind, model_dir, max_steps, count, train_seconds, None, None)
-    source = args.csv or args.image_folder
+        return TrainedRun(model, model_dir, max_steps, count, train_seconds, None, None)
+    source = getattr(args, kind.attribute)
     context = runs.report_context(source, model_dir, params, train_seconds)
     context["split"] = "holdout"
-    if args.csv:
-        version, report = tabular.export_tabular(
-            estimator, schema, export_dir, args.receiver, context
-        )
-    else:
-        version, report = image_folder.export_image_model(
-            estimator, folder, args.image_size, args.channels, export_dir, context
-        )
-    return TrainedRun(kind, model_dir, max_steps, count, train_seconds, version, report)
+    version, report = prepared.export(estimator, export_dir, context)
+    return TrainedRun(model, model_dir, max_steps, count, train_seconds, version, report)

@@ -136,7 +136,7 @@ def _choose_baseline(entry, export_dir, on_disk: dict) -> Baseline | None:
 
 
 def pin_stable_before_a_canary(
-    config: str | Path, entry: ModelEntry | None, label: str, baseline: Baseline | None
+    config: str | Path | None, entry: ModelEntry | None, label: str, baseline: Baseline | None
 ) -> None:
     """Without a stable label the newest version takes all the traffic: pin the one serving
     now before the candidate appears, so that it gets the canary's share only.
@@ -146,20 +146,25 @@ def pin_stable_before_a_canary(
     """
     if label != "canary" or baseline is None:
         return
-    entry = _labeled(entry, label)
+    config, entry = _labeled(config, entry, label)
     if "stable" not in entry.labels:
         for line in promote(config, entry.name, label="stable", version=baseline.version):
             print(line)
 
 
-def _labeled(entry: ModelEntry | None, label: str) -> ModelEntry:
-    """--config's entry, in which --publish moves a label (the command lines check first)."""
-    if entry is None:
+def _labeled(
+    config: str | Path | None, entry: ModelEntry | None, label: str
+) -> tuple[str | Path, ModelEntry]:
+    """--config and its entry, in which --publish moves a label (the command lines check
+    first)."""
+    if config is None or entry is None:
         raise UsageError(f"--publish {label} moves a label in the model config: give --config")
-    return entry
+    return config, entry
 
 
-def move_label(config: str | Path, entry: ModelEntry | None, label: str, version: int) -> list[str]:
+def move_label(
+    config: str | Path | None, entry: ModelEntry | None, label: str, version: int
+) -> list[str]:
     """Point the label at the version (widening a `specific` policy first when it does not
     serve it); print and return what changed.
 
@@ -167,7 +172,7 @@ def move_label(config: str | Path, entry: ModelEntry | None, label: str, version
         UsageError: no --config's entry; the config cannot be edited (the message says how to
             finish by hand).
     """
-    entry = _labeled(entry, label)
+    config, entry = _labeled(config, entry, label)
     changes = []
     try:
         current = {e.name: e for e in parse_config(Path(config).read_text(), config)}

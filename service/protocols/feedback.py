@@ -15,7 +15,7 @@ regressor (a `predictions` or `outputs` output) a number; and optionally the
     {"instances": [{"x1": 0.5, "color": "red"}], "labels": ["high"], "model_version": "3"}
     {"instances": [<28x28>, {"b64": "..."}], "labels": ["Dress", 7]}
 
-Each instance is stored as a tf.Example of its inputs and label (artifact/feedback.py: durable
+Each instance is stored as a tf.Example of its inputs and label (artifact/feedback/: durable
 before the answer, rotated into closed shards the retrain job reads), with its sender (the
 token's name the access rules found, `anonymous` without tokens) and the time it came; the
 encoding and the file I/O run in a thread. Off (403 saying so) unless FEEDBACK_DIR is set.

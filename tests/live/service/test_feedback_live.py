@@ -156,7 +156,7 @@ def ids_of(shards) -> list[int]:
 
 def committed_images(shard: Path) -> int:
     """The examples an open shard had committed: its committed count (what the next writer
-    recovers, at most; artifact/feedback.py)."""
+    recovers, at most; artifact/feedback/)."""
     text = (shard / COMMITTED_FILE).read_text().strip()
     return int(text) if text.isdigit() else 0
 

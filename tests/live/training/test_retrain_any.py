@@ -30,7 +30,7 @@ from support.training_harness import call_main, integer_dirs
 
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE, LABELS_FILE, REPORT_FILE
 from artifact.feedback import FeedbackWriter, feedback_examples, store_dir
-from training import retrain_data
+from training.kinds import model_data
 from training.sample_data import write_sample_data
 
 CLASSES = ("high", "low", "mid")
@@ -158,9 +158,9 @@ def streamed_files(monkeypatch) -> list[str]:
     def whole(*args, **kwargs):
         raise AssertionError("a feedback shard was read whole")
 
-    monkeypatch.setattr(retrain_data.tf.data, "TFRecordDataset", spy)
-    monkeypatch.setattr(retrain_data.feedback, "read_records", whole)
-    monkeypatch.setattr(retrain_data.feedback, "read_examples", whole)
+    monkeypatch.setattr(model_data.tf.data, "TFRecordDataset", spy)
+    monkeypatch.setattr(model_data.feedback, "read_records", whole)
+    monkeypatch.setattr(model_data.feedback, "read_examples", whole)
     return opened
 
 

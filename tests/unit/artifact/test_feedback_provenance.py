@@ -35,6 +35,7 @@ from artifact.feedback import (
     expire,
     read_info,
 )
+from artifact.feedback import expiry as feedback_expiry
 
 DAY = dt.timedelta(days=1)
 NOW = dt.datetime(2026, 6, 10, 12, 0, tzinfo=dt.UTC)
@@ -266,11 +267,12 @@ def crash_at(monkeypatch, step: int) -> list[str]:
 
         return step_or_crash
 
-    monkeypatch.setattr(feedback, "_pwrite_all", wrap("write", feedback._pwrite_all))
-    monkeypatch.setattr(feedback, "_fsync_dir", wrap("fsync dir", feedback._fsync_dir))
-    monkeypatch.setattr(feedback.os, "rename", wrap("rename", os.rename))
-    monkeypatch.setattr(feedback.os, "fsync", wrap("fsync", os.fsync))
-    monkeypatch.setattr(feedback.shutil, "rmtree", wrap("rmtree", shutil.rmtree))
+    write_all, fsync_dir = feedback_expiry._pwrite_all, feedback_expiry._fsync_dir
+    monkeypatch.setattr(feedback_expiry, "_pwrite_all", wrap("write", write_all))
+    monkeypatch.setattr(feedback_expiry, "_fsync_dir", wrap("fsync dir", fsync_dir))
+    monkeypatch.setattr(os, "rename", wrap("rename", os.rename))
+    monkeypatch.setattr(os, "fsync", wrap("fsync", os.fsync))
+    monkeypatch.setattr(shutil, "rmtree", wrap("rmtree", shutil.rmtree))
     return seen
 
 

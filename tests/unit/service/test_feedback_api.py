@@ -16,8 +16,9 @@ from support.fakes import MODEL_NAME, FakeBackend, app_client
 from support.feedback_stores import stored_shards
 from support.helpers import assert_one_error_line, error_message, ok_json, png_bytes
 
-from artifact import feedback, tfrecord
+from artifact import tfrecord
 from artifact.feedback import image_examples, store_dir
+from artifact.feedback import write as feedback_write
 from artifact.images import image_to_pixels
 
 URL = f"/v1/models/{MODEL_NAME}/feedback"
@@ -167,7 +168,7 @@ def test_over_feedback_max_bytes_is_507_and_what_was_stored_stays(tmp_path):
 def test_a_full_disk_is_507_and_what_was_stored_stays(tmp_path, monkeypatch):
     with app_client(FakeBackend(), feedback_dir=str(tmp_path)) as client:
         ok_json(post_json(client, PIXELS[:2].tolist(), [1, 2]))
-        real = feedback._pwrite_all
+        real = feedback_write._pwrite_all
         written = []
 
         def fill_up(fd, data, offset):
@@ -176,11 +177,11 @@ def test_a_full_disk_is_507_and_what_was_stored_stays(tmp_path, monkeypatch):
             written.append(len(data))
             real(fd, data, offset)  # the request's records went through
 
-        monkeypatch.setattr(feedback, "_pwrite_all", fill_up)
+        monkeypatch.setattr(feedback_write, "_pwrite_all", fill_up)
         message = error_message(post_json(client, PIXELS[2:4].tolist(), [3, 4]), 507)
         assert "no room to store feedback" in message and "No space left on device" in message
         assert "nothing of this request was stored" in message
-        monkeypatch.setattr(feedback, "_pwrite_all", real)
+        monkeypatch.setattr(feedback_write, "_pwrite_all", real)
         ok_json(post_json(client, PIXELS[3:4].tolist(), [4]))
     (shard,) = stored(tmp_path)
     assert shard.labels == [1, 2, 4]

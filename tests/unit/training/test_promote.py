@@ -4,11 +4,13 @@ within TF Serving's label rule as far as the files can tell. No TensorFlow: fast
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
-from artifact.model_config import parse_config
+from artifact.model_config import Policy, parse_config
 from training import promote
+from training.commands import promote as promote_command
 from training.errors import UsageError
 
 CONFIG = """# Served by TF Serving and the service.
@@ -37,9 +39,9 @@ def config(tmp_path):
 
 def run(config, *argv) -> int:
     parser = argparse.ArgumentParser()
-    promote.add_arguments(parser)
+    promote_command.add_arguments(parser)
     args = parser.parse_args(["--config", str(config), "--model", "fashion_mnist", *map(str, argv)])
-    return promote.cmd_promote(args)
+    return promote_command.run(args)
 
 
 def model(config):
@@ -98,3 +100,17 @@ def test_an_unknown_model_or_a_broken_config(config, tmp_path):
     broken.write_text("model_config_list {")
     with pytest.raises(Exception, match="not a ModelServerConfig"):
         promote.promote(broken, "fashion_mnist", "stable", 1)
+
+
+def test_the_command_line_becomes_a_typed_frozen_config():
+    parser = argparse.ArgumentParser()
+    promote_command.add_arguments(parser)
+    argv = ["--config", "m.config", "--model", "m", "--label", "stable", "--version", "3"]
+    args = parser.parse_args([*argv, "--policy", "latest:2"])
+    config = promote_command.PromoteConfig.from_args(args)
+    assert config == promote_command.PromoteConfig(
+        "m.config", "m", "stable", 3, Policy.parse("latest:2")
+    )
+    assert config.policy.describe() == "latest 2"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.label = "canary"  # type: ignore[misc]

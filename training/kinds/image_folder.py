@@ -1,0 +1,225 @@
+"""Image folders (`--image-folder`): a small CNN on images of any size
+(training/image_folder.py), and what a retrain reads of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from artifact.contract import (
+    INPUT_KEY,
+    SIGNATURE_NAME,
+)
+from artifact.saved_model import SavedModelPredictor
+from training import (
+    exported,
+    image_folder,
+    sources,
+)
+from training.compare_any import cmd_compare_any
+from training.errors import DataError, UsageError
+from training.evaluation import build_report
+from training.kinds.base import DataKind, base_path
+from training.kinds.model_data import (
+    CLASSIFICATION,
+    ModelData,
+    Reader,
+    _quantized,
+    estimator_config,
+)
+from training.runs import EVAL_BATCH_SIZE
+from training.train import DEFAULT_EPOCHS
+from training.train_any import Prepared, cmd_train_any, run_params
+
+
+class FolderData(ModelData):
+    """Folders of one subfolder of images per class (training/image_folder.py): the base
+    folder's images (every HOLDOUT_EVERY-th of a class held out, the test split), and
+    `--extra-data` folders of the same classes (a class may be missing)."""
+
+    kind = "image_folder"
+
+    def __init__(self, folder: image_folder.ImageFolder, size: int, channels: int):
+        self.folder = folder
+        self.size = size
+        self.channels = channels
+        self.base = folder.root
+        self.labels = folder.classes
+
+    def _reader(self, name: str, path: str, role: str, files) -> Reader:
+        size, channels = self.size, self.channels
+        files = tuple(files)
+
+        def dataset() -> tf.data.Dataset:
+            return image_folder.dataset(files, size, channels).map(
+                lambda features, label: (features, tf.cast(label, tf.int64))
+            )
+
+        def scan(builder: sources.ScanBuilder) -> None:
+            for features, labels in dataset().batch(64).as_numpy_iterator():
+                for image, label in zip(features[INPUT_KEY], labels, strict=True):
+                    builder.add(_quantized(image), int(label))
+
+        return Reader(name, path, role, len(files), scan, dataset)
+
+    def base_readers(self) -> list[Reader]:
+        return [
+            self._reader("test split", self.base, sources.HELD_OUT, self.folder.holdout),
+            self._reader("train split", self.base, sources.TRAINED, self.folder.train),
+        ]
+
+    def extra_reader(self, path: str) -> Reader:
+        root = Path(path)
+        if not root.is_dir():
+            raise DataError(f"--extra-data {path}: folder not found")
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        unknown = [p.name for p in folders if p.name not in self.labels]
+        if unknown or not folders:
+            raise DataError(
+                f"--extra-data {path}: "
+                + (f"class folders {', '.join(unknown)} are not" if unknown else "no class folder;")
+                + f" this model's classes are {', '.join(self.labels)}"
+            )
+        files = []
+        for class_folder in folders:
+            for image in sorted(class_folder.iterdir()):
+                if image.is_file() and image.suffix.lower() in image_folder.IMAGE_SUFFIXES:
+                    image_folder.check_image(image)
+                    files.append((str(image), self.labels.index(class_folder.name)))
+        if not files:
+            raise DataError(f"--extra-data {path}: no PNG or JPEG image in its class folders")
+        return self._reader("extra data", path, sources.NEW, files)
+
+    def feature_spec(self) -> dict:
+        shape = [self.size, self.size, self.channels]
+        return {INPUT_KEY: tf.io.FixedLenFeature(shape, tf.float32)}
+
+    def feedback_content(self, features) -> bytes:
+        return _quantized(features[INPUT_KEY])
+
+    def feedback_features(self, parsed) -> dict:
+        return {INPUT_KEY: parsed[INPUT_KEY]}
+
+    def example_bytes(self) -> int:
+        return self.size * self.size * self.channels * 4
+
+    def predictions(self, predictor, features) -> np.ndarray:
+        return predictor.run(features[INPUT_KEY], SIGNATURE_NAME)["classes"]
+
+    def run_params(self, args, max_steps, baseline_params) -> dict:
+        data = {**self.folder.to_json(), "image_size": self.size, "channels": self.channels}
+        params = run_params(args, args.model, max_steps, "raw", data)
+        return {**params, "num_classes": len(self.labels)}
+
+    def report(self, truth, predicted, groups, **context) -> dict:
+        return build_report(truth, predicted, self.labels, task=CLASSIFICATION, **context)
+
+    def estimator(self, run_dir, params, args, warm_start):
+        return image_folder.make_estimator(params, estimator_config(args, run_dir), warm_start)
+
+    def receiver_fn(self):
+        return image_folder.serving_input_receiver_fn(self.size, self.channels)
+
+
+def _folder_data(args, recorded: dict, has_baseline: bool, others) -> FolderData:
+    for other in others:
+        if other.given(args):
+            raise UsageError(
+                f"{other.option}: the serving version was trained on a folder of images"
+            )
+    path = args.image_folder if not has_baseline else base_path(
+        args.image_folder, recorded.get("image_folder"), "--image-folder", Path.is_dir
+    )  # fmt: skip
+    folder = image_folder.scan_image_folder(path)
+    size = recorded.get("image_size") or args.image_size or image_folder.DEFAULT_IMAGE_SIZE
+    channels = recorded.get("channels") or args.channels or image_folder.DEFAULT_CHANNELS
+    for option, given, kept in (("--image-size", args.image_size, size),
+                                ("--channels", args.channels, channels)):  # fmt: skip
+        if given is not None and given != kept:
+            raise UsageError(f"{option} {given}: the serving version takes {kept}")
+    if has_baseline and tuple(recorded.get("classes") or ()) != folder.classes:
+        raise DataError(
+            f"{path}: its classes are {', '.join(folder.classes)}; the serving version's are "
+            f"{', '.join(recorded.get('classes') or ())}"
+        )
+    return FolderData(folder, size, channels)
+
+
+class ImageFolderKind(DataKind):
+    """A folder with one subfolder of PNG/JPEG images per class: a small CNN or a Keras
+    model on images of any size (training/image_folder.py)."""
+
+    name = "image_folder"
+    option = "--image-folder"
+    attribute = "image_folder"
+    model_kinds = image_folder.IMAGE_KINDS
+    default_model = "cnn"
+    only_options = {"--image-size": "image_size", "--channels": "channels"}
+    location_keys = ("image_folder",)
+    noun = "folder of images"
+
+    @property
+    def models_text(self) -> str:
+        return " or ".join(self.model_kinds)
+
+    def default_folders(self, args) -> tuple[str, str]:
+        name = Path(args.image_folder).resolve().name
+        return f"runs/{name}", f"models/{name}"
+
+    def fill_defaults(self, args) -> None:
+        # An image folder's classes are its subfolders, and its receiver is raw.
+        args.image_size = args.image_size or image_folder.DEFAULT_IMAGE_SIZE
+        args.channels = args.channels or image_folder.DEFAULT_CHANNELS
+        args.receiver = "raw"
+
+    def prepare(self, args) -> Prepared:
+        folder = image_folder.scan_image_folder(args.image_folder)
+        size, channels, count = args.image_size, args.channels, len(folder.train)
+        return Prepared(
+            count=count,
+            data={**folder.to_json(), "image_size": size, "channels": channels},
+            what=f"{count:,} images of {len(folder.classes)} classes from {args.image_folder} "
+            f"({size}x{size}x{channels})",
+            extra_params={"num_classes": len(folder.classes)},
+            estimator=image_folder.make_estimator,
+            train_input=lambda: image_folder.train_input_fn(
+                folder, size, channels, args.batch_size, args.seed
+            ),
+            eval_input=lambda: image_folder.eval_input_fn(folder, size, channels, EVAL_BATCH_SIZE),
+            export=lambda estimator, export_dir, context: image_folder.export_image_model(
+                estimator, folder, size, channels, export_dir, context
+            ),
+        )
+
+    def train(self, args, others) -> int:
+        return cmd_train_any(args, self, others, DEFAULT_EPOCHS)
+
+    def compare(self, args, others) -> int:
+        return cmd_compare_any(args, self, others, DEFAULT_EPOCHS)
+
+    def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
+        return _folder_data(args, recorded, has_baseline, others)
+
+    def takes(self, version) -> bool:
+        return isinstance(version, exported.ImageVersion)
+
+    def evaluate_export(self, args, version) -> dict:
+        """Every image of --image-folder, its class by its subfolder."""
+        if not args.image_folder:
+            raise UsageError(
+                f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
+                f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
+            )
+        images, truth, _ = exported.read_labeled_folder(version, args.image_folder)
+        predictor = SavedModelPredictor(version.path)
+        inputs = {version.input_name: images}
+        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        return build_report(
+            truth, exported.image_classes(outputs), version.labels, task="classification",
+            image_folder=str(args.image_folder), saved_model=str(version.path), split="all",
+        )  # fmt: skip
+
+
+IMAGE_FOLDER = ImageFolderKind()
