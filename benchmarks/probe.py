@@ -16,11 +16,13 @@ import time
 import numpy as np
 
 
-def _client(port, path, body, headers, deadline, out: list, lock: threading.Lock) -> None:
+def _client(
+    port, path, body, headers, deadline, at_least: int, out: list, lock: threading.Lock
+) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    seen = []
+    seen: list[tuple[int, float, bool]] = []
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or len(seen) < at_least:
             start = time.perf_counter()
             try:
                 connection.request("POST", path, body, headers)
@@ -39,14 +41,20 @@ def _client(port, path, body, headers, deadline, out: list, lock: threading.Lock
             out.extend(seen)
 
 
-def probe(port: int, path: str, body: bytes, seconds: float, clients: int = 8) -> dict:
-    """Run `clients` probes for `seconds`; latency percentiles (ms) by status class."""
+def probe(
+    port: int, path: str, body: bytes, seconds: float, clients: int = 8, at_least: int = 0
+) -> dict:
+    """Run `clients` probes for `seconds`, and each until it has `at_least` answers (so that a
+    stalled machine still yields them); latency percentiles (ms) by status class."""
     headers = {"Content-Type": "application/json"}
     deadline = time.monotonic() + seconds
     answers: list = []
     lock = threading.Lock()
     threads = [
-        threading.Thread(target=_client, args=(port, path, body, headers, deadline, answers, lock))
+        threading.Thread(
+            target=_client,
+            args=(port, path, body, headers, deadline, at_least, answers, lock),
+        )
         for _ in range(clients)
     ]
     for thread in threads:

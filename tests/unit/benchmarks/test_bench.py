@@ -55,8 +55,13 @@ def stand_in(request):
 
 
 def test_the_probes_time_answers_by_status(stand_in):
-    result = probe(stand_in.server_address[1], "/predict", b"{}", seconds=0.5, clients=2)
+    # At least 6 answers per client, however slow the machine: 12 or more answers hold at
+    # least 3 refusals (one in three) and 6 good ones, whenever the clients stop.
+    result = probe(
+        stand_in.server_address[1], "/predict", b"{}", seconds=0.5, clients=2, at_least=6
+    )
     ok, refused = result["ok"]["count"], result["refused"]["count"]
+    assert ok + refused >= 12
     assert ok > 0 and refused > 0
     assert abs(ok - 2 * refused) <= 4  # one 503 for two 200s, two clients stopping anywhere
     assert result["ok"]["p50_ms"] <= result["ok"]["p99_ms"]
