@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -51,9 +52,22 @@ def png_bytes(pixels: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> 
     return buffer.getvalue()
 
 
+def _as_text(line: str) -> str:
+    """A line as text: a JSON log line (`--log-format json`, as the shipped CronJobs run) is
+    its message, and one that says `error:` must be logged at ERROR."""
+    if not line.startswith("{"):
+        return line
+    record = json.loads(line)
+    message = record["message"]
+    if message.startswith("error: "):
+        assert record["level"] == "ERROR", line
+    return message
+
+
 def assert_one_error_line(err: str, *fragments: str) -> str:
-    """Assert a command wrote exactly one `error: ...` line holding every fragment; the line."""
-    lines = [line for line in err.splitlines() if line.strip()]
+    """Assert a command wrote exactly one `error: ...` line holding every fragment (as text,
+    or as the message of one JSON log line); the line."""
+    lines = [_as_text(line) for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error: "), err
     for fragment in fragments:
