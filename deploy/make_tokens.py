@@ -23,7 +23,8 @@ all are left alone, exit 1):
   the ServiceMonitor and the annotation scrape job send with every scrape of /metrics
   (docs/security.md, "Metrics"):
 
-      kubectl -n estimator-serving create secret generic prometheus-scrape-token --from-file=token=FILE.prometheus
+      kubectl -n estimator-serving create secret generic prometheus-scrape-token \\
+          --from-file=token=FILE.prometheus
 
 The tokens: one for clients (`predict,status`, named `clients`: predictions, model status,
 metrics, the page's views), one for Prometheus (`status`, named `prometheus`: it reads
