@@ -4,6 +4,8 @@ write (support/scrape_configs.py: the ServiceMonitor's endpoint for port `http`,
 annotation job of deploy/monitoring/prometheus-scrape.yaml with its relabelling), each
 sending the scrape token `make tokens` writes (deploy/make_tokens.py, `.prometheus`). A job
 with the same settings but no token is refused, so the token is what makes the scrapes work.
+The shipped alert rules (deploy/monitoring/alerts.rules.yml) are loaded into the same
+Prometheus and evaluated against what it scrapes.
 
 The service serves the model the repository ships (models/shipped), as `make serve` does
 while no version is exported; Prometheus listens on a free loopback port, keeps its data in
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
+import yaml
 from support.helpers import REPO_ROOT
 from support.scrape_configs import (
     annotation_job,
@@ -34,6 +37,7 @@ from support.servers import MODEL_NAME, Server, free_port, start_server
 
 SHIPPED_MODEL = REPO_ROOT / "models" / "shipped" / MODEL_NAME
 PREDICTIONS = 4
+ALERT_RULES = REPO_ROOT / "deploy" / "monitoring" / "alerts.rules.yml"
 # How long Prometheus may take to start and to scrape what a test waits for (it scrapes every
 # second); a condition is polled, never a time asserted.
 WAIT_SECONDS = 90.0
@@ -115,7 +119,7 @@ def prometheus(prometheus_binary, server, tokens, predictions, tmp_path_factory)
     """Prometheus running the shipped jobs every second; its URL."""
     root = tmp_path_factory.mktemp("prometheus")
     jobs = shipped_jobs(server, tokens[1], root / "secrets")
-    (root / "prometheus.yml").write_text(prometheus_config(jobs))
+    (root / "prometheus.yml").write_text(prometheus_config(jobs, rule_files=[ALERT_RULES]))
     port = free_port()
     log = open(root / "prometheus.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -190,3 +194,25 @@ def test_the_shipped_jobs_scrape_the_api_with_the_token(prometheus, server, job)
 def test_the_same_job_without_the_token_is_refused(prometheus):
     target = wait_for(lambda: scraped(prometheus, "no-token", "down"), "the tokenless scrape")
     assert "401" in target["lastError"], target
+
+
+def test_the_shipped_alert_rules_load_and_evaluate(prometheus):
+    shipped = yaml.safe_load(ALERT_RULES.read_text())["groups"]
+    expected = {rule["alert"] for group in shipped for rule in group["rules"]}
+
+    def evaluated():
+        data = httpx.get(f"{prometheus}/api/v1/rules", timeout=10.0).json()["data"]
+        loaded = [rule for group in data["groups"] for rule in group["rules"]]
+        done = {r["name"] for r in loaded if r["lastEvaluation"] != "0001-01-01T00:00:00Z"}
+        return done == expected and loaded
+
+    loaded = wait_for(evaluated, "the shipped rules to be evaluated")
+    assert {rule["name"] for rule in loaded} == expected
+    for rule in loaded:
+        assert rule["type"] == "alerting" and rule["health"] == "ok", rule
+    # The service serves a version: the alert on none available stays quiet.
+    states = {rule["name"]: rule["state"] for rule in loaded}
+    assert states["EstimatorServingNoAvailableVersion"] == "inactive"
+    # And its query sees the version the alert would miss.
+    available = 'estimator_serving_model_version_state{state="AVAILABLE"} == 1'
+    assert wait_for(lambda: query(prometheus, available), "an AVAILABLE version")
