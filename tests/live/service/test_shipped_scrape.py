@@ -216,3 +216,11 @@ def test_the_shipped_alert_rules_load_and_evaluate(prometheus):
     # And its query sees the version the alert would miss.
     available = 'estimator_serving_model_version_state{state="AVAILABLE"} == 1'
     assert wait_for(lambda: query(prometheus, available), "an AVAILABLE version")
+
+
+def test_the_annotation_job_gives_the_hpa_adapter_its_series(prometheus):
+    """prometheus-adapter's rule (docs/kubernetes.md, "Scale") reads the gauge per namespace
+    and pod: the job's relabelling writes both."""
+    series = 'http_requests_in_flight{job="estimator-serving-api",namespace!="",pod!=""}'
+    (found,) = wait_for(lambda: query(prometheus, series), "the in-flight gauge per pod")
+    assert found["metric"]["namespace"] == "estimator-serving"
