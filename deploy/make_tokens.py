@@ -6,8 +6,8 @@ only their digests, and the tokens themselves for whoever hands them out.
 
 FILE: secrets/api-tokens by default.
 
-Two files, each readable by its owner only (0600) and never overwritten (if either exists,
-both are left alone, exit 1):
+Three files, each readable by its owner only (0600) and never overwritten (if any exists,
+all are left alone, exit 1):
 
 - FILE, the service's: one line per token, `sha256:<hex digest> <scope>[,<scope>] <name>`
   (service/security.py reads it; it compares a request's token by its sha256). Whoever reads
@@ -19,8 +19,16 @@ both are left alone, exit 1):
 - FILE.issued, the operator's: the same lines with the tokens themselves,
   `<token> <scope>[,<scope>] <name>`, to hand each to its holder. Never mount it.
 
+- FILE.prometheus, the scrape token alone (`status` scope, named `prometheus`), for the Secret
+  the ServiceMonitor and the annotation scrape job send with every scrape of /metrics
+  (docs/security.md, "Metrics"):
+
+      kubectl -n estimator-serving create secret generic prometheus-scrape-token \\
+          --from-file=token=FILE.prometheus
+
 The tokens: one for clients (`predict,status`, named `clients`: predictions, model status,
-metrics, the page's views) and one `feedback` token per sender of labels (POST
+metrics, the page's views), one for Prometheus (`status`, named `prometheus`: it reads
+/metrics and cannot predict) and one `feedback` token per sender of labels (POST
 /v1/models/{name}/feedback), each named by its `--sender` (`feedback-1` when none is given).
 The feedback store records that name with each image, and the bounds on feedback (the rate,
 the share of the store, what the retrain reads) are per name: a token handed to several
@@ -43,10 +51,14 @@ from pathlib import Path
 DEFAULT_FILE = "secrets/api-tokens"
 # The operator's copy, with the tokens themselves: FILE + this.
 ISSUED_SUFFIX = ".issued"
+# The scrape token alone: FILE + this.
+SCRAPE_SUFFIX = ".prometheus"
 # 32 random bytes: 43 URL-safe characters (the service wants 16 or more).
 TOKEN_BYTES = 32
 # The clients' token, and each sender's scope.
 CLIENTS = ("predict,status", "clients")
+# Prometheus's token: /metrics (and the status routes) only.
+SCRAPER = ("status", "prometheus")
 FEEDBACK = "feedback"
 DEFAULT_SENDERS = ("feedback-1",)
 # A token's name, as the service takes it (artifact/feedback/: SENDER_PATTERN).
@@ -57,6 +69,11 @@ HEADER = "# <{}> <scope>[,<scope>] <name>: made by deploy/make_tokens.py"
 def issued_path(path: Path) -> Path:
     """Where the tokens themselves go, beside the service's file."""
     return path.with_name(path.name + ISSUED_SUFFIX)
+
+
+def scrape_token_path(path: Path) -> Path:
+    """Where the scrape token alone goes, beside the service's file."""
+    return path.with_name(path.name + SCRAPE_SUFFIX)
 
 
 def check_name(name: str) -> str:
@@ -74,16 +91,19 @@ def check_name(name: str) -> str:
 
 
 def new_tokens(senders=DEFAULT_SENDERS) -> list[tuple[str, str, str]]:
-    """(token, scopes, name): the clients' and one `feedback` token per sender, every token
-    fresh and random.
+    """(token, scopes, name): the clients', Prometheus's and one `feedback` token per sender,
+    every token fresh and random.
 
     Raises:
         ValueError: a sender's name is not one the service takes, or is given twice.
     """
     names = [check_name(name) for name in senders]
-    if len(set(names) | {CLIENTS[1]}) != len(names) + 1:
-        raise ValueError(f"each sender needs a name of its own (and not {CLIENTS[1]!r})")
-    lines = [CLIENTS, *((FEEDBACK, name) for name in names)]
+    reserved = {CLIENTS[1], SCRAPER[1]}
+    if len(set(names) | reserved) != len(names) + len(reserved):
+        raise ValueError(
+            f"each sender needs a name of its own (and not {' or '.join(map(repr, reserved))})"
+        )
+    lines = [CLIENTS, SCRAPER, *((FEEDBACK, name) for name in names)]
     return [(secrets.token_urlsafe(TOKEN_BYTES), scopes, name) for scopes, name in lines]
 
 
@@ -106,22 +126,25 @@ def issued_text(tokens: list[tuple[str, str, str]]) -> str:
 
 
 def write_tokens(path: Path, senders=DEFAULT_SENDERS) -> Path:
-    """Create `path` (digests) and its `.issued` copy (the tokens), mode 0600, their folder
-    0700 when made here, with the clients' token and one feedback token per sender; the
-    copy's path.
+    """Create `path` (digests), its `.issued` copy (the tokens) and `.prometheus` (the scrape
+    token alone), mode 0600, their folder 0700 when made here, with the clients' token,
+    Prometheus's and one feedback token per sender; the copy's path.
 
     Raises:
-        FileExistsError: either exists; both are left as they were.
+        FileExistsError: any exists; all are left as they were.
         ValueError: a sender's name (new_tokens).
     """
-    issued = issued_path(path)
-    for existing in (path, issued):
+    issued, scrape = issued_path(path), scrape_token_path(path)
+    for existing in (path, issued, scrape):
         if existing.exists():
             raise FileExistsError(existing)
     tokens = new_tokens(senders)
+    (scrape_token,) = [token for token, scopes, name in tokens if (scopes, name) == SCRAPER]
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The tokens first: a file of digests whose tokens were lost would be of no use.
-    for target, text in ((issued, issued_text(tokens)), (path, service_text(tokens))):
+    written = ((issued, issued_text(tokens)), (scrape, scrape_token + "\n"),
+               (path, service_text(tokens)))  # fmt: skip
+    for target, text in written:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -178,16 +201,21 @@ def main(argv: list[str]) -> int:
     try:
         issued = write_tokens(path, args.sender or DEFAULT_SENDERS)
     except FileExistsError as err:
-        print(f"{err} exists: both files left as they are (remove them for new tokens)",
+        print(f"{err} exists: the files left as they are (remove them for new tokens)",
               file=sys.stderr)  # fmt: skip
         return 1
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"Wrote {path} (the service's: digests only) and {issued} (the tokens to hand out),")
-    print("mode 0600. Kubernetes:")
+    scrape = scrape_token_path(path)
+    print(f"Wrote {path} (the service's: digests only), {issued} (the tokens to hand out)")
+    print(f"and {scrape} (Prometheus's scrape token), mode 0600. Kubernetes:")
     print(
         f"  kubectl -n estimator-serving create secret generic api-tokens --from-file=tokens={path}"
+    )
+    print(
+        "  kubectl -n estimator-serving create secret generic prometheus-scrape-token "
+        f"--from-file=token={scrape}"
     )
     return 0
 

@@ -7,7 +7,7 @@ from a pinned package generated from the project's own API definition:
   whose models OpenAPI Generator made from the operator's OpenAPI document.
 - InferenceService (serving.kserve.io/v1beta1) and ClusterServingRuntime
   (serving.kserve.io/v1alpha1): KServe's Python SDK, `kserve`, likewise.
-- ServiceMonitor (monitoring.coreos.com/v1): `cloudcoil-models-prometheus-operator`, pydantic
+- ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1): `cloudcoil-models-prometheus-operator`, pydantic
   models generated from the Prometheus Operator's CRDs (patterns and required fields included).
 
 The two SDK wheels are downloaded (hash-checked against deploy/kubernetes/crd-sdks.txt) into
@@ -241,10 +241,13 @@ def _sdk_schema(crd: Crd, kubernetes_version: str) -> dict:
 
 
 def _strict(schema):
-    """Make every object with named properties refuse other properties (in place)."""
+    """Make every object with named properties refuse other properties (in place), and write
+    Go's case-insensitive patterns (`(?i)`, which JSON Schema's regexes lack) as classes."""
     if isinstance(schema, dict):
         if "properties" in schema and "additionalProperties" not in schema:
             schema["additionalProperties"] = False
+        if isinstance(schema.get("pattern"), str) and "(?i)" in schema["pattern"]:
+            schema["pattern"] = _case_insensitive(schema["pattern"].replace("(?i)", ""))
         for value in schema.values():
             _strict(value)
     elif isinstance(schema, list):
@@ -253,12 +256,37 @@ def _strict(schema):
     return schema
 
 
-def _service_monitor_schema() -> dict:
-    from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+def _case_insensitive(pattern: str) -> str:
+    """`pattern` matching either case of each letter outside a character class."""
+    out, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            out.append(char)
+            escaped = True
+        elif char in "[]":
+            in_class = char == "["
+            out.append(char)
+        elif char.isalpha() and not in_class:
+            out.append(f"[{char.lower()}{char.upper()}]")
+        else:
+            out.append(char)
+    return "".join(out)
 
-    schema = _strict(ServiceMonitor.model_json_schema(by_alias=True, mode="validation"))
+
+# The Prometheus Operator's kinds the manifests use, read from cloudcoil's models.
+PROMETHEUS_OPERATOR_KINDS = ("ServiceMonitor", "PrometheusRule")
+
+
+def _prometheus_operator_schema(kind: str) -> dict:
+    from cloudcoil.models.prometheus_operator import v1
+
+    model = getattr(v1, kind)
+    schema = _strict(model.model_json_schema(by_alias=True, mode="validation"))
     schema["properties"]["apiVersion"] = {"const": "monitoring.coreos.com/v1"}
-    schema["properties"]["kind"] = {"const": "ServiceMonitor"}
+    schema["properties"]["kind"] = {"const": kind}
     schema["required"] = ["apiVersion", "kind", "spec"]
     return {"$schema": JSON_SCHEMA, **schema}
 
@@ -266,8 +294,8 @@ def _service_monitor_schema() -> dict:
 @functools.cache
 def crd_validator(api_version: str, kind: str, kubernetes_version: str):
     """A jsonschema validator for a custom resource, or None for a kind not known here."""
-    if (api_version, kind) == ("monitoring.coreos.com/v1", "ServiceMonitor"):
-        schema = _service_monitor_schema()
+    if api_version == "monitoring.coreos.com/v1" and kind in PROMETHEUS_OPERATOR_KINDS:
+        schema = _prometheus_operator_schema(kind)
     else:
         crd = next((c for c in SDK_CRDS if (c.api_version, c.kind) == (api_version, kind)), None)
         if crd is None:
@@ -283,6 +311,6 @@ def crd_validator(api_version: str, kind: str, kubernetes_version: str):
 
 
 CRD_KINDS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    *(("monitoring.coreos.com/v1", kind) for kind in PROMETHEUS_OPERATOR_KINDS),
     *((crd.api_version, crd.kind) for crd in SDK_CRDS),
 }

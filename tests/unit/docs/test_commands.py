@@ -41,7 +41,11 @@ COMPOSE_RUN_VALUES = {"-p", "--publish", "-e", "--env", "-v", "--volume", "-w", 
                       "--entrypoint", "--name", "-u", "--user", "-l", "--label"}  # fmt: skip
 # What a runnable block may use before it exists: the files a command writes, by command.
 WRITTEN_BY = {
-    ("make", "tokens"): ["secrets/api-tokens", "secrets/api-tokens.issued"],
+    ("make", "tokens"): [
+        "secrets/api-tokens",
+        "secrets/api-tokens.issued",
+        "secrets/api-tokens.prometheus",
+    ],
     ("make", "shipped-model"): ["models/fashion_mnist/1"],
 }
 
