@@ -37,6 +37,7 @@ SCOPE = "service"
 # The service's tracer while tracing is on; None while it is off (every caller asks first).
 tracer: Any = None
 _provider: Any = None
+_propagator: Any = None
 _NOTHING = contextlib.nullcontext()
 
 
@@ -81,7 +82,6 @@ def start(environ: Mapping[str, str]) -> bool:
     Raises:
         TracingError: the variables ask for what the service cannot do.
     """
-    global tracer, _provider
     if not wanted(environ):
         return False
     problem = environment_problem(environ)
@@ -107,7 +107,10 @@ def start(environ: Mapping[str, str]) -> bool:
 
 def use(provider) -> None:
     """Trace with `provider` (an SDK TracerProvider: start's, or a test's in-memory one)."""
-    global tracer, _provider
+    global tracer, _provider, _propagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _propagator = TraceContextTextMapPropagator()
     _provider = provider
     tracer = provider.get_tracer(SCOPE)
 
@@ -123,14 +126,13 @@ def stop() -> None:
 # --- spans -------------------------------------------------------------------------------
 
 
-def request_span(name: str, carrier: Mapping[str, str], attributes: dict):
+def request_span(name: str, carrier: Mapping[str, str], attributes: dict) -> tuple[Any, Any]:
     """Start a request's server span, its parent the carrier's `traceparent` (and
     `tracestate`), and make it the current one: (span, token for `end_request`). Only
     while tracing is on."""
     from opentelemetry import context, trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    parent = TraceContextTextMapPropagator().extract(carrier)
+    parent = _propagator.extract(carrier)
     span = tracer.start_span(name, parent, trace.SpanKind.SERVER, attributes)
     token = context.attach(trace.set_span_in_context(span, parent))
     return span, token
