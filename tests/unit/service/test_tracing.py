@@ -2,7 +2,7 @@
 and the spans of a REST and a V2 prediction through the batcher, recorded in memory: names,
 parents, the model span's links and attributes, the log line's trace id, and nothing recorded
 for a request its caller did not sample. The same over OTLP/HTTP to a real receiver, gRPC
-included: tests/live/service/test_tracing.py."""
+included: tests/live/service/test_tracing_otlp.py."""
 
 from __future__ import annotations
 
