@@ -232,3 +232,34 @@ def test_a_batch_of_several_requests_is_one_model_span_linked_to_each(spans):
         first.span_id,
         second.span_id,
     }
+
+
+def test_start_sets_up_the_sdk_from_the_environment_and_stop_turns_it_off(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "api-under-test")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    try:
+        assert tracing.start({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+        provider = tracing._provider
+        assert tracing.tracer is not None
+        assert provider.resource.attributes["service.name"] == "api-under-test"
+        assert "TraceIdRatioBased{0.25}" in provider.sampler.get_description()
+    finally:
+        tracing.stop()
+    assert tracing.tracer is None
+    with pytest.raises(tracing.TracingError, match="OTEL_TRACES_EXPORTER"):
+        tracing.start({"OTEL_TRACES_EXPORTER": "jaeger"})
+    assert tracing.tracer is None
+
+
+def test_a_request_that_fails_is_traced_with_its_status_and_no_model_span(client, spans):
+    answer = client.post(
+        "/v1/models/nobody:predict",
+        json={"instances": IMAGES},
+        headers={"traceparent": SAMPLED},
+    )
+    assert answer.status_code == 404
+    named = by_name(spans.get_finished_spans())
+    (request,) = named["POST /v1/models/{name}:predict"]
+    assert request.attributes["http.response.status_code"] == 404
+    assert "model" not in named and "queue wait" not in named
