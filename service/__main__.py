@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_keras_out()
     quiet_tensorflow(formatter=formatter_for(log_format))
     # Each process that serves (each worker) traces with a provider of its own.
-    tracing.start(os.environ)
+    tracing.start()
     try:
         return serve(settings, models, sock, announce=worker is None)
     finally:

@@ -20,6 +20,7 @@ with `batch.size`) and `render`. A batch none of whose requests is sampled makes
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,10 @@ SCOPE = "service"
 tracer: Any = None
 _provider: Any = None
 _propagator: Any = None
+# opentelemetry.trace and opentelemetry.context, imported when tracing starts (an import
+# statement per call costs more than the span it makes, for an unsampled request).
+_trace: Any = None
+_context: Any = None
 _NOTHING = contextlib.nullcontext()
 
 
@@ -75,13 +80,15 @@ def environment_problem(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def start(environ: Mapping[str, str]) -> bool:
-    """Set up this process's tracer provider from the OTEL_* variables when they turn
-    tracing on (else nothing: no OpenTelemetry import); True when tracing is on.
+def start() -> bool:
+    """Set up this process's tracer provider from the OTEL_* variables (os.environ, which the
+    SDK reads itself) when they turn tracing on (else nothing: no OpenTelemetry import); True
+    when tracing is on.
 
     Raises:
         TracingError: the variables ask for what the service cannot do.
     """
+    environ = os.environ
     if not wanted(environ):
         return False
     problem = environment_problem(environ)
@@ -107,9 +114,11 @@ def start(environ: Mapping[str, str]) -> bool:
 
 def use(provider) -> None:
     """Trace with `provider` (an SDK TracerProvider: start's, or a test's in-memory one)."""
-    global tracer, _provider, _propagator
+    global tracer, _provider, _propagator, _trace, _context
+    from opentelemetry import context, trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+    _trace, _context = trace, context
     _propagator = TraceContextTextMapPropagator()
     _provider = provider
     tracer = provider.get_tracer(SCOPE)
@@ -130,24 +139,20 @@ def request_span(name: str, carrier: Mapping[str, str], attributes: dict) -> tup
     """Start a request's server span, its parent the carrier's `traceparent` (and
     `tracestate`), and make it the current one: (span, token for `end_request`). Only
     while tracing is on."""
-    from opentelemetry import context, trace
-
     parent = _propagator.extract(carrier)
-    span = tracer.start_span(name, parent, trace.SpanKind.SERVER, attributes)
-    token = context.attach(trace.set_span_in_context(span, parent))
+    span = tracer.start_span(name, parent, _trace.SpanKind.SERVER, attributes)
+    token = _context.attach(_trace.set_span_in_context(span, parent))
     return span, token
 
 
 def end_request(span, token, attributes: dict, error: bool = False) -> None:
     """Set a request span's last attributes, end it and leave its context."""
-    from opentelemetry import context, trace
-
     if span.is_recording():
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         if error:
-            span.set_status(trace.StatusCode.ERROR)
+            span.set_status(_trace.StatusCode.ERROR)
     span.end()
-    context.detach(token)
+    _context.detach(token)
 
 
 def trace_id(span) -> str | None:
@@ -157,8 +162,12 @@ def trace_id(span) -> str | None:
 
 
 def span(name: str, attributes: dict | None = None):
-    """A child span of the current one around a `with` block; nothing while tracing is off."""
+    """A child span of the current one around a `with` block; nothing while tracing is off or
+    the current span is not recorded (an unsampled request: its steps would not be either,
+    and making their spans costs more than the step itself)."""
     if tracer is None:
+        return _NOTHING
+    if not _trace.get_current_span().is_recording():
         return _NOTHING
     return tracer.start_as_current_span(name, attributes=attributes)
 
@@ -168,9 +177,7 @@ def queued() -> tuple[Any, int] | None:
     context and the time (ns); None when it is not sampled (or tracing is off)."""
     if tracer is None:
         return None
-    from opentelemetry import trace
-
-    found = trace.get_current_span().get_span_context()
+    found = _trace.get_current_span().get_span_context()
     if not found.trace_flags.sampled:
         return None
     return found, time.time_ns()
@@ -185,8 +192,7 @@ def batch_span(requests: Iterable[tuple[Any, int] | None], attributes: dict):
     sampled = [request for request in requests if request is not None]
     if not sampled:
         return None
-    from opentelemetry import trace
-
+    trace = _trace
     now = time.time_ns()
     for parent, enqueued in sampled:
         context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
@@ -202,8 +208,6 @@ def end_batch(span, error: BaseException | None = None, attributes: dict | None 
     if attributes:
         span.set_attributes(attributes)
     if error is not None:
-        from opentelemetry import trace
-
         span.record_exception(error)
-        span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}")
+        span.set_status(_trace.StatusCode.ERROR, f"{type(error).__name__}")
     span.end()
