@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from artifact.feedback import check_writable_dir
 from artifact.logs import LogConfigError, configure_logging, formatter_for
 from artifact.model_config import ConfigError
+from service import tracing
 from service.cli import PROG, UsageError, build_parser, parse, version_text
 from service.config_files import ServerFileError, read_server_files
 from service.security import (
@@ -148,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             sock.close()
         print(f"error: LOG_CONFIG: {err}", file=sys.stderr)
         return 2
+    tracing_problem = tracing.environment_problem(os.environ)
+    if tracing_problem is not None:
+        if sock is not None:
+            sock.close()
+        print(f"error: {tracing_problem}", file=sys.stderr)
+        return 2
     if settings.workers > 1 and worker is None:
         announce_access(settings)  # once: the supervisor's, not each worker's
         if sock is not None:
@@ -160,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_keras_out()
     quiet_tensorflow(formatter=formatter_for(log_format))
-    return serve(settings, models, sock, announce=worker is None)
+    # Each process that serves (each worker) traces with a provider of its own.
+    tracing.start()
+    try:
+        return serve(settings, models, sock, announce=worker is None)
+    finally:
+        tracing.stop()  # what is left is exported
 
 
 def keep_keras_out() -> None:

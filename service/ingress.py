@@ -53,6 +53,7 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
 
 from artifact.logs import RequestLog, current_request, request_id_of, trace_id_of
+from service import tracing
 from service.budgets import BodyBudget, Held
 from service.errors import (
     ClientClosedRequest,
@@ -177,8 +178,17 @@ class Ingress:
         template = "unmatched"
         read = False  # whether the body was read whole
         route = served = None
+        traced = None
+        if tracing.tracer is not None:
+            traced = tracing.request_span(method, _trace_carrier(scope["headers"]),
+                                          {"http.request.method": method,
+                                           "url.path": scope["path"],
+                                           "request.id": request.request_id})  # fmt: skip
+            request.trace_id = tracing.trace_id(traced[0])
         try:
             found, template = self._match(method, scope["path"])
+            if traced is not None:
+                traced[0].update_name(f"{method} {template}")
             route = found.route if isinstance(found, Match) else None
             if route is not None and route.protocol:
                 served = Served(route.protocol)
@@ -198,12 +208,14 @@ class Ingress:
                 query = QueryParams(scope["query_string"]) if scope["query_string"] else _NO_QUERY
                 try:
                     if route.before_body is not None:
-                        route.before_body(found.params, query)
+                        with tracing.span("admission"):
+                            route.before_body(found.params, query)
                     with self.body_budget.hold() as held:
                         body = b""
                         if route.body is not None:
-                            body = await read_body(receive, headers, self.max_body_bytes,
-                                                   self.body_timeout, held)  # fmt: skip
+                            with tracing.span("read body"):
+                                body = await read_body(receive, headers, self.max_body_bytes,
+                                                       self.body_timeout, held)  # fmt: skip
                             read = True
                         call = Call(body, headers, query, held.reserve, decision.sender)
                         work = route.handler(call, **found.params)
@@ -229,6 +241,13 @@ class Ingress:
                 access_log.info('%s - "%s %s HTTP/%s" %d', request.client, printable(method),
                                 printable(_path_with_query(scope)), scope["http_version"],
                                 status, extra={"request": request})  # fmt: skip
+            if traced is not None:
+                tracing.end_request(*traced, {"http.route": template,
+                                              "http.response.status_code": status,
+                                              "model": request.model,
+                                              "model.version": request.version,
+                                              "model.signature": request.signature},
+                                    error=status >= 500)  # fmt: skip
             current_request.reset(token)
 
     def _match(self, method: str, path: str) -> tuple[Match | ServiceError, str]:
@@ -317,6 +336,15 @@ def request_log_of(scope) -> RequestLog:
         scope["path"],
         f"{client[0]}:{client[1]}" if client else "-",
     )
+
+
+def _trace_carrier(headers) -> dict[str, str]:
+    """A request's W3C Trace Context headers, for the propagator."""
+    return {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in headers
+        if name == b"traceparent" or name == b"tracestate"
+    }
 
 
 def _path_with_query(scope) -> str:

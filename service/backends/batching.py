@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from artifact.contract import SIGNATURE_NAME, output_problems
+from service import tracing
 from service.backends.base import Backend, DelegatingBackend, Observer, Reservation
 from service.errors import OVERLOADED, Overloaded, UpstreamError
 from service.types import Inputs, Prediction, inner_shapes, join_inputs, rows_of
@@ -52,6 +53,8 @@ class _Request:
     shapes: tuple = ()
     enqueued: float = 0.0
     waited: float = 0.0  # seconds from enqueued to its batch being taken
+    # Its span's context and the time it was queued, when it is traced (tracing.queued).
+    trace: tuple | None = None
 
     def __post_init__(self):
         self.rows = rows_of(self.images)
@@ -154,7 +157,10 @@ class BatchingBackend(DelegatingBackend):
             if self._closing:
                 future.cancel()
                 raise UpstreamError("the service is shutting down")
-            self._queue.append(_Request(reservation, images, future))
+            queued = _Request(reservation, images, future)
+            if tracing.tracer is not None:
+                queued.trace = tracing.queued()
+            self._queue.append(queued)
             self._changed.notify()
         self._ensure_thread()
         # A cancelled wait (client gone) cancels the future; the batch thread then skips it.
@@ -265,6 +271,14 @@ class BatchingBackend(DelegatingBackend):
 
     def _run_batch(self, batch: list[_Request]) -> None:
         outcome: Prediction | BaseException
+        span = None
+        if tracing.tracer is not None:
+            model, version, signature = batch[0].reservation.served
+            span = tracing.batch_span(
+                [r.trace for r in batch],
+                {"batch.size": sum(r.rows for r in batch), "batch.requests": len(batch),
+                 "model": model, "model.version": version, "model.signature": signature},
+            )  # fmt: skip
         try:
             # Inside the try: inputs that cannot be joined fail their own batch, not the batcher.
             images = batch[0].images if len(batch) == 1 else join_inputs([r.images for r in batch])
@@ -285,6 +299,13 @@ class BatchingBackend(DelegatingBackend):
             outcome = UpstreamError("the service is shutting down")
         with self._changed:
             self._running = []
+        if span is not None:
+            if isinstance(outcome, Prediction):
+                tracing.end_batch(
+                    span, attributes={"batch.padded_size": padded, "model.version": outcome.version}
+                )
+            else:
+                tracing.end_batch(span, outcome)
         if isinstance(outcome, Prediction):
             self._observe(batch, padded, outcome.version)
         self._answer_on_loop(batch, outcome)

@@ -34,6 +34,7 @@ import time
 import grpc
 
 from artifact.logs import RequestLog, current_request, request_id_of, trace_id_of
+from service import tracing
 from service.errors import GRPC_ERRORS, UpstreamInternal, printable
 from service.security import PREDICT, SCOPE, STATUS, bearer_problem
 
@@ -164,6 +165,23 @@ class CallGuard(grpc.aio.ServerInterceptor):
         return code, message
 
 
+# The codes a client's own request causes: its span is not marked as an error.
+CLIENT_CODE_NAMES = frozenset(
+    {
+        "OK",
+        "CANCELLED",
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "FAILED_PRECONDITION",
+        "OUT_OF_RANGE",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "ALREADY_EXISTS",
+    }
+)
+
+
 def receiving_within(handler, seconds: float, method: str = ""):
     """A unary-unary method's handler as a client-streaming one that waits at most `seconds`
     for the request message, then answers as the method does; other handlers (and None, a
@@ -181,6 +199,17 @@ def receiving_within(handler, seconds: float, method: str = ""):
         request = call_request_log(context, method)
         token = current_request.set(request)
         code = "UNKNOWN"
+        traced = None
+        if tracing.tracer is not None:
+            carrier = {
+                key: value
+                for key, value in context.invocation_metadata() or ()
+                if key == "traceparent" or key == "tracestate"
+            }
+            attributes = {"rpc.system": "grpc", "rpc.method": method}
+            attributes["request.id"] = request.request_id
+            traced = tracing.request_span(method, carrier, attributes)
+            request.trace_id = tracing.trace_id(traced[0])
         try:
             response = await _receive_then_answer(context)
             code = "OK"
@@ -193,6 +222,14 @@ def receiving_within(handler, seconds: float, method: str = ""):
             raise
         finally:
             write_access_line(request, code, started)
+            if traced is not None:
+                ended = {
+                    "rpc.grpc.status_code": code,
+                    "model": request.model,
+                    "model.version": request.version,
+                    "model.signature": request.signature,
+                }
+                tracing.end_request(*traced, ended, error=code not in CLIENT_CODE_NAMES)
             current_request.reset(token)
 
     async def _receive_then_answer(context):

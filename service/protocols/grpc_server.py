@@ -42,6 +42,7 @@ from tensorflow_serving.apis import (
 )
 
 from artifact.contract import SIGNATURE_NAME
+from service import tracing
 from service.budgets import BodyBudget, Held
 from service.codecs import tensor_proto, tf_example
 from service.config_files import GRPCTLS
@@ -304,7 +305,8 @@ class _Servicer(
 
     @_rpc
     async def Predict(self, request, context):  # noqa: N802 - gRPC's method name
-        self.dataplane.admit()  # a full queue refuses before the tensor is decoded
+        with tracing.span("admission"):
+            self.dataplane.admit()  # a full queue refuses before the tensor is decoded
         name, version, label = self.servable(_model_spec(request))
         signature_name = request.model_spec.signature_name or SIGNATURE_NAME
         try:
@@ -314,17 +316,19 @@ class _Servicer(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f'Serving signature key "{signature_name}" not found.',
             ) from err
-        inputs = await self._predict_inputs(request, signature, name, version, label)
+        with tracing.span("parse"):
+            inputs = await self._predict_inputs(request, signature, name, version, label)
         wanted = self._output_filter(request, {spec.name for spec in signature.outputs})
         result = await self.dataplane.predict(name, inputs, version, signature_name, label)
-        response = predict_pb2.PredictResponse()
-        response.model_spec.name = name
-        response.model_spec.version.value = result.version
-        response.model_spec.signature_name = signature_name
-        for key in wanted or result.outputs:
-            tensor_proto.fill_tensor_proto(
-                response.outputs[key], result.outputs[key], self.tensor_content
-            )
+        with tracing.span("render"):
+            response = predict_pb2.PredictResponse()
+            response.model_spec.name = name
+            response.model_spec.version.value = result.version
+            response.model_spec.signature_name = signature_name
+            for key in wanted or result.outputs:
+                tensor_proto.fill_tensor_proto(
+                    response.outputs[key], result.outputs[key], self.tensor_content
+                )
         return response
 
     @_rpc

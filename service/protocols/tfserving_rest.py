@@ -15,6 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from starlette.responses import Response
 
 from artifact.contract import SIGNATURE_NAME
+from service import tracing
 from service.codecs import tf_example, tfserving_json
 from service.dataplane import DataPlane
 from service.errors import BadInput, redact_paths
@@ -324,16 +325,19 @@ class TFServingREST:
             return await asyncio.to_thread(function, *args) if large else function(*args)
 
         max_images = self.dataplane.max_images
-        request = await parse(
-            tfserving_json.read_predict_request, body, max_images, self.strict_numbers
-        )
+        with tracing.span("parse"):
+            request = await parse(
+                tfserving_json.read_predict_request, body, max_images, self.strict_numbers
+            )
         signature_name = request.signature_name
         signature = await self.dataplane.signature(name, parsed_version, label, signature_name)
-        inputs = await parse(request.inputs, signature, max_images)
+        with tracing.span("read inputs"):
+            inputs = await parse(request.inputs, signature, max_images)
         result = await self.dataplane.predict(name, inputs, parsed_version, signature_name, label)
         extra = {"model_version": str(result.version)} if self.extra_keys else {}
-        key, value = tfserving_json.render_outputs(result.outputs, request.columnar)
-        return json_response({key: value, **extra})
+        with tracing.span("render"):
+            key, value = tfserving_json.render_outputs(result.outputs, request.columnar)
+            return json_response({key: value, **extra})
 
     async def classify(
         self, call: Call, name: str, version: str | None = None, label: str | None = None

@@ -26,6 +26,7 @@ from typing import Any
 from starlette.responses import Response
 
 from artifact.contract import IMAGE_SHAPE, INPUT_KEY, SIGNATURE_NAME
+from service import tracing
 from service.codecs.compression import decompress_body
 from service.codecs.signatures import IMAGE_ELEMENTS
 from service.codecs.v2_metadata import (
@@ -230,9 +231,11 @@ class OpenInferenceREST:
         # requests.
         inline = len(body) <= INLINE_PARSE_BYTES and encoding in (None, "identity")
         signature_name, signature = await served_signature(self.dataplane, name, parsed_version)
-        parsed = parse(signature) if inline else await asyncio.to_thread(parse, signature)
+        with tracing.span("parse"):
+            parsed = parse(signature) if inline else await asyncio.to_thread(parse, signature)
         result = await self.dataplane.predict(name, parsed.inputs, parsed_version, signature_name)
-        answer = render_infer_response(result, parsed)
+        with tracing.span("render"):
+            answer = render_infer_response(result, parsed)
         return Response(answer.body, media_type=answer.media_type, headers=answer.headers)
 
     def _parse(

@@ -71,10 +71,15 @@ def free_port() -> int:
 
 
 def service_env(**overrides: str) -> dict[str, str]:
-    """The environment for `python -m service`: ours minus any service settings, plus these."""
+    """The environment for `python -m service`: ours minus any service settings and
+    OpenTelemetry's variables (which turn tracing on), plus these."""
     # A developer's shell (say DEVICE=gpu or PORT=8000) must not change what the tests start.
     ignored = settings_vars()
-    env = {k: v for k, v in os.environ.items() if k.upper() not in ignored}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.upper() not in ignored and not k.upper().startswith("OTEL_")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     # No test listens on TF Serving's well-known port: those that test gRPC give a free one.
     env["GRPC_PORT"] = "0"

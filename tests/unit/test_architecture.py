@@ -151,7 +151,7 @@ SERVICE_FLOORS: tuple[tuple[str, ...], ...] = (
      "service.metrics_tfserving",
      "service.budgets", "service.routes",
      "service.security",
-     "service.v2_proto", "service.config_files", "service.healthcheck"),
+     "service.v2_proto", "service.config_files", "service.healthcheck", "service.tracing"),
     ("service.codecs",),
     ("service.backends",),
     ("service.traffic", "service.dataplane", "service.config_watcher", "service.prediction_log"),
