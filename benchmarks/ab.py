@@ -151,6 +151,9 @@ def measure(
         readings = {}
         for concurrency in concurrencies:
             wrk(port, body, 2, concurrency)
+            # The warm-up's last requests, their connections closed by wrk, may still be
+            # queued: let them leave before the measured run fills the queue again.
+            time.sleep(1)
             before = process_cpu_seconds(server.pid)
             out = wrk(port, body, seconds, concurrency)
             used = process_cpu_seconds(server.pid) - before
