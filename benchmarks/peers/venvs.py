@@ -233,6 +233,8 @@ def relock(peer: str, log=print) -> Path:
 # The service on TensorFlow 2.15 (the trainer's), beside its own current TensorFlow: the rows of
 # `make bench` that report it on both (docs/figures.md, "Both TensorFlows").
 SERVICE_ON_TF215 = "service-tf2.15"
+# What the service's lock installs for OTLP export (service/tracing.py), left out there.
+OTLP_PREFIXES = ("opentelemetry-exporter-otlp", "opentelemetry-proto")
 TRAINING_LOCK = ROOT / "requirements-training.lock"
 
 
@@ -261,6 +263,10 @@ def service_on_tf215_requirements() -> str:
     service = lock_entries(PROJECT_LOCK.read_text())
     ours = {name: entry for name, entry in service.items() if name not in runtime | set(training)}
     ours.pop("tensorflow-serving-api", None)  # the trainer's lock has 2.15's
+    # The OTLP exporter's packages need protobuf 5 and TensorFlow 2.15 protobuf 4; the
+    # benchmark traces nothing, and the service imports them only when tracing is on.
+    for name in [name for name in ours if name.startswith(OTLP_PREFIXES)]:
+        del ours[name]
     return "\n".join([*training.values(), *ours.values()]) + "\n"
 
 

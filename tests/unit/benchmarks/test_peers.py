@@ -366,6 +366,35 @@ def test_the_service_on_tensorflow_215_is_installed_hash_checked_by_uv(tmp_path)
     assert cmd[cmd.index("-r") + 1] == str(tmp_path / "req.txt") and "--require-hashes" in cmd
 
 
+def test_the_service_on_tensorflow_215_asks_for_no_protobuf_past_the_trainers(tmp_path):
+    """TensorFlow 2.15 holds protobuf below 5: no package of the service's lock that the venv
+    gets may ask for 5 or more (the OTLP exporter's do, and made the install unsolvable), as
+    the service's own venv's metadata of each says."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(venvs.service_on_tf215_requirements())
+    wanted = pins(requirements)
+    protobuf = wanted["protobuf"]
+    assert int(protobuf.split(".")[0]) < 5
+    training = set(pins(venvs.TRAINING_LOCK))
+    refusing = []
+    for name in set(wanted) - training:
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            requirement = Requirement(text)
+            if requirement.name == "protobuf" and requirement.marker is None:
+                if not requirement.specifier.contains(protobuf):
+                    refusing.append(f"{name}: {text}")
+    assert refusing == []
+    assert "opentelemetry-proto" not in wanted and "opentelemetry-sdk" in wanted
+
+
 def test_relock_compiles_the_in_file_with_hashes_on_the_projects_pins():
     cmd = venvs.relock_command("bentoml")
     assert cmd[1:4] == ["pip", "compile", "benchmarks/peers/requirements-bentoml.in"]
