@@ -139,6 +139,16 @@ def literal_calls(paths: list[Path], method: str) -> list[tuple[str, ...]]:
     return calls
 
 
+def project_sources(package: Path) -> list[Path]:
+    """The package's own .py files: not those of a venv or cache in a hidden folder under it
+    (`make bench-peers` installs the peers' venvs in `benchmarks/.peers/`, 20,000 files)."""
+    return [
+        path
+        for path in package.rglob("*.py")
+        if not any(part.startswith(".") for part in path.relative_to(package).parts)
+    ]
+
+
 @functools.cache
 def parser_words(module: str) -> tuple[set[str], set[str]]:
     """(subcommands, options) a repository module's command line takes, from its source:
@@ -150,7 +160,7 @@ def parser_words(module: str) -> tuple[set[str], set[str]]:
         return set(), options
     main = module_path(module)
     package = ROOT / module.split(".")[0]
-    sources = sorted(package.rglob("*.py")) if package.is_dir() else [main]
+    sources = sorted(project_sources(package)) if package.is_dir() else [main]
     subcommands = {call[0] for call in literal_calls([main], "add_parser")}
     options = {word for call in literal_calls(sources, "add_argument") for word in call
                if word.startswith("-")}  # fmt: skip
@@ -361,3 +371,10 @@ def test_a_numbered_commands_heading_counts_its_block():
         block = re.search(r"```\w*\n(.*?)```", after, re.S)[1]
         count = len([line for line in block.splitlines() if re.match(r"^[a-z]", line)])
         assert count == words[word], f"'{word} commands' heads a block of {count}"
+
+
+def test_a_venv_in_a_hidden_folder_is_not_read_as_the_package(tmp_path):
+    (tmp_path / "tool.py").write_text("")
+    (tmp_path / ".peers" / "venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".peers" / "venv" / "lib" / "site.py").write_text("")
+    assert project_sources(tmp_path) == [tmp_path / "tool.py"]
