@@ -6,6 +6,7 @@ import argparse
 import math
 
 from artifact.contract import LABEL_PRESETS, resolve_labels
+from training.configs import ModelOptions
 from training.data import DEFAULT_DATA_DIR
 from training.errors import UsageError
 from training.hooks import check_hook_names
@@ -80,10 +81,11 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def labels(args) -> tuple[str, ...]:
-    """The class labels --labels names; UsageError when it is not a valid list."""
+def labels(names: str, data_dir: str) -> tuple[str, ...]:
+    """The class labels --labels names (`names`, of the data in data_dir); UsageError when it
+    is not a valid list."""
     try:
-        return resolve_labels(args.labels, args.data_dir)
+        return resolve_labels(names, data_dir)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
@@ -115,19 +117,19 @@ def add_budget_arguments(
     )
 
 
-def schedule_params(args, max_steps: int) -> dict:
+def schedule_params(options: ModelOptions, max_steps: int) -> dict:
     """What every kind's run records of its schedule and layers (params.json): the hidden
     units, Adam's learning rate and its decay, the batch, the last step, the seed."""
     return {
-        "hidden_units": list(args.hidden_units),
-        "learning_rate": args.learning_rate,
-        "decay_steps": None if args.constant_learning_rate else max_steps,
-        "batch_size": args.batch_size,
+        "hidden_units": list(options.hidden_units),
+        "learning_rate": options.learning_rate,
+        "decay_steps": None if options.constant_learning_rate else max_steps,
+        "batch_size": options.batch_size,
         "max_steps": max_steps,
-        "seed": args.seed,
+        "seed": options.seed,
     }
 
 
-def budget_steps(args, default_epochs: float, steps_per_epoch: int) -> int:
+def budget_steps(options: ModelOptions, default_epochs: float, steps_per_epoch: int) -> int:
     """The global step that --max-steps or --epochs (or the default epochs) stops at."""
-    return args.max_steps or math.ceil((args.epochs or default_epochs) * steps_per_epoch)
+    return options.max_steps or math.ceil((options.epochs or default_epochs) * steps_per_epoch)

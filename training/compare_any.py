@@ -13,7 +13,7 @@ as comparison.md and comparison.json, and drawn as comparison.png, as for IDX da
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 from pathlib import Path
 
@@ -26,28 +26,39 @@ from training.comparison import (
     save_comparison,
     saved_model_parameter_count,
 )
+from training.configs import CompareConfig, TrainConfig
 from training.evaluation import is_regression, worst_slice
+from training.hooks import DEFAULT_HOOKS
 from training.train import DEFAULT_CHECKPOINT_STEPS, DEFAULT_EVAL_EVERY_SECS
 
 
-def _kind_args(args, kind: str, work_dir: Path) -> argparse.Namespace:
-    """`train`'s options for one kind: compare's data, budget and model options, its own
-    model dir and export dir, and none of the IDX kinds' options."""
-    return argparse.Namespace(
-        **{
-            **vars(args),
-            "model": kind,
-            "model_dir": str(work_dir / kind),
-            "export_dir": str(work_dir / "models" / kind),
-            # train's schedule: the last evaluation is of the exported step.
-            "checkpoint_steps": DEFAULT_CHECKPOINT_STEPS,
-            "eval_every_secs": DEFAULT_EVAL_EVERY_SECS,
-            "no_export": False,
-            "warm_start_from": None,
-            "fine_tune_from": None,
-            "check_numerics": False,
-            "num_gpus": None,
-        }
+def _train_config(config: CompareConfig, kind: str, work_dir: Path) -> TrainConfig:
+    """`train`'s config for one kind: compare's data, budget and model options, its own
+    model dir and export dir, train's defaults for the rest, and none of the IDX kinds'
+    options."""
+    train_fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    shared = {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(config)
+        if field.name in train_fields
+    }
+    return TrainConfig(
+        **shared,
+        model=kind,
+        model_dir=str(work_dir / kind),
+        export_dir=str(work_dir / "models" / kind),
+        # train's schedule: the last evaluation is of the exported step.
+        checkpoint_steps=DEFAULT_CHECKPOINT_STEPS,
+        eval_every_secs=DEFAULT_EVAL_EVERY_SECS,
+        no_export=False,
+        hooks=list(DEFAULT_HOOKS),
+        check_numerics=False,
+        warm_start_from=None,
+        fine_tune_from=None,
+        warm_start_vars=".*",
+        fine_tune_scopes=None,
+        max_worker_delay_secs=None,
+        num_gpus=None,
     )
 
 
@@ -110,28 +121,30 @@ def format_regression_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_compare_any(args, kind, others, default_epochs: float) -> int:
+def cmd_compare_any(config: CompareConfig, kind, others, default_epochs: float) -> int:
     """Train, export and evaluate each model kind on --csv or --image-folder (`kind`,
     training/kinds/); print and save the table, best first by the task's metric."""
-    source = f"{kind.option} {getattr(args, kind.attribute)}"
-    kinds = chosen_kinds(args.models, kind.model_kinds, " for " + kind.option)
-    work_dir = Path(args.work_dir)
+    source = f"{kind.option} {kind.source(config)}"
+    kinds = chosen_kinds(config.models, kind.model_kinds, " for " + kind.option)
+    work_dir = Path(config.work_dir)
     check_work_dir(work_dir)
     print(f"Comparing {', '.join(kinds)} on {source}; work dir {work_dir}", flush=True)
     rows = []
     for model in kinds:
-        last = train_any.train_any(_kind_args(args, model, work_dir), kind, others, default_epochs)
+        last = train_any.train_any(
+            _train_config(config, model, work_dir), kind, others, default_epochs
+        )
         row = result_row(last)
         rows.append(row)
         metric = "rmse" if row["task"] == "regression" else "accuracy"
         print(f"[{model}] held-out {metric} {row[metric]:.4f}; exported {last.version}", flush=True)
     budget = budget_text(
-        last.max_steps, args.batch_size, math.ceil(last.train_examples / args.batch_size)
+        last.max_steps, config.batch_size, math.ceil(last.train_examples / config.batch_size)
     )
     last_report = _report(last)
     examples = last_report["examples"]
     results = {"task": rows[0]["task"], "budget_steps": last.max_steps,
-               "batch_size": args.batch_size}  # fmt: skip
+               "batch_size": config.batch_size}  # fmt: skip
     if rows[0]["task"] == "regression":
         rows.sort(key=lambda row: row["rmse"])
         heading = f"RMSE on {examples:,} held-out rows after {budget}, best (lowest) first"
@@ -150,7 +163,7 @@ def cmd_compare_any(args, kind, others, default_epochs: float) -> int:
             return plots.plot_comparison(rows, labels, path, heading, "Held-out accuracy")
 
     save_comparison(
-        work_dir, heading, f"Data: {source}. Budget: {budget}, seed {args.seed}.", table,
+        work_dir, heading, f"Data: {source}. Budget: {budget}, seed {config.seed}.", table,
         {**results, "results": rows}, draw,
     )  # fmt: skip
     return 0

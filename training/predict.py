@@ -36,7 +36,6 @@ The output appears complete or not at all (written beside it, then renamed).
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -51,50 +50,17 @@ from artifact.contract import (
     pixels_to_input,
     prediction_rows,
 )
-from artifact.images import INVERT_MODES, ImageError, image_to_pixels
+from artifact.images import ImageError, image_to_pixels
 from artifact.repository import resolve_version_path, version_labels
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported
+from training import data, exported
+from training.configs import PredictConfig
 from training.errors import UsageError
 from training.progress import ProgressBar
 
 # The formats the service decodes (artifact/images.py: IMAGE_FORMATS).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 DEFAULT_BATCH_SIZE = 256
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `predict` subcommand's options."""
-    p.add_argument(
-        "--model",
-        default=cli.DEFAULT_EXPORT_DIR,
-        help="an exported version (models/NAME/VERSION) or a model folder (its newest "
-        "version) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--input",
-        required=True,
-        metavar="FILE_OR_DIR",
-        help="a 28x28 model: an IDX images file, a .npy array, an image file, or a folder of "
-        f"image files ({', '.join(IMAGE_SUFFIXES)}); a CSV model: a CSV file of its feature "
-        "columns; another image model: an image file or a folder (its subfolders too)",
-    )
-    p.add_argument(
-        "--output", required=True, help="the JSON-lines file to write (replaced when complete)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=cli.positive_int,
-        default=DEFAULT_BATCH_SIZE,
-        help="images per model call (default: %(default)s)",
-    )
-    p.add_argument(
-        "--invert",
-        choices=INVERT_MODES,
-        default="auto",
-        help="image files: make them light-on-dark like Fashion-MNIST; auto inverts when the "
-        "border is light, as the service does (default: %(default)s)",
-    )
 
 
 def _pixels_from_array(array: np.ndarray, path: Path) -> np.ndarray:
@@ -155,31 +121,31 @@ def read_inputs(path: Path, invert: str = "auto") -> tuple[np.ndarray, str, list
     return images, "index", list(range(len(images)))
 
 
-def cmd_predict(args) -> int:
+def predict(config: PredictConfig) -> int:
     """Predict every image (or CSV row) of --input with an exported version; write --output."""
     try:
-        version = resolve_version_path(Path(args.model))
+        version = resolve_version_path(Path(config.model))
     except FileNotFoundError as err:
         raise UsageError(f"--model {err}") from err
-    output = Path(args.output)
+    output = Path(config.output)
     if not output.parent.is_dir():
         raise UsageError(f"--output {output}: folder {output.parent} does not exist")
     if output.is_dir():
         raise UsageError(f"--output {output}: is a folder")
     described = exported.describe_version(version)
     if isinstance(described, exported.TabularVersion):
-        return _predict_rows(args, described, output)
+        return _predict_rows(config, described, output)
     if isinstance(described, exported.ImageVersion):
-        return _predict_images(args, described, output)
-    images, key_name, keys = read_inputs(Path(args.input), args.invert)
+        return _predict_images(config, described, output)
+    images, key_name, keys = read_inputs(Path(config.input), config.invert)
     # The labels the service answers with for this version.
     labels = version_labels(version)
     predictor = SavedModelPredictor(version)
-    print(f"Predicting {len(images):,} images from {args.input} with {version}", flush=True)
+    print(f"Predicting {len(images):,} images from {config.input} with {version}", flush=True)
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, len(images), args.batch_size):
-            stop = start + args.batch_size
+        for start in range(0, len(images), config.batch_size):
+            stop = start + config.batch_size
             classes, probabilities = predictor.predict(images[start:stop])
             rows = prediction_rows(classes, probabilities, labels)
             yield [
@@ -191,9 +157,9 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _predict_rows(args, version: exported.TabularVersion, output: Path) -> int:
+def _predict_rows(config: PredictConfig, version: exported.TabularVersion, output: Path) -> int:
     """Every row of a CSV file through an exported CSV model."""
-    source = Path(args.input)
+    source = Path(config.input)
     if source.is_dir():
         raise UsageError(
             f"{source}: a folder; {version.path} is a model of CSV rows: give a CSV file with "
@@ -206,9 +172,9 @@ def _predict_rows(args, version: exported.TabularVersion, output: Path) -> int:
     print(f"Predicting {count:,} rows from {source} with {version.path}", flush=True)
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, count, args.batch_size):
+        for start in range(0, count, config.batch_size):
             chunk = {
-                name: values[start : start + args.batch_size] for name, values in inputs.items()
+                name: values[start : start + config.batch_size] for name, values in inputs.items()
             }
             answers = exported.tabular_answers(version, predictor.run(chunk, version.signature))
             yield [
@@ -219,9 +185,9 @@ def _predict_rows(args, version: exported.TabularVersion, output: Path) -> int:
     return 0
 
 
-def _predict_images(args, version: exported.ImageVersion, output: Path) -> int:
+def _predict_images(config: PredictConfig, version: exported.ImageVersion, output: Path) -> int:
     """Every image of a file or a folder (its subfolders too) through an exported image model."""
-    source = Path(args.input)
+    source = Path(config.input)
     files = exported.image_files(source)
     predictor = SavedModelPredictor(version.path)
     print(
@@ -231,8 +197,8 @@ def _predict_images(args, version: exported.ImageVersion, output: Path) -> int:
     )
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, len(files), args.batch_size):
-            chunk = files[start : start + args.batch_size]
+        for start in range(0, len(files), config.batch_size):
+            chunk = files[start : start + config.batch_size]
             images = np.stack([exported.read_image(version, path) for path in chunk])
             outputs = predictor.run({version.input_name: images}, version.signature)
             answers = exported.image_answers(version, outputs)

@@ -13,6 +13,7 @@ from training import (
     lock,
     train,
 )
+from training.configs import run_seed
 from training.errors import UsageError
 from training.versions import (
     PUBLISH_MODES,
@@ -268,8 +269,10 @@ class RetrainConfig:
             raise UsageError(
                 f"--publish {args.publish} moves a label in the model config: give --config"
             )
-        model_dir, export_dir = kinds.of_args(args).default_folders(args)
+        kind = kinds.chosen(args)
+        model_dir, export_dir = kind.default_folders(kind.source(args))
         given = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
         given["model_dir"] = args.model_dir or model_dir
         given["export_dir"] = args.export_dir or export_dir
+        given["seed"] = run_seed(args.seed, args.deterministic)
         return cls(**given)
