@@ -2,14 +2,14 @@
 
 PATH is a model dir (its latest checkpoint, through the Estimator), an exported version, or a
 model folder (its newest version, through the SavedModel). The report follows the model's
-task (training/evaluation.py): a classifier's accuracy, per-class precision and recall and
+task (training/evaluation_report.py): a classifier's accuracy, per-class precision and recall and
 confusion matrix; a regressor's RMSE, MAE, largest error and errors by categorical value. It
 is printed and written as JSON.
 
 A 28x28 model of IDX data is evaluated on --data-dir's test split; an exported CSV model on
 --csv FILE (the model's feature columns and its label column), an exported image model on
 --image-folder DIR (one subfolder per class, named as the model's classes): every row or image
-of them (training/exported.py reads them against what the version takes).
+of them (training/exported_model.py reads them against what the version takes).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import numpy as np
 from artifact.contract import normalize_pixels
 from artifact.repository import newest_version, read_labels, resolve_version_path
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported, kinds, runs
+from training import cli, data, exported_model, kinds, runs
 from training.configs import EvaluateConfig
 from training.errors import UsageError
 from training.estimator import make_estimator
-from training.evaluation import build_report, format_report
+from training.evaluation_report import build_report, format_report
 from training.runs import EVAL_BATCH_SIZE
 
 
@@ -39,7 +39,7 @@ def evaluate(config: EvaluateConfig) -> int:
         raise UsageError("--label is for --csv")
     if (path / "saved_model.pb").is_file() or newest_version(path) is not None:
         version_path = resolve_version_path(path)
-        described = exported.describe_version(version_path)
+        described = exported_model.describe_version(version_path)
         if described is not None:
             report = _evaluate_export(config, described)
         else:

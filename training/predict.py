@@ -23,7 +23,7 @@ service's own answers do when its dynamic batching groups requests differently.
 
 An exported CSV model takes a CSV file instead (its feature columns; a label column is
 allowed and ignored) and an exported image model of any size an image file or a folder of them
-(its subfolders too), each read as its training read them (training/exported.py). A line per
+(its subfolders too), each read as its training read them (training/exported_model.py). A line per
 row or image holds what the service's friendly answer would: a classifier's class id, label
 and probabilities by label, a regressor's value:
 
@@ -53,7 +53,7 @@ from artifact.contract import (
 from artifact.images import ImageError, image_to_pixels
 from artifact.repository import resolve_version_path, version_labels
 from artifact.saved_model import SavedModelPredictor
-from training import data, exported
+from training import data, exported_model
 from training.configs import PredictConfig
 from training.errors import UsageError
 from training.progress import ProgressBar
@@ -132,10 +132,10 @@ def predict(config: PredictConfig) -> int:
         raise UsageError(f"--output {output}: folder {output.parent} does not exist")
     if output.is_dir():
         raise UsageError(f"--output {output}: is a folder")
-    described = exported.describe_version(version)
-    if isinstance(described, exported.TabularVersion):
+    described = exported_model.describe_version(version)
+    if isinstance(described, exported_model.TabularVersion):
         return _predict_rows(config, described, output)
-    if isinstance(described, exported.ImageVersion):
+    if isinstance(described, exported_model.ImageVersion):
         return _predict_images(config, described, output)
     images, key_name, keys = read_inputs(Path(config.input), config.invert)
     # The labels the service answers with for this version.
@@ -149,7 +149,7 @@ def predict(config: PredictConfig) -> int:
             classes, probabilities = predictor.predict(images[start:stop])
             rows = prediction_rows(classes, probabilities, labels)
             yield [
-                exported.json_line(key_name, key, row)
+                exported_model.json_line(key_name, key, row)
                 for key, row in zip(keys[start:stop], rows, strict=True)
             ]
 
@@ -157,7 +157,9 @@ def predict(config: PredictConfig) -> int:
     return 0
 
 
-def _predict_rows(config: PredictConfig, version: exported.TabularVersion, output: Path) -> int:
+def _predict_rows(
+    config: PredictConfig, version: exported_model.TabularVersion, output: Path
+) -> int:
     """Every row of a CSV file through an exported CSV model."""
     source = Path(config.input)
     if source.is_dir():
@@ -165,9 +167,9 @@ def _predict_rows(config: PredictConfig, version: exported.TabularVersion, outpu
             f"{source}: a folder; {version.path} is a model of CSV rows: give a CSV file with "
             f"the columns it takes ({version.inputs_text()})"
         )
-    rows = exported.read_csv_for(version, source, with_label=False)
+    rows = exported_model.read_csv_for(version, source, with_label=False)
     predictor = SavedModelPredictor(version.path)
-    inputs = exported.model_inputs(version, rows)
+    inputs = exported_model.model_inputs(version, rows)
     count = len(rows.rows)
     print(f"Predicting {count:,} rows from {source} with {version.path}", flush=True)
 
@@ -176,19 +178,24 @@ def _predict_rows(config: PredictConfig, version: exported.TabularVersion, outpu
             chunk = {
                 name: values[start : start + config.batch_size] for name, values in inputs.items()
             }
-            answers = exported.tabular_answers(version, predictor.run(chunk, version.signature))
+            answers = exported_model.tabular_answers(
+                version, predictor.run(chunk, version.signature)
+            )
             yield [
-                exported.json_line("index", start + i, answer) for i, answer in enumerate(answers)
+                exported_model.json_line("index", start + i, answer)
+                for i, answer in enumerate(answers)
             ]
 
     write_lines(output, batches(), count, "rows")
     return 0
 
 
-def _predict_images(config: PredictConfig, version: exported.ImageVersion, output: Path) -> int:
+def _predict_images(
+    config: PredictConfig, version: exported_model.ImageVersion, output: Path
+) -> int:
     """Every image of a file or a folder (its subfolders too) through an exported image model."""
     source = Path(config.input)
-    files = exported.image_files(source)
+    files = exported_model.image_files(source)
     predictor = SavedModelPredictor(version.path)
     print(
         f"Predicting {len(files):,} images from {source} with {version.path} "
@@ -199,11 +206,11 @@ def _predict_images(config: PredictConfig, version: exported.ImageVersion, outpu
     def batches() -> Iterator[list[bytes]]:
         for start in range(0, len(files), config.batch_size):
             chunk = files[start : start + config.batch_size]
-            images = np.stack([exported.read_image(version, path) for path in chunk])
+            images = np.stack([exported_model.read_image(version, path) for path in chunk])
             outputs = predictor.run({version.input_name: images}, version.signature)
-            answers = exported.image_answers(version, outputs)
+            answers = exported_model.image_answers(version, outputs)
             yield [
-                exported.json_line("file", _shown_name(path, source), answer)
+                exported_model.json_line("file", _shown_name(path, source), answer)
                 for path, answer in zip(chunk, answers, strict=True)
             ]
 

@@ -94,7 +94,7 @@ class DataKind(abc.ABC):
         """
 
     def takes(self, version) -> bool:
-        """Whether an exported version (training/exported.py's description) is a model of
+        """Whether an exported version (training/exported_model.py's description) is a model of
         this kind's data."""
         return False
 

@@ -12,15 +12,15 @@ import tensorflow as tf
 
 from artifact.saved_model import SavedModelPredictor
 from training import (
-    exported,
+    exported_model,
     sources,
     tabular,
     tabular_schema,
 )
-from training.compare_any import cmd_compare_any
+from training.cli import DEFAULT_EPOCHS
 from training.configs import DataOptions, TrainConfig
 from training.errors import DataError, UsageError
-from training.evaluation import build_regression_report, build_report
+from training.evaluation_report import build_regression_report, build_report
 from training.kinds.base import DataKind, base_path, given_path
 from training.kinds.model_data import (
     CLASSIFICATION,
@@ -29,9 +29,9 @@ from training.kinds.model_data import (
     Reader,
     estimator_config,
 )
+from training.kinds.prepared_comparison import compare_prepared
+from training.kinds.prepared_training import Prepared, run_params, train_and_report
 from training.runs import EVAL_BATCH_SIZE
-from training.train import DEFAULT_EPOCHS
-from training.train_any import Prepared, cmd_train_any, run_params
 
 
 def _content_of_values(columns, values: list) -> bytes:
@@ -335,16 +335,16 @@ class CsvKind(DataKind):
         )
 
     def train(self, config, others) -> int:
-        return cmd_train_any(config, self, others, DEFAULT_EPOCHS)
+        return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
     def compare(self, config, others) -> int:
-        return cmd_compare_any(config, self, others, DEFAULT_EPOCHS)
+        return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
     def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
         return _csv_data(options, recorded, params, has_baseline, others)
 
     def takes(self, version) -> bool:
-        return isinstance(version, exported.TabularVersion)
+        return isinstance(version, exported_model.TabularVersion)
 
     def evaluate_export(self, config, version) -> dict:
         """Every row of --csv (the label column --label's, or the version's)."""
@@ -356,10 +356,10 @@ class CsvKind(DataKind):
             )
         if config.label:
             version = dataclasses.replace(version, label=config.label)
-        rows = exported.read_csv_for(version, config.csv, with_label=True)
+        rows = exported_model.read_csv_for(version, config.csv, with_label=True)
         predictor = SavedModelPredictor(version.path)
-        inputs = exported.model_inputs(version, rows)
-        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        inputs = exported_model.model_inputs(version, rows)
+        outputs = exported_model.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
         return tabular.evaluation_report(
             rows.schema, outputs, rows.header, rows.rows, csv=str(config.csv),
             receiver=version.receiver, saved_model=str(version.path), split="all",

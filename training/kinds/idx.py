@@ -1,5 +1,6 @@
 """MNIST-format IDX images (Fashion-MNIST's contract, `--data-dir`): the reference CNN and
-its baselines (training/train.py, training/compare.py), and what a retrain reads of them."""
+its baselines (training/kinds/idx_training.py, idx_comparison.py), and what a retrain reads
+of them."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from training import (
     publish,
     sources,
 )
-from training import compare as idx_compare
-from training import train as idx_train
 from training.errors import DataError, UsageError
 from training.estimator import MODEL_KINDS, make_estimator, trainable_variable_shapes
 from training.kinds.base import DataKind
+from training.kinds.idx_comparison import compare_idx
+from training.kinds.idx_training import model_params, train_idx
 from training.kinds.model_data import (
     IDX_IMAGE_BYTES,
     HeldOut,
@@ -101,7 +102,7 @@ class IdxData(ModelData):
     def run_params(self, options, model, max_steps, baseline_params) -> dict:
         # The linear and dnn normalizers are graph constants: keep the ones the weights know.
         stats = (baseline_params.get("pixel_mean"), baseline_params.get("pixel_std"))
-        return idx_train.model_params(options, model, max_steps, stats)
+        return model_params(options, model, max_steps, stats)
 
     def finish_params(self, params, trained) -> None:
         if params["pixel_mean"] is None:
@@ -154,7 +155,7 @@ def _pixel_stats(trained: tf.data.Dataset) -> tuple[float, float]:
 
 class IdxKind(DataKind):
     """MNIST-format IDX files (--data-dir, the default): the reference CNN and its baselines
-    (training/train.py, training/compare.py)."""
+    (training/kinds/idx_training.py, idx_comparison.py)."""
 
     name = "idx"
     option = "--data-dir"
@@ -183,10 +184,10 @@ class IdxKind(DataKind):
         return cli.DEFAULT_MODEL_DIR, cli.DEFAULT_EXPORT_DIR
 
     def train(self, config, others) -> int:
-        return idx_train.train_idx(config, others)
+        return train_idx(config, others)
 
     def compare(self, config, others) -> int:
-        return idx_compare.compare_idx(config, others)
+        return compare_idx(config, others)
 
     def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
         for other in others:

@@ -14,14 +14,14 @@ from artifact.contract import (
 )
 from artifact.saved_model import SavedModelPredictor
 from training import (
-    exported,
+    exported_model,
     image_folder,
     sources,
 )
-from training.compare_any import cmd_compare_any
+from training.cli import DEFAULT_EPOCHS
 from training.configs import DataOptions, TrainConfig
 from training.errors import DataError, UsageError
-from training.evaluation import build_report
+from training.evaluation_report import build_report
 from training.kinds.base import DataKind, base_path, given_path
 from training.kinds.model_data import (
     CLASSIFICATION,
@@ -30,9 +30,9 @@ from training.kinds.model_data import (
     _quantized,
     estimator_config,
 )
+from training.kinds.prepared_comparison import compare_prepared
+from training.kinds.prepared_training import Prepared, run_params, train_and_report
 from training.runs import EVAL_BATCH_SIZE
-from training.train import DEFAULT_EPOCHS
-from training.train_any import Prepared, cmd_train_any, run_params
 
 
 class FolderData(ModelData):
@@ -193,16 +193,16 @@ class ImageFolderKind(DataKind):
         )
 
     def train(self, config, others) -> int:
-        return cmd_train_any(config, self, others, DEFAULT_EPOCHS)
+        return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
     def compare(self, config, others) -> int:
-        return cmd_compare_any(config, self, others, DEFAULT_EPOCHS)
+        return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
     def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
         return _folder_data(options, recorded, has_baseline, others)
 
     def takes(self, version) -> bool:
-        return isinstance(version, exported.ImageVersion)
+        return isinstance(version, exported_model.ImageVersion)
 
     def evaluate_export(self, config, version) -> dict:
         """Every image of --image-folder, its class by its subfolder."""
@@ -211,12 +211,12 @@ class ImageFolderKind(DataKind):
                 f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
                 f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
             )
-        images, truth, _ = exported.read_labeled_folder(version, config.image_folder)
+        images, truth, _ = exported_model.read_labeled_folder(version, config.image_folder)
         predictor = SavedModelPredictor(version.path)
         inputs = {version.input_name: images}
-        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        outputs = exported_model.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
         return build_report(
-            truth, exported.image_classes(outputs), version.labels, task="classification",
+            truth, exported_model.image_classes(outputs), version.labels, task="classification",
             image_folder=str(config.image_folder), saved_model=str(version.path), split="all",
         )  # fmt: skip
 

@@ -53,9 +53,9 @@ from training import (
 )
 from training.configs import ModelOptions, RunOptions
 from training.errors import DataError
-from training.evaluation import build_report
+from training.evaluation_report import build_report
 from training.feedback_source import FeedbackSelection
-from training.train_any import run_config
+from training.kinds.prepared_training import run_config
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 # At most this many bytes of examples wait in each source's shuffle buffer (and never more

@@ -11,7 +11,6 @@ from training import (
     feedback_source,
     kinds,
     lock,
-    train,
 )
 from training.configs import run_seed
 from training.errors import UsageError
@@ -56,7 +55,7 @@ non_negative_float.__name__ = "non-negative number"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `retrain` subcommand's options: train's, with the same meaning, plus its own."""
     cli.add_data_arguments(p)
-    train.add_run_arguments(
+    cli.add_run_arguments(
         p,
         model_dir_help="runs folder: each retrain trains in a folder of its own under it "
         "(retrain-<hash of the data and options>), which a killed retrain resumes; "
@@ -64,10 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         any_data=True,
     )
     cli.add_budget_arguments(p, DEFAULT_EPOCHS)
-    train.add_model_arguments(p, seed=0)
-    train.add_schedule_arguments(p)
-    train.add_hook_arguments(p)
-    train.add_any_data_arguments(p)
+    cli.add_model_arguments(p, seed=0)
+    cli.add_schedule_arguments(p)
+    cli.add_hook_arguments(p)
+    cli.add_any_data_arguments(p)
     new = p.add_argument_group("new data")
     new.add_argument(
         "--extra-data",

@@ -25,7 +25,7 @@ from training import (
     runs,
     sources,
     staging,
-    train,
+    train_loop,
 )
 from training.errors import UsageError
 from training.retrain.arguments import BASELINE_COPY, DEFAULT_EPOCHS, RUN_PREFIX, RetrainConfig
@@ -244,7 +244,7 @@ def _retrain(config: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> 
             f"to step {max_steps}" + (f", resuming at step {step}" if step else ""),
             flush=True,
         )
-        train.train_and_evaluate(
+        train_loop.train_and_evaluate(
             estimator,
             lambda: training_input(model, readers, paths, trained, config.batch_size, config.seed),
             lambda: evaluation_input(model, readers, paths),

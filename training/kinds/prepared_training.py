@@ -1,4 +1,5 @@
-"""`python -m training train --csv FILE` and `train --image-folder DIR`: any data, not only IDX.
+"""`python -m training train --csv FILE` and `train --image-folder DIR`: training on the data a
+kind's `prepare` read and checked (training/kinds/csv.py, image_folder.py), not only IDX.
 
 A CSV file trains a pre-made Estimator on feature columns (training/tabular.py); an image
 folder trains a small CNN on images of any size (training/image_folder.py). Both validate
@@ -23,14 +24,14 @@ from artifact.storage import location
 from training import cli, determinism, distributed, runs
 from training.configs import ModelOptions, RunOptions, TrainConfig
 from training.errors import UsageError
-from training.evaluation import format_report
+from training.evaluation_report import format_report
 from training.hooks import ProgressHook
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """A CSV file or an image folder read and checked for a run (its kind's `prepare`):
-    what train_any counts, records, trains and exports."""
+    what train_prepared counts, records, trains and exports."""
 
     count: int  # training examples
     data: dict  # the data as the run's params record it
@@ -92,7 +93,7 @@ def _check_resumable(model_dir: Path, params: dict) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainedRun:
-    """What train_any did: the kind trained, its budget (steps, and the training examples one
+    """What train_prepared did: the kind trained, its budget (steps, and the training examples one
     epoch holds), how long it took, and the version it exported with its evaluation report
     (None with --no-export)."""
 
@@ -105,10 +106,10 @@ class TrainedRun:
     report: dict | None
 
 
-def cmd_train_any(config: TrainConfig, kind, others, default_epochs: float) -> int:
+def train_and_report(config: TrainConfig, kind, others, default_epochs: float) -> int:
     """Train on a CSV file or an image folder (`kind`, training/kinds/); export a new version
     unless --no-export. `others`: the other kinds, whose options are refused."""
-    run = train_any(config, kind, others, default_epochs)
+    run = train_prepared(config, kind, others, default_epochs)
     if run.version is not None and run.report is not None:
         print(format_report(run.report), flush=True)
         print(f"Exported {run.version} after {run.train_seconds / 60:.1f} min of training.")
@@ -116,7 +117,7 @@ def cmd_train_any(config: TrainConfig, kind, others, default_epochs: float) -> i
     return 0
 
 
-def train_any(config: TrainConfig, kind, others, default_epochs: float) -> TrainedRun:
+def train_prepared(config: TrainConfig, kind, others, default_epochs: float) -> TrainedRun:
     """Train config.model (or the data's default kind) on the data of `kind` (a CSV file or an
     image folder, training/kinds/) to the budget, evaluating on the held-out rows or images;
     export unless config.no_export.

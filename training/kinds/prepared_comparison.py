@@ -3,12 +3,13 @@ one budget, ranked by the task's metric.
 
 The recommended workflow on a user's own data: the pre-made kinds (linear, dnn, dnn_linear) on
 the same CSV file, or the image kinds (cnn, keras) on the same folder. Each is trained by
-`train`'s own code (training/train_any.py: train_and_evaluate on the training rows or images)
-for the same steps, batch size, learning rate and seed, exported to WORK_DIR/models/KIND with
-its report and plots, and ranked on the held-out rows or images by the task's metric: a
-classifier's accuracy (best first, with each class's recall), a regressor's RMSE (lowest
-first, with its MAE, largest error and largest slice error). The table is printed and saved
-as comparison.md and comparison.json, and drawn as comparison.png, as for IDX data.
+`train`'s own code (training/kinds/prepared_training.py: train_and_evaluate on the training
+rows or images) for the same steps, batch size, learning rate and seed, exported to
+WORK_DIR/models/KIND with its report and plots, and ranked on the held-out rows or images by
+the task's metric: a classifier's accuracy (best first, with each class's recall), a
+regressor's RMSE (lowest first, with its MAE, largest error and largest slice error). The
+table is printed and saved as comparison.md and comparison.json, and drawn as comparison.png,
+as for IDX data.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from training import plots, runs, train_any
-from training.comparison import (
+from training import cli, plots, runs
+from training.comparison_table import (
     budget_text,
     check_work_dir,
     chosen_kinds,
@@ -27,9 +28,9 @@ from training.comparison import (
     saved_model_parameter_count,
 )
 from training.configs import CompareConfig, TrainConfig
-from training.evaluation import is_regression, worst_slice
+from training.evaluation_report import is_regression, worst_slice
 from training.hooks import DEFAULT_HOOKS
-from training.train import DEFAULT_CHECKPOINT_STEPS, DEFAULT_EVAL_EVERY_SECS
+from training.kinds.prepared_training import TrainedRun, train_prepared
 
 
 def _train_config(config: CompareConfig, kind: str, work_dir: Path) -> TrainConfig:
@@ -48,8 +49,8 @@ def _train_config(config: CompareConfig, kind: str, work_dir: Path) -> TrainConf
         model_dir=str(work_dir / kind),
         export_dir=str(work_dir / "models" / kind),
         # train's schedule: the last evaluation is of the exported step.
-        checkpoint_steps=DEFAULT_CHECKPOINT_STEPS,
-        eval_every_secs=DEFAULT_EVAL_EVERY_SECS,
+        checkpoint_steps=cli.DEFAULT_CHECKPOINT_STEPS,
+        eval_every_secs=cli.DEFAULT_EVAL_EVERY_SECS,
         no_export=False,
         hooks=list(DEFAULT_HOOKS),
         check_numerics=False,
@@ -62,14 +63,14 @@ def _train_config(config: CompareConfig, kind: str, work_dir: Path) -> TrainConf
     )
 
 
-def _report(run: train_any.TrainedRun) -> dict:
+def _report(run: TrainedRun) -> dict:
     """A run's evaluation report (read back from its version when the run did not keep it)."""
     if run.report is not None:
         return run.report
     return runs.exported_report(runs.local_version(run.version))
 
 
-def result_row(run: train_any.TrainedRun) -> dict:
+def result_row(run: TrainedRun) -> dict:
     """One kind's row: the task's metrics on the held-out data, cost and size."""
     version = runs.local_version(run.version)
     report = _report(run)
@@ -121,7 +122,7 @@ def format_regression_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_compare_any(config: CompareConfig, kind, others, default_epochs: float) -> int:
+def compare_prepared(config: CompareConfig, kind, others, default_epochs: float) -> int:
     """Train, export and evaluate each model kind on --csv or --image-folder (`kind`,
     training/kinds/); print and save the table, best first by the task's metric."""
     source = f"{kind.option} {kind.source(config)}"
@@ -131,9 +132,7 @@ def cmd_compare_any(config: CompareConfig, kind, others, default_epochs: float) 
     print(f"Comparing {', '.join(kinds)} on {source}; work dir {work_dir}", flush=True)
     rows = []
     for model in kinds:
-        last = train_any.train_any(
-            _train_config(config, model, work_dir), kind, others, default_epochs
-        )
+        last = train_prepared(_train_config(config, model, work_dir), kind, others, default_epochs)
         row = result_row(last)
         rows.append(row)
         metric = "rmse" if row["task"] == "regression" else "accuracy"

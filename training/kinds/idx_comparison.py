@@ -1,4 +1,5 @@
-"""`python -m training compare`: every model kind on the same data and budget, best first.
+"""`python -m training compare` on MNIST-format IDX images (the `idx` kind's,
+training/kinds/idx.py): every model kind on the same data and budget, best first.
 
 The recommended workflow: a pre-made baseline first, then the custom Estimator, and keep the
 custom model only if it beats the baselines by enough to pay for itself. Each kind trains for
@@ -10,18 +11,17 @@ exports are a model repository under --work-dir/models
 (`MODEL_BASE_PATH=<work-dir>/models MODEL_NAME=dnn python -m service` serves one).
 
 With --csv or --image-folder, the kinds of that data are compared instead, ranked by the
-task's metric (training/compare_any.py).
+task's metric (training/kinds/prepared_comparison.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
 
 from training import cli, data, determinism, plots, runs
-from training.comparison import (
+from training.comparison_table import (
     budget_text,
     check_work_dir,
     chosen_kinds,
@@ -32,43 +32,11 @@ from training.comparison import (
 from training.configs import CompareConfig
 from training.estimator import MODEL_KINDS, make_estimator
 from training.hooks import ProgressHook
-from training.image_folder import IMAGE_KINDS
+from training.kinds.idx_training import model_params, pixel_stats
 from training.publish import export_evaluated
-from training.tabular import TABULAR_KINDS
-from training.train import DEFAULT_EPOCHS as ANY_EPOCHS
-from training.train import (
-    add_any_data_arguments,
-    add_model_arguments,
-    model_params,
-    pixel_stats,
-)
 
+# compare's budget on IDX images (a CSV file's or an image folder's is train's).
 DEFAULT_EPOCHS = 1.0
-DEFAULT_WORK_DIR = "runs/compare"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `compare` subcommand's options."""
-    cli.add_data_arguments(p)
-    p.add_argument(
-        "--models",
-        type=cli.name_list,
-        default=None,
-        help=f"the kinds to compare, comma-separated (default: {','.join(MODEL_KINDS)}; with "
-        f"--csv {','.join(TABULAR_KINDS)}; with --image-folder {','.join(IMAGE_KINDS)})",
-    )
-    p.add_argument(
-        "--work-dir",
-        default=DEFAULT_WORK_DIR,
-        help="new or empty folder for each kind's model dir, the exports and the table "
-        "(default: %(default)s)",
-    )
-    # The same budget for every kind.
-    cli.add_budget_arguments(
-        p, DEFAULT_EPOCHS, f"{DEFAULT_EPOCHS:g}; with --csv or --image-folder {ANY_EPOCHS:g}"
-    )
-    add_model_arguments(p, seed=0)  # one seed for every kind unless told otherwise
-    add_any_data_arguments(p)
 
 
 def compare_idx(config: CompareConfig, others) -> int:
