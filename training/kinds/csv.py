@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,14 @@ from training import (
     tabular_schema,
 )
 from training.cli import DEFAULT_EPOCHS
-from training.configs import DataOptions, TrainConfig
+from training.configs import (
+    CompareConfig,
+    DataOptions,
+    EvaluateConfig,
+    ModelOptions,
+    RunOptions,
+    TrainConfig,
+)
 from training.errors import DataError, UsageError
 from training.evaluation_report import build_regression_report, build_report
 from training.kinds.base import DataKind, base_path, given_path
@@ -212,7 +220,9 @@ class CsvData(ModelData):
             if not c.numeric
         }
 
-    def run_params(self, options, model, max_steps, baseline_params) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         return run_params(options, model, max_steps, self.receiver, self.schema.to_json())
 
     def report(self, truth, predicted, groups, **context) -> dict:
@@ -220,7 +230,7 @@ class CsvData(ModelData):
             return {"task": self.task, **build_report(truth, predicted, self.labels, **context)}
         return build_regression_report(truth, predicted, groups, task=self.task, **context)
 
-    def estimator(self, run_dir, params, options, warm_start):
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
         return tabular.make_estimator(
             self.schema, params, estimator_config(options, run_dir), warm_start
         )
@@ -334,19 +344,27 @@ class CsvKind(DataKind):
             ),
         )
 
-    def train(self, config, others) -> int:
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
         return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
-    def compare(self, config, others) -> int:
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
         return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
-    def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
         return _csv_data(options, recorded, params, has_baseline, others)
 
     def takes(self, version) -> bool:
         return isinstance(version, exported_model.TabularVersion)
 
-    def evaluate_export(self, config, version) -> dict:
+    def evaluate_export(self, config: EvaluateConfig, version) -> dict:
         """Every row of --csv (the label column --label's, or the version's)."""
         if not config.csv:
             raise UsageError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from training import (
     publish,
     sources,
 )
+from training.configs import CompareConfig, DataOptions, ModelOptions, RunOptions, TrainConfig
 from training.errors import DataError, UsageError
 from training.estimator import MODEL_KINDS, make_estimator, trainable_variable_shapes
 from training.kinds.base import DataKind
@@ -99,7 +101,9 @@ class IdxData(ModelData):
     def predictions(self, predictor, features) -> np.ndarray:
         return predictor.run(features[INPUT_KEY], SIGNATURE_NAME)["classes"]
 
-    def run_params(self, options, model, max_steps, baseline_params) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         # The linear and dnn normalizers are graph constants: keep the ones the weights know.
         stats = (baseline_params.get("pixel_mean"), baseline_params.get("pixel_std"))
         return model_params(options, model, max_steps, stats)
@@ -116,7 +120,9 @@ class IdxData(ModelData):
     def receiver_fn(self):
         return publish.serving_input_receiver_fn()
 
-    def estimator(self, run_dir, params, options, warm_start):
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
+        if options is None:  # only its graphs are built
+            return make_estimator(str(run_dir), params, warm_start_from=warm_start)
         return make_estimator(
             str(run_dir),
             params,
@@ -183,13 +189,21 @@ class IdxKind(DataKind):
     def default_folders(self, source) -> tuple[str, str]:
         return cli.DEFAULT_MODEL_DIR, cli.DEFAULT_EXPORT_DIR
 
-    def train(self, config, others) -> int:
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
         return train_idx(config, others)
 
-    def compare(self, config, others) -> int:
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
         return compare_idx(config, others)
 
-    def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
         for other in others:
             if other.given(options):
                 raise UsageError(

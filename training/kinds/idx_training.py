@@ -32,9 +32,13 @@ _FINE_TUNING_KEYS = ("warm_start_from", "warm_start_vars", "fine_tune_from", "fi
 
 
 def model_params(
-    options: ModelOptions, kind: str, max_steps: int, pixel_stats: tuple[float, float]
+    options: ModelOptions,
+    kind: str,
+    max_steps: int,
+    pixel_stats: tuple[float | None, float | None],
 ) -> dict:
-    """The params of one run: what make_estimator builds and params.json records."""
+    """The params of one run: what make_estimator builds and params.json records (the
+    pixel statistics None until a retrain's trained examples give them)."""
     return {
         "model": kind,
         "data_format": options.data_format,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,14 @@ from training import (
     sources,
 )
 from training.cli import DEFAULT_EPOCHS
-from training.configs import DataOptions, TrainConfig
+from training.configs import (
+    CompareConfig,
+    DataOptions,
+    EvaluateConfig,
+    ModelOptions,
+    RunOptions,
+    TrainConfig,
+)
 from training.errors import DataError, UsageError
 from training.evaluation_report import build_report
 from training.kinds.base import DataKind, base_path, given_path
@@ -109,7 +117,9 @@ class FolderData(ModelData):
     def predictions(self, predictor, features) -> np.ndarray:
         return predictor.run(features[INPUT_KEY], SIGNATURE_NAME)["classes"]
 
-    def run_params(self, options, model, max_steps, baseline_params) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         data = {**self.folder.to_json(), "image_size": self.size, "channels": self.channels}
         params = run_params(options, model, max_steps, "raw", data)
         return {**params, "num_classes": len(self.labels)}
@@ -117,7 +127,7 @@ class FolderData(ModelData):
     def report(self, truth, predicted, groups, **context) -> dict:
         return build_report(truth, predicted, self.labels, task=CLASSIFICATION, **context)
 
-    def estimator(self, run_dir, params, options, warm_start):
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
         return image_folder.make_estimator(params, estimator_config(options, run_dir), warm_start)
 
     def receiver_fn(self):
@@ -192,19 +202,27 @@ class ImageFolderKind(DataKind):
             ),
         )
 
-    def train(self, config, others) -> int:
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
         return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
-    def compare(self, config, others) -> int:
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
         return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
-    def retrain_data(self, options, recorded, params, has_baseline, labels_of_idx, others):
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
         return _folder_data(options, recorded, has_baseline, others)
 
     def takes(self, version) -> bool:
         return isinstance(version, exported_model.ImageVersion)
 
-    def evaluate_export(self, config, version) -> dict:
+    def evaluate_export(self, config: EvaluateConfig, version) -> dict:
         """Every image of --image-folder, its class by its subfolder."""
         if not config.image_folder:
             raise UsageError(
