@@ -43,16 +43,19 @@ import argparse  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
-from training import (  # noqa: E402
-    determinism,
+from training import determinism  # noqa: E402
+from training.commands import (  # noqa: E402
+    compare,
     evaluate,
+    expire_feedback,
     export,
-    feedback_source,
     predict,
+    promote,
+    publish,
+    retrain,
     sample_data,
-    staging,
+    train,
 )
-from training.commands import compare, promote, retrain, train  # noqa: E402
 from training.data import DataError  # noqa: E402
 from training.errors import NumericsError, UsageError  # noqa: E402
 
@@ -143,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
             "75 another retrain holds the lock.",
         )
     )
-    staging.add_arguments(
+    publish.add_arguments(
         sub.add_parser(
             "publish",
             help="publish what a retrain with --stage-to left (checked, the next version, a "
@@ -156,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
             "retrain did not bless its candidate, 75 another retrain holds the repository.",
         )
     )
-    feedback_source.add_expire_arguments(
+    expire_feedback.add_arguments(
         sub.add_parser(
             "expire-feedback",
             help="remove the service's feedback older than some days from its store "
@@ -201,15 +204,15 @@ INTERRUPTED = {
 }
 COMMANDS = {
     "train": train.run,
-    "evaluate": evaluate.cmd_evaluate,
-    "export": export.cmd_export,
-    "predict": predict.cmd_predict,
+    "evaluate": evaluate.run,
+    "export": export.run,
+    "predict": predict.run,
     "compare": compare.run,
     "promote": promote.run,
     "retrain": retrain.run,
-    "publish": staging.cmd_publish,
-    "sample-data": sample_data.cmd_sample_data,
-    "expire-feedback": feedback_source.cmd_expire_feedback,
+    "publish": publish.run,
+    "sample-data": sample_data.run,
+    "expire-feedback": expire_feedback.run,
 }
 
 
@@ -219,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     set_up_logs(given)
     args = build_parser().parse_args(argv)
     try:
-        with determinism.applied(args):
+        # The thread pools and op determinism of --deterministic (train, compare, retrain);
+        # each command's config defaults its seed.
+        with determinism.applied(getattr(args, "deterministic", False)):
             return COMMANDS[args.command](args)
     except (DataError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -40,7 +40,8 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 # TensorFlow 2.15 exports enable_op_determinism only; the state and its undoing live here.
 from tensorflow.python.framework import config as tf_config
 
-DEFAULT_SEED = 0
+from training.configs import DEFAULT_SEED
+
 INTRA_OP_THREADS = 2
 INTER_OP_THREADS = 1
 
@@ -104,14 +105,13 @@ def pin_thread_pools() -> bool:
 
 
 @contextlib.contextmanager
-def applied(args: argparse.Namespace) -> Iterator[None]:
-    """A command's run with --deterministic (nothing without it): the seed defaulted, the
-    thread pools pinned, op determinism on until the command returns."""
-    if not getattr(args, "deterministic", False):
+def applied(deterministic: bool) -> Iterator[None]:
+    """A command's run with --deterministic (nothing without it): the thread pools pinned, op
+    determinism on until the command returns (the command's config defaults the seed:
+    training/configs.py's run_seed)."""
+    if not deterministic:
         yield
         return
-    if args.seed is None:
-        args.seed = DEFAULT_SEED
     if not pin_thread_pools():
         print(
             "note: --deterministic: TensorFlow already runs in this process with "

@@ -2,19 +2,18 @@
 
 PATH is a model dir (its latest checkpoint, through the Estimator), an exported version, or a
 model folder (its newest version, through the SavedModel). The report follows the model's
-task (training/evaluation.py): a classifier's accuracy, per-class precision and recall and
+task (training/evaluation_report.py): a classifier's accuracy, per-class precision and recall and
 confusion matrix; a regressor's RMSE, MAE, largest error and errors by categorical value. It
 is printed and written as JSON.
 
 A 28x28 model of IDX data is evaluated on --data-dir's test split; an exported CSV model on
 --csv FILE (the model's feature columns and its label column), an exported image model on
 --image-folder DIR (one subfolder per class, named as the model's classes): every row or image
-of them (training/exported.py reads them against what the version takes).
+of them (training/exported_model.py reads them against what the version takes).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -23,62 +22,30 @@ import numpy as np
 from artifact.contract import normalize_pixels
 from artifact.repository import newest_version, read_labels, resolve_version_path
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported, kinds, runs
+from training import cli, data, exported_model, kinds, runs
+from training.configs import EvaluateConfig
 from training.errors import UsageError
 from training.estimator import make_estimator
-from training.evaluation import build_report, format_report
+from training.evaluation_report import build_report, format_report
 from training.runs import EVAL_BATCH_SIZE
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `evaluate` subcommand's options."""
-    p.add_argument(
-        "path",
-        help="a --model-dir with checkpoints, an exported version (models/NAME/VERSION) "
-        "or a model folder (its newest version)",
-    )
-    cli.add_data_arguments(p)
-    p.add_argument(
-        "--output",
-        default="evaluation.json",
-        help="where to write the report (default: %(default)s)",
-    )
-    source = p.add_mutually_exclusive_group()
-    source.add_argument(
-        "--csv",
-        metavar="FILE",
-        help="an exported CSV model: evaluate on every row of FILE (the model's feature "
-        "columns and its label column)",
-    )
-    source.add_argument(
-        "--image-folder",
-        metavar="DIR",
-        help="an exported image model: evaluate on every image of DIR/<class>/ (class "
-        "folders named as the model's classes; some may be missing)",
-    )
-    p.add_argument(
-        "--label",
-        metavar="COLUMN",
-        help="--csv: the label column (default: the one the model was trained with)",
-    )
-
-
-def cmd_evaluate(args) -> int:
+def evaluate(config: EvaluateConfig) -> int:
     """Evaluate on the model's kind of data; print the report and write it to --output."""
-    path = Path(args.path)
+    path = Path(config.path)
     if not path.exists():
         raise UsageError(f"{path}: not found")
-    if args.label and not args.csv:
+    if config.label and not config.csv:
         raise UsageError("--label is for --csv")
     if (path / "saved_model.pb").is_file() or newest_version(path) is not None:
         version_path = resolve_version_path(path)
-        described = exported.describe_version(version_path)
+        described = exported_model.describe_version(version_path)
         if described is not None:
-            report = _evaluate_export(args, described)
+            report = _evaluate_export(config, described)
         else:
-            _refuse_other_data(args, f"{version_path} takes 28x28 images: evaluate it on IDX "
+            _refuse_other_data(config, f"{version_path} takes 28x28 images: evaluate it on IDX "
                                "files with --data-dir")  # fmt: skip
-            report = _evaluate_idx_export(args, version_path)
+            report = _evaluate_idx_export(config, version_path)
     else:
         params = runs.load_params(path)
         if "data" in params:
@@ -86,34 +53,34 @@ def cmd_evaluate(args) -> int:
                 f"{path}: a model dir of a --csv or --image-folder run: evaluate its exported "
                 "version (models/NAME) with --csv FILE or --image-folder DIR"
             )
-        _refuse_other_data(args, f"{path} is a model dir: evaluate an exported version")
-        report = _evaluate_checkpoint(args, path, params)
+        _refuse_other_data(config, f"{path} is a model dir: evaluate an exported version")
+        report = _evaluate_checkpoint(config, path, params)
     print(format_report(report))
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"Wrote {args.output}")
+    Path(config.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"Wrote {config.output}")
     return 0
 
 
-def _refuse_other_data(args, why: str) -> None:
+def _refuse_other_data(config: EvaluateConfig, why: str) -> None:
     for kind in kinds.KINDS.values():
-        if kind.given(args):
+        if kind.given(config):
             raise UsageError(f"{kind.option}: {why}")
 
 
-def _evaluate_idx_export(args, version_path: Path) -> dict:
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
+def _evaluate_idx_export(config: EvaluateConfig, version_path: Path) -> dict:
+    _, test_images, test_labels = data.load_split(config.data_dir, "test")
     predictor = SavedModelPredictor(version_path)
     classes, _ = predictor.predict_batched(normalize_pixels(test_images), EVAL_BATCH_SIZE)
-    labels = read_labels(version_path) or cli.labels(args)
+    labels = read_labels(version_path) or cli.labels(config.labels, config.data_dir)
     return build_report(
-        test_labels, classes, labels, data_dir=str(args.data_dir), split="test",
+        test_labels, classes, labels, data_dir=str(config.data_dir), split="test",
         saved_model=str(version_path),
     )  # fmt: skip
 
 
-def _evaluate_checkpoint(args, model_dir: Path, params: dict) -> dict:
+def _evaluate_checkpoint(config: EvaluateConfig, model_dir: Path, params: dict) -> dict:
     # The data first: a bad data dir is named whatever the model dir holds.
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
+    _, test_images, test_labels = data.load_split(config.data_dir, "test")
     if runs.latest_step(model_dir) == 0:
         raise UsageError(f"{model_dir}: holds no checkpoint")
     estimator = make_estimator(str(model_dir), params)
@@ -121,14 +88,14 @@ def _evaluate_checkpoint(args, model_dir: Path, params: dict) -> dict:
         lambda: data.predict_input_fn(test_images, EVAL_BATCH_SIZE), predict_keys=["classes"]
     )
     classes = np.fromiter((p["classes"] for p in predictions), np.int64, len(test_images))
-    labels = tuple(params.get("labels") or cli.labels(args))
+    labels = tuple(params.get("labels") or cli.labels(config.labels, config.data_dir))
     return build_report(
-        test_labels, classes, labels, data_dir=str(args.data_dir), split="test",
+        test_labels, classes, labels, data_dir=str(config.data_dir), split="test",
         model_dir=str(model_dir), global_step=runs.latest_step(model_dir),
     )  # fmt: skip
 
 
-def _evaluate_export(args, version) -> dict:
+def _evaluate_export(config: EvaluateConfig, version) -> dict:
     """An exported CSV or image model on its kind's data (training/kinds/)."""
     (kind,) = [kind for kind in kinds.KINDS.values() if kind.takes(version)]
-    return kind.evaluate_export(args, version)
+    return kind.evaluate_export(config, version)

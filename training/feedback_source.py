@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from artifact import feedback
+from training.configs import ExpireFeedbackConfig
 from training.errors import DataError
 
 DEFAULT_MAX_PER_SENDER = 5000
@@ -222,40 +223,20 @@ def format_senders(detail: dict) -> str:
     )
 
 
-def add_expire_arguments(p: argparse.ArgumentParser) -> None:
-    """The `expire-feedback` subcommand's options."""
-    p.add_argument(
-        "--feedback-dir", required=True, metavar="DIR", help="the service's FEEDBACK_DIR"
-    )
-    p.add_argument(
-        "--model",
-        required=True,
-        metavar="NAME",
-        help="the model whose store (DIR/NAME) is expired",
-    )
-    p.add_argument(
-        "--max-age-days",
-        type=positive_days,
-        required=True,
-        metavar="DAYS",
-        help="remove the examples received more than DAYS ago",
-    )
-
-
-def cmd_expire_feedback(args) -> int:
+def expire_feedback(config: ExpireFeedbackConfig) -> int:
     """Remove or compact the shards of examples older than --max-age-days."""
-    root = Path(args.feedback_dir)
+    root = Path(config.feedback_dir)
     if not root.is_dir():
         raise DataError(f"--feedback-dir {root}: folder not found")
-    if not args.model or "/" in args.model or args.model in (".", ".."):
-        raise DataError(f"--model {args.model!r}: not a model's folder name")
-    store = feedback.store_dir(root, args.model)
+    if not config.model or "/" in config.model or config.model in (".", ".."):
+        raise DataError(f"--model {config.model!r}: not a model's folder name")
+    store = feedback.store_dir(root, config.model)
     try:
-        result = feedback.expire(store, dt.timedelta(days=args.max_age_days))
+        result = feedback.expire(store, dt.timedelta(days=config.max_age_days))
     except feedback.FeedbackFormatError as err:
         raise DataError(str(err)) from err
     print(
-        f"{store}: {result.examples_dropped:,} examples older than {args.max_age_days:g} "
+        f"{store}: {result.examples_dropped:,} examples older than {config.max_age_days:g} "
         f"days removed ({len(result.removed)} shards removed, {len(result.compacted)} "
         f"compacted); {result.examples_kept:,} kept"
     )

@@ -39,7 +39,7 @@ from training import heads
 from training.baselines import LOGITS_KEY, keras_estimator, keras_optimizer, to_contract
 from training.determinism import kernel_initializer
 from training.errors import DataError
-from training.evaluation import build_report
+from training.evaluation_report import build_report
 from training.plots import write_export_plots
 from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY

@@ -31,7 +31,7 @@ from artifact.contract import (
     PREDICTED_VS_TRUE_PLOT,
     RESIDUALS_PLOT,
 )
-from training.evaluation import is_regression
+from training.evaluation_report import is_regression
 
 LOSS_TAG = "loss"
 ACCURACY_TAG = "accuracy"
@@ -275,7 +275,7 @@ def write_export_plots(
 
     Args:
         extra_dir: the version's assets.extra folder.
-        report: its evaluation report (training/evaluation.py's build_report or
+        report: its evaluation report (training/evaluation_report.py's build_report or
             build_regression_report).
         model_dir: the run's model dir, whose event files give the learning curves; None, or
             a dir without summaries, writes no learning curves.

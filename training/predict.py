@@ -23,7 +23,7 @@ service's own answers do when its dynamic batching groups requests differently.
 
 An exported CSV model takes a CSV file instead (its feature columns; a label column is
 allowed and ignored) and an exported image model of any size an image file or a folder of them
-(its subfolders too), each read as its training read them (training/exported.py). A line per
+(its subfolders too), each read as its training read them (training/exported_model.py). A line per
 row or image holds what the service's friendly answer would: a classifier's class id, label
 and probabilities by label, a regressor's value:
 
@@ -36,7 +36,6 @@ The output appears complete or not at all (written beside it, then renamed).
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -51,50 +50,17 @@ from artifact.contract import (
     pixels_to_input,
     prediction_rows,
 )
-from artifact.images import INVERT_MODES, ImageError, image_to_pixels
+from artifact.images import ImageError, image_to_pixels
 from artifact.repository import resolve_version_path, version_labels
 from artifact.saved_model import SavedModelPredictor
-from training import cli, data, exported
+from training import data, exported_model
+from training.configs import PredictConfig
 from training.errors import UsageError
 from training.progress import ProgressBar
 
 # The formats the service decodes (artifact/images.py: IMAGE_FORMATS).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 DEFAULT_BATCH_SIZE = 256
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `predict` subcommand's options."""
-    p.add_argument(
-        "--model",
-        default=cli.DEFAULT_EXPORT_DIR,
-        help="an exported version (models/NAME/VERSION) or a model folder (its newest "
-        "version) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--input",
-        required=True,
-        metavar="FILE_OR_DIR",
-        help="a 28x28 model: an IDX images file, a .npy array, an image file, or a folder of "
-        f"image files ({', '.join(IMAGE_SUFFIXES)}); a CSV model: a CSV file of its feature "
-        "columns; another image model: an image file or a folder (its subfolders too)",
-    )
-    p.add_argument(
-        "--output", required=True, help="the JSON-lines file to write (replaced when complete)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=cli.positive_int,
-        default=DEFAULT_BATCH_SIZE,
-        help="images per model call (default: %(default)s)",
-    )
-    p.add_argument(
-        "--invert",
-        choices=INVERT_MODES,
-        default="auto",
-        help="image files: make them light-on-dark like Fashion-MNIST; auto inverts when the "
-        "border is light, as the service does (default: %(default)s)",
-    )
 
 
 def _pixels_from_array(array: np.ndarray, path: Path) -> np.ndarray:
@@ -155,35 +121,35 @@ def read_inputs(path: Path, invert: str = "auto") -> tuple[np.ndarray, str, list
     return images, "index", list(range(len(images)))
 
 
-def cmd_predict(args) -> int:
+def predict(config: PredictConfig) -> int:
     """Predict every image (or CSV row) of --input with an exported version; write --output."""
     try:
-        version = resolve_version_path(Path(args.model))
+        version = resolve_version_path(Path(config.model))
     except FileNotFoundError as err:
         raise UsageError(f"--model {err}") from err
-    output = Path(args.output)
+    output = Path(config.output)
     if not output.parent.is_dir():
         raise UsageError(f"--output {output}: folder {output.parent} does not exist")
     if output.is_dir():
         raise UsageError(f"--output {output}: is a folder")
-    described = exported.describe_version(version)
-    if isinstance(described, exported.TabularVersion):
-        return _predict_rows(args, described, output)
-    if isinstance(described, exported.ImageVersion):
-        return _predict_images(args, described, output)
-    images, key_name, keys = read_inputs(Path(args.input), args.invert)
+    described = exported_model.describe_version(version)
+    if isinstance(described, exported_model.TabularVersion):
+        return _predict_rows(config, described, output)
+    if isinstance(described, exported_model.ImageVersion):
+        return _predict_images(config, described, output)
+    images, key_name, keys = read_inputs(Path(config.input), config.invert)
     # The labels the service answers with for this version.
     labels = version_labels(version)
     predictor = SavedModelPredictor(version)
-    print(f"Predicting {len(images):,} images from {args.input} with {version}", flush=True)
+    print(f"Predicting {len(images):,} images from {config.input} with {version}", flush=True)
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, len(images), args.batch_size):
-            stop = start + args.batch_size
+        for start in range(0, len(images), config.batch_size):
+            stop = start + config.batch_size
             classes, probabilities = predictor.predict(images[start:stop])
             rows = prediction_rows(classes, probabilities, labels)
             yield [
-                exported.json_line(key_name, key, row)
+                exported_model.json_line(key_name, key, row)
                 for key, row in zip(keys[start:stop], rows, strict=True)
             ]
 
@@ -191,38 +157,45 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _predict_rows(args, version: exported.TabularVersion, output: Path) -> int:
+def _predict_rows(
+    config: PredictConfig, version: exported_model.TabularVersion, output: Path
+) -> int:
     """Every row of a CSV file through an exported CSV model."""
-    source = Path(args.input)
+    source = Path(config.input)
     if source.is_dir():
         raise UsageError(
             f"{source}: a folder; {version.path} is a model of CSV rows: give a CSV file with "
             f"the columns it takes ({version.inputs_text()})"
         )
-    rows = exported.read_csv_for(version, source, with_label=False)
+    rows = exported_model.read_csv_for(version, source, with_label=False)
     predictor = SavedModelPredictor(version.path)
-    inputs = exported.model_inputs(version, rows)
+    inputs = exported_model.model_inputs(version, rows)
     count = len(rows.rows)
     print(f"Predicting {count:,} rows from {source} with {version.path}", flush=True)
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, count, args.batch_size):
+        for start in range(0, count, config.batch_size):
             chunk = {
-                name: values[start : start + args.batch_size] for name, values in inputs.items()
+                name: values[start : start + config.batch_size] for name, values in inputs.items()
             }
-            answers = exported.tabular_answers(version, predictor.run(chunk, version.signature))
+            answers = exported_model.tabular_answers(
+                version, predictor.run(chunk, version.signature)
+            )
             yield [
-                exported.json_line("index", start + i, answer) for i, answer in enumerate(answers)
+                exported_model.json_line("index", start + i, answer)
+                for i, answer in enumerate(answers)
             ]
 
     write_lines(output, batches(), count, "rows")
     return 0
 
 
-def _predict_images(args, version: exported.ImageVersion, output: Path) -> int:
+def _predict_images(
+    config: PredictConfig, version: exported_model.ImageVersion, output: Path
+) -> int:
     """Every image of a file or a folder (its subfolders too) through an exported image model."""
-    source = Path(args.input)
-    files = exported.image_files(source)
+    source = Path(config.input)
+    files = exported_model.image_files(source)
     predictor = SavedModelPredictor(version.path)
     print(
         f"Predicting {len(files):,} images from {source} with {version.path} "
@@ -231,13 +204,13 @@ def _predict_images(args, version: exported.ImageVersion, output: Path) -> int:
     )
 
     def batches() -> Iterator[list[bytes]]:
-        for start in range(0, len(files), args.batch_size):
-            chunk = files[start : start + args.batch_size]
-            images = np.stack([exported.read_image(version, path) for path in chunk])
+        for start in range(0, len(files), config.batch_size):
+            chunk = files[start : start + config.batch_size]
+            images = np.stack([exported_model.read_image(version, path) for path in chunk])
             outputs = predictor.run({version.input_name: images}, version.signature)
-            answers = exported.image_answers(version, outputs)
+            answers = exported_model.image_answers(version, outputs)
             yield [
-                exported.json_line("file", _shown_name(path, source), answer)
+                exported_model.json_line("file", _shown_name(path, source), answer)
                 for path, answer in zip(chunk, answers, strict=True)
             ]
 

@@ -36,7 +36,7 @@ from artifact.contract import (
 from artifact.saved_model import SavedModelPredictor
 from artifact.storage import is_url
 from artifact.warmup import WARMUP_BATCH_SIZES, build_warmup_requests, write_warmup_file
-from training.evaluation import build_report
+from training.evaluation_report import build_report
 from training.plots import write_export_plots
 from training.runs import EVAL_BATCH_SIZE
 from training.versions import STAGING_PREFIX, publish_next, publish_remote, sweep_stale_staging

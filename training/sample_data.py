@@ -12,14 +12,13 @@ Written from a fixed seed, so the same command always writes the same bytes (no 
 
 from __future__ import annotations
 
-import argparse
 import csv
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from training import cli
+from training.configs import SampleDataConfig
 
 CLASSIFICATION_CSV = "classification.csv"
 REGRESSION_CSV = "regression.csv"
@@ -30,24 +29,6 @@ COLORS = {"red": 1.0, "green": 0.0, "blue": -1.0}
 CITIES = {"a": 0.0, "b": 2.0, "c": -1.5, "d": 4.0}
 DEFAULT_ROWS = 200
 DEFAULT_IMAGES_PER_CLASS = 15
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `sample-data` subcommand's options."""
-    p.add_argument("--out", required=True, help="folder to write the sample data into")
-    p.add_argument(
-        "--rows",
-        type=cli.positive_int,
-        default=DEFAULT_ROWS,
-        help="rows of each CSV file (default: %(default)s)",
-    )
-    p.add_argument(
-        "--images-per-class",
-        type=cli.positive_int,
-        default=DEFAULT_IMAGES_PER_CLASS,
-        help="images in each class folder (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
 
 
 def write_classification_csv(path: Path, rows: int, rng: np.random.Generator) -> Path:
@@ -139,9 +120,9 @@ def write_sample_data(
     }
 
 
-def cmd_sample_data(args) -> int:
+def sample_data(config: SampleDataConfig) -> int:
     """Write the sample data and print how to train on each."""
-    paths = write_sample_data(args.out, args.rows, args.images_per_class, args.seed)
+    paths = write_sample_data(config.out, config.rows, config.images_per_class, config.seed)
     print(f"Wrote {paths['classification']}, {paths['regression']} and {paths['images']}/")
     print("Train on them with, e.g.:")
     print(

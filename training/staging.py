@@ -34,7 +34,6 @@ No TensorFlow here (the fast tier tests it).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -53,9 +52,9 @@ from artifact.model_config import ModelEntry
 from artifact.repository import SAVED_MODEL_FILE, list_versions, read_blessing
 from artifact.storage import display, is_url
 from training import lock
+from training.configs import PublishConfig
 from training.errors import UsageError
 from training.versions import (
-    PUBLISH_MODES,
     STAGING_PREFIX,
     Baseline,
     config_entry,
@@ -165,51 +164,21 @@ def record(stage_dir: Path, outcome: str, fields: dict, reason: str, **more) -> 
 # --- the publish step -------------------------------------------------------------------------
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `publish` subcommand's options."""
-    p.add_argument(
-        "--staged",
-        required=True,
-        metavar="DIR",
-        help="the staging area a retrain wrote (its --stage-to)",
-    )
-    p.add_argument(
-        "--export-dir",
-        required=True,
-        help="the model's folder in the repository (the retrain's --export-dir): the "
-        "candidate becomes its next version",
-    )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="TF Serving's model config that lists --export-dir: its stable label names the "
-        "serving version, and --publish canary|stable edit it",
-    )
-    p.add_argument(
-        "--publish",
-        choices=PUBLISH_MODES,
-        default="version",
-        help="version = the next version only; canary = and label it canary (pinning stable "
-        "to the serving version first when no label is set); stable = and label it stable "
-        "(default: %(default)s)",
-    )
-
-
-def cmd_publish(args) -> int:
+def publish(request: PublishConfig) -> int:
     """Check the staging area and publish what it holds; 0 published (or nothing to publish),
     2 refused, 3 not blessed, 75 another publisher holds the repository."""
-    if args.publish != "version" and not args.config:
+    if request.publish != "version" and not request.config:
         raise UsageError(
-            f"--publish {args.publish} moves a label in the model config: give --config"
+            f"--publish {request.publish} moves a label in the model config: give --config"
         )
-    if is_url(args.export_dir):
+    if is_url(request.export_dir):
         raise UsageError(
-            f"--export-dir {display(args.export_dir)}: the publish step copies into a folder "
+            f"--export-dir {display(request.export_dir)}: the publish step copies into a folder "
             "on disk; a retrain without --stage-to publishes to object storage itself"
         )
-    stage_dir, export_dir = Path(args.staged), Path(args.export_dir)
+    stage_dir, export_dir = Path(request.staged), Path(request.export_dir)
     manifest, manifest_sha256 = read_manifest(stage_dir)
-    entry = config_entry(args.config, export_dir) if args.config else None
+    entry = config_entry(request.config, export_dir) if request.config else None
     model = entry.name if entry is not None else export_dir.name
     _check_target(stage_dir, manifest, model, export_dir)
     # The repository root, not the model's folder: a first publish makes that one. Retrains
@@ -225,7 +194,7 @@ def cmd_publish(args) -> int:
             raise UsageError(
                 f"--export-dir {export_dir}: cannot open its folder: {err.strerror}"
             ) from err
-        return _publish(args, stage_dir, manifest, manifest_sha256, entry, export_dir)
+        return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
 
 
 def read_manifest(stage_dir: Path) -> tuple[dict, str]:
@@ -317,7 +286,12 @@ def _same_path(recorded: str, given: Path) -> bool:
 
 
 def _publish(
-    args, stage_dir: Path, manifest: dict, manifest_sha256: str, entry, export_dir: Path
+    request: PublishConfig,
+    stage_dir: Path,
+    manifest: dict,
+    manifest_sha256: str,
+    entry,
+    export_dir: Path,
 ) -> int:
     outcome = manifest["outcome"]
     if outcome == NOT_BLESSED:
@@ -334,7 +308,7 @@ def _publish(
         version = manifest["published_version"]
         _check_gated(export_dir, version, stage_dir)
         print(f"{export_dir / str(version)} is published already ({manifest['reason']}).")
-        _label(args, entry, version)
+        _label(request, entry, version)
         return 0
     version_dir = stage_dir / VERSION_DIR
     # First in place, reading only: a refusal leaves the repository as it was.
@@ -343,12 +317,12 @@ def _publish(
     already = _published_from(export_dir, manifest_sha256)
     if already is not None:
         print(f"{already} was published from this very staging already.")
-        _label(args, entry, int(already.name))
+        _label(request, entry, int(already.name))
         return 0
     baseline = serving_baseline(entry, export_dir)
     _check_baseline(stage_dir, blessing, baseline)
-    if args.publish == "canary":
-        pin_stable_before_a_canary(args.config, entry, args.publish, baseline)
+    if request.publish == "canary":
+        pin_stable_before_a_canary(request.config, entry, request.publish, baseline)
 
     def name_version(version: int, folder: Path) -> None:
         document = {
@@ -356,8 +330,8 @@ def _publish(
             "versions": {**blessing.get("versions", {}), "candidate": version},
             "publish": {
                 **(blessing.get("publish") or {}),
-                "mode": args.publish,
-                "config": args.config,
+                "mode": request.publish,
+                "config": request.config,
                 "version": version,
                 "label_changes": None,
                 "staged": {
@@ -371,13 +345,13 @@ def _publish(
 
     published = _copy_in(stage_dir, version_dir, export_dir, manifest["files"], name_version)
     print(f"Published {published} (staged {manifest.get('staged_at')}, {manifest['reason']})")
-    _label(args, entry, int(published.name))
+    _label(request, entry, int(published.name))
     return 0
 
 
-def _label(args, entry: ModelEntry | None, version: int) -> None:
-    if args.publish != "version":
-        move_label(args.config, entry, args.publish, version)
+def _label(request: PublishConfig, entry: ModelEntry | None, version: int) -> None:
+    if request.publish != "version":
+        move_label(request.config, entry, request.publish, version)
 
 
 def _check_gated(export_dir: Path, version: int, stage_dir: Path) -> None:

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from artifact.contract import ASSETS_EXTRA, LABELS_FILE, REPORT_FILE
 from training.baselines import keras_optimizer
-from training.evaluation import build_regression_report, build_report
+from training.evaluation_report import build_regression_report, build_report
 from training.plots import write_export_plots
 from training.publish import export_version
 from training.tabular_schema import HOLDOUT_EVERY, Schema, holdout_rows

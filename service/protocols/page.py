@@ -124,7 +124,7 @@ def version_summary(version: int, path: Path) -> dict:
         params = report.get("params")
         summary.update(
             evaluation=True,
-            # training/evaluation.py: a regressor's report has rmse and mae, a classifier's
+            # training/evaluation_report.py: a regressor's report has rmse and mae, a classifier's
             # accuracy.
             task="regression" if "rmse" in report else "classification",
             accuracy=report.get("accuracy"),

@@ -52,7 +52,11 @@ def project_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
 
 def test_the_graph_is_read_from_real_files():
     graph = project_graph()
-    assert "service.app" in graph and "training.train" in graph and "artifact.contract" in graph
+    assert (
+        "service.app" in graph
+        and "training.kinds.idx_training" in graph
+        and "artifact.contract" in graph
+    )
     assert "artifact.contract" in graph["service.codecs.pixels"]
 
 

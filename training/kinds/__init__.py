@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from training.configs import DataOptions
 from training.kinds.base import DataKind
 from training.kinds.csv import CSV
 from training.kinds.idx import IDX
@@ -24,10 +25,10 @@ def others(kind: DataKind) -> list[DataKind]:
     return [other for other in KINDS.values() if other is not kind]
 
 
-def of_args(args) -> DataKind:
-    """The kind whose option the command line gave (--csv, --image-folder); IDX otherwise."""
+def chosen(options: object) -> DataKind:
+    """The kind whose option a command's config gives (--csv, --image-folder); IDX otherwise."""
     for kind in KINDS.values():
-        if kind is not DEFAULT and kind.given(args):
+        if kind is not DEFAULT and kind.given(options):
             return kind
     return DEFAULT
 
@@ -37,7 +38,9 @@ def location_keys() -> frozenset[str]:
     return frozenset(key for kind in KINDS.values() for key in kind.location_keys)
 
 
-def retrain_data(args, report: dict, labels_of_idx: Callable[[], tuple[str, ...]]) -> ModelData:
+def retrain_data(
+    options: DataOptions, report: dict, labels_of_idx: Callable[[], tuple[str, ...]]
+) -> ModelData:
     """The data of the model being retrained: the serving version's kind (its evaluation
     report's params), or the one --csv / --image-folder / --data-dir names for a first model.
 
@@ -49,11 +52,13 @@ def retrain_data(args, report: dict, labels_of_idx: Callable[[], tuple[str, ...]
     params = report.get("params") or {}
     data = params.get("data")
     recorded = data if isinstance(data, dict) else {}
-    chosen: DataKind = DEFAULT
+    kind_of_data: DataKind = DEFAULT
     for kind in KINDS.values():
         if kind is not DEFAULT and (
-            kind.recorded_in(recorded) or (kind.given(args) and not report)
+            kind.recorded_in(recorded) or (kind.given(options) and not report)
         ):
-            chosen = kind
+            kind_of_data = kind
             break
-    return chosen.retrain_data(args, recorded, params, bool(report), labels_of_idx, others(chosen))
+    return kind_of_data.retrain_data(
+        options, recorded, params, bool(report), labels_of_idx, others(kind_of_data)
+    )

@@ -8,6 +8,7 @@ import abc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from training.configs import CompareConfig, DataOptions, EvaluateConfig, TrainConfig
 from training.errors import UsageError
 from training.kinds.model_data import ModelData
 
@@ -19,10 +20,10 @@ class DataKind(abc.ABC):
         name: "idx", "csv" or "image_folder": the key of the registry, of a retrain's
             ModelData (`kind`) and of the data a run's params record.
         option: the command-line option that names the data (--data-dir, --csv, ...).
-        attribute: the argparse attribute of that option.
+        attribute: the config's field of that option (argparse's attribute).
         model_kinds: the model kinds (--model) that train on this data.
         default_model: the model kind trained when --model is left out.
-        only_options: the options of this kind alone (option -> argparse attribute).
+        only_options: the options of this kind alone (option -> the config's field).
         noun: what the data is, in words ("CSV file").
         location_keys: the keys of a run's recorded data that say where the files are (a
             retrain's run id leaves them out: their content is hashed instead).
@@ -37,34 +38,40 @@ class DataKind(abc.ABC):
     noun: str
     location_keys: tuple[str, ...] = ()
 
-    def given(self, args) -> bool:
-        """Whether the command line chose this kind (its option given)."""
-        return bool(getattr(args, self.attribute, None))
+    def source(self, options: object) -> str | None:
+        """This kind's option in a command's config (any config that has it): the data it
+        names, or None."""
+        return getattr(options, self.attribute, None)
 
-    def refuse_options(self, args, chosen: str) -> None:
-        """UsageError naming the first of this kind's own options given, when the data is
-        another kind's (`chosen`: its option)."""
+    def given(self, options: object) -> bool:
+        """Whether the command line chose this kind (its option given)."""
+        return bool(self.source(options))
+
+    def refuse_options(self, options: object, chosen: str) -> None:
+        """UsageError naming the first of this kind's own options given (in a command's
+        config), when the data is another kind's (`chosen`: its option)."""
         for option, attribute in self.only_options.items():
-            if getattr(args, attribute) is not None:
+            if getattr(options, attribute) is not None:
                 raise UsageError(f"{option} is for {self.option}")
 
     @abc.abstractmethod
-    def default_folders(self, args) -> tuple[str, str]:
-        """The model dir and export dir used when --model-dir and --export-dir are left out."""
+    def default_folders(self, source: str | None) -> tuple[str, str]:
+        """The model dir and export dir used when --model-dir and --export-dir are left out
+        (`source`: this kind's option, the data)."""
 
     @abc.abstractmethod
-    def train(self, args, others: Sequence[DataKind]) -> int:
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
         """`python -m training train` on this kind of data; `others` are the other kinds,
         whose options are refused."""
 
     @abc.abstractmethod
-    def compare(self, args, others: Sequence[DataKind]) -> int:
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
         """`python -m training compare` on this kind of data."""
 
     @abc.abstractmethod
     def retrain_data(
         self,
-        args,
+        options: DataOptions,
         recorded: dict,
         params: dict,
         has_baseline: bool,
@@ -74,6 +81,7 @@ class DataKind(abc.ABC):
         """The data a retrain reads, trains and judges for a model of this kind.
 
         Args:
+            options: the retrain's data options (its RetrainConfig).
             recorded: the serving version's params' `data` ({} for a first model).
             params: the serving version's params ({} for a first model).
             has_baseline: whether a version serves (its report was read).
@@ -86,11 +94,11 @@ class DataKind(abc.ABC):
         """
 
     def takes(self, version) -> bool:
-        """Whether an exported version (training/exported.py's description) is a model of
+        """Whether an exported version (training/exported_model.py's description) is a model of
         this kind's data."""
         return False
 
-    def evaluate_export(self, args, version) -> dict:
+    def evaluate_export(self, config: EvaluateConfig, version) -> dict:
         """`evaluate`'s report of an exported version of this kind, on the data the command
         line gives (UsageError when it gives none of this kind)."""
         raise UsageError(f"{version.path}: evaluate it on {self.option}")
@@ -98,6 +106,13 @@ class DataKind(abc.ABC):
     def recorded_in(self, recorded: dict) -> bool:
         """Whether a version's recorded data (its params' `data`) is of this kind."""
         return self.attribute in recorded
+
+
+def given_path(given: str | None, option: str) -> str:
+    """The data a kind's option names, in a config that chose the kind (so gave it)."""
+    if not given:
+        raise UsageError(f"{option}: give the data to train on")
+    return given
 
 
 def base_path(given: str | None, recorded: str | None, option: str, exists) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,15 +13,23 @@ import tensorflow as tf
 
 from artifact.saved_model import SavedModelPredictor
 from training import (
-    exported,
+    exported_model,
     sources,
     tabular,
     tabular_schema,
 )
-from training.compare_any import cmd_compare_any
+from training.cli import DEFAULT_EPOCHS
+from training.configs import (
+    CompareConfig,
+    DataOptions,
+    EvaluateConfig,
+    ModelOptions,
+    RunOptions,
+    TrainConfig,
+)
 from training.errors import DataError, UsageError
-from training.evaluation import build_regression_report, build_report
-from training.kinds.base import DataKind, base_path
+from training.evaluation_report import build_regression_report, build_report
+from training.kinds.base import DataKind, base_path, given_path
 from training.kinds.model_data import (
     CLASSIFICATION,
     REGRESSION,
@@ -28,9 +37,9 @@ from training.kinds.model_data import (
     Reader,
     estimator_config,
 )
+from training.kinds.prepared_comparison import compare_prepared
+from training.kinds.prepared_training import Prepared, run_params, train_and_report
 from training.runs import EVAL_BATCH_SIZE
-from training.train import DEFAULT_EPOCHS
-from training.train_any import Prepared, cmd_train_any, run_params
 
 
 def _content_of_values(columns, values: list) -> bytes:
@@ -211,17 +220,19 @@ class CsvData(ModelData):
             if not c.numeric
         }
 
-    def run_params(self, args, max_steps, baseline_params) -> dict:
-        return run_params(args, args.model, max_steps, self.receiver, self.schema.to_json())
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
+        return run_params(options, model, max_steps, self.receiver, self.schema.to_json())
 
     def report(self, truth, predicted, groups, **context) -> dict:
         if self.task == CLASSIFICATION:
             return {"task": self.task, **build_report(truth, predicted, self.labels, **context)}
         return build_regression_report(truth, predicted, groups, task=self.task, **context)
 
-    def estimator(self, run_dir, params, args, warm_start):
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
         return tabular.make_estimator(
-            self.schema, params, estimator_config(args, run_dir), warm_start
+            self.schema, params, estimator_config(options, run_dir), warm_start
         )
 
     def receiver_fn(self):
@@ -232,19 +243,21 @@ def _text(value) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _csv_data(args, recorded: dict, params: dict, has_baseline: bool, others) -> CsvData:
+def _csv_data(
+    options: DataOptions, recorded: dict, params: dict, has_baseline: bool, others
+) -> CsvData:
     for other in others:
-        if other.given(args):
+        if other.given(options):
             raise UsageError(
                 f"{other.option}: the serving version was trained on a CSV file (--csv)"
             )
     if not has_baseline:
         schema = tabular_schema.infer_schema(
-            args.csv, args.label or "label", args.task,
-            args.max_vocabulary or tabular_schema.DEFAULT_MAX_VOCABULARY,
+            given_path(options.csv, "--csv"), options.label or "label", options.task,
+            options.max_vocabulary or tabular_schema.DEFAULT_MAX_VOCABULARY,
         )  # fmt: skip
-        return CsvData(schema, args.receiver or "raw")
-    path = base_path(args.csv, recorded.get("csv"), "--csv", Path.is_file)
+        return CsvData(schema, options.receiver or "raw")
+    path = base_path(options.csv, recorded.get("csv"), "--csv", Path.is_file)
     header, rows = tabular_schema.read_rows(path)
     expected = sorted([c["name"] for c in recorded["columns"]] + [recorded["label"]])
     if sorted(header) != expected:
@@ -252,16 +265,16 @@ def _csv_data(args, recorded: dict, params: dict, has_baseline: bool, others) ->
             f"{path}: its columns are {', '.join(header)}; the serving version was trained on "
             f"{', '.join(expected)}"
         )
-    for option, attribute, key in (("--label", "label", "label"), ("--task", "task", "task")):
-        given = getattr(args, attribute)
+    for option, given, key in (("--label", options.label, "label"),
+                               ("--task", options.task, "task")):  # fmt: skip
         if given is not None and given != recorded.get(key):
             raise UsageError(
                 f"{option} {given}: the serving version's is {recorded.get(key)!r}; leave "
                 f"{option} out to keep it"
             )
     receiver = params.get("receiver", "raw")
-    if args.receiver is not None and args.receiver != receiver:
-        raise UsageError(f"--receiver {args.receiver}: the serving version's is {receiver}")
+    if options.receiver is not None and options.receiver != receiver:
+        raise UsageError(f"--receiver {options.receiver}: the serving version's is {receiver}")
     columns = tuple(
         tabular_schema.Column(**{**c, "vocabulary": c["vocabulary"] and tuple(c["vocabulary"])})
         for c in recorded["columns"]
@@ -303,59 +316,70 @@ class CsvKind(DataKind):
     def models_text(self) -> str:
         return ", ".join(self.model_kinds)
 
-    def default_folders(self, args) -> tuple[str, str]:
-        name = Path(args.csv).stem
+    def default_folders(self, source) -> tuple[str, str]:
+        name = Path(source).stem
         return f"runs/{name}", f"models/{name}"
 
-    def fill_defaults(self, args) -> None:
-        args.label = args.label or "label"
-        args.max_vocabulary = args.max_vocabulary or tabular_schema.DEFAULT_MAX_VOCABULARY
-        args.receiver = args.receiver or "raw"
-
-    def prepare(self, args) -> Prepared:
-        schema = tabular_schema.infer_schema(args.csv, args.label, args.task, args.max_vocabulary)
+    def prepare(self, config: TrainConfig) -> Prepared:
+        """The CSV file read and checked; --label, --max-vocabulary and --receiver defaulted."""
+        source = given_path(config.csv, self.option)
+        schema = tabular_schema.infer_schema(
+            source,
+            config.label or "label",
+            config.task,
+            config.max_vocabulary or tabular_schema.DEFAULT_MAX_VOCABULARY,
+        )
+        receiver = config.receiver or "raw"
         return Prepared(
             count=schema.train_rows,
             data=schema.to_json(),
-            what=f"{schema.train_rows:,} rows of {args.csv} ({schema.task}, label "
+            what=f"{schema.train_rows:,} rows of {config.csv} ({schema.task}, label "
             f"{schema.label!r})",
             extra_params={},
-            estimator=lambda params, config: tabular.make_estimator(schema, params, config),
-            train_input=lambda: tabular.train_input_fn(schema, args.batch_size, args.seed),
+            estimator=lambda params, run: tabular.make_estimator(schema, params, run),
+            train_input=lambda: tabular.train_input_fn(schema, config.batch_size, config.seed),
             eval_input=lambda: tabular.eval_input_fn(schema, EVAL_BATCH_SIZE),
             export=lambda estimator, export_dir, context: tabular.export_tabular(
-                estimator, schema, export_dir, args.receiver, context
+                estimator, schema, export_dir, receiver, context
             ),
         )
 
-    def train(self, args, others) -> int:
-        return cmd_train_any(args, self, others, DEFAULT_EPOCHS)
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
+        return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
-    def compare(self, args, others) -> int:
-        return cmd_compare_any(args, self, others, DEFAULT_EPOCHS)
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
+        return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
-    def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
-        return _csv_data(args, recorded, params, has_baseline, others)
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
+        return _csv_data(options, recorded, params, has_baseline, others)
 
     def takes(self, version) -> bool:
-        return isinstance(version, exported.TabularVersion)
+        return isinstance(version, exported_model.TabularVersion)
 
-    def evaluate_export(self, args, version) -> dict:
+    def evaluate_export(self, config: EvaluateConfig, version) -> dict:
         """Every row of --csv (the label column --label's, or the version's)."""
-        if not args.csv:
+        if not config.csv:
             raise UsageError(
                 f"{version.path} is a model of CSV rows (it takes {version.inputs_text()}): "
                 f"evaluate it with --csv FILE holding those columns and the label column "
-                f"{(args.label or version.label)!r}"
+                f"{(config.label or version.label)!r}"
             )
-        if args.label:
-            version = dataclasses.replace(version, label=args.label)
-        rows = exported.read_csv_for(version, args.csv, with_label=True)
+        if config.label:
+            version = dataclasses.replace(version, label=config.label)
+        rows = exported_model.read_csv_for(version, config.csv, with_label=True)
         predictor = SavedModelPredictor(version.path)
-        inputs = exported.model_inputs(version, rows)
-        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        inputs = exported_model.model_inputs(version, rows)
+        outputs = exported_model.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
         return tabular.evaluation_report(
-            rows.schema, outputs, rows.header, rows.rows, csv=str(args.csv),
+            rows.schema, outputs, rows.header, rows.rows, csv=str(config.csv),
             receiver=version.receiver, saved_model=str(version.path), split="all",
         )  # fmt: skip
 

@@ -1,10 +1,12 @@
 """MNIST-format IDX images (Fashion-MNIST's contract, `--data-dir`): the reference CNN and
-its baselines (training/train.py, training/compare.py), and what a retrain reads of them."""
+its baselines (training/kinds/idx_training.py, idx_comparison.py), and what a retrain reads
+of them."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,12 @@ from training import (
     publish,
     sources,
 )
-from training import compare as idx_compare
-from training import train as idx_train
+from training.configs import CompareConfig, DataOptions, ModelOptions, RunOptions, TrainConfig
 from training.errors import DataError, UsageError
 from training.estimator import MODEL_KINDS, make_estimator, trainable_variable_shapes
 from training.kinds.base import DataKind
+from training.kinds.idx_comparison import compare_idx
+from training.kinds.idx_training import model_params, train_idx
 from training.kinds.model_data import (
     IDX_IMAGE_BYTES,
     HeldOut,
@@ -98,10 +101,12 @@ class IdxData(ModelData):
     def predictions(self, predictor, features) -> np.ndarray:
         return predictor.run(features[INPUT_KEY], SIGNATURE_NAME)["classes"]
 
-    def run_params(self, args, max_steps, baseline_params) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         # The linear and dnn normalizers are graph constants: keep the ones the weights know.
         stats = (baseline_params.get("pixel_mean"), baseline_params.get("pixel_std"))
-        return idx_train.model_params(args, args.model, max_steps, stats)
+        return model_params(options, model, max_steps, stats)
 
     def finish_params(self, params, trained) -> None:
         if params["pixel_mean"] is None:
@@ -115,14 +120,16 @@ class IdxData(ModelData):
     def receiver_fn(self):
         return publish.serving_input_receiver_fn()
 
-    def estimator(self, run_dir, params, args, warm_start):
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
+        if options is None:  # only its graphs are built
+            return make_estimator(str(run_dir), params, warm_start_from=warm_start)
         return make_estimator(
             str(run_dir),
             params,
-            seed=args.seed,
-            save_checkpoints_steps=args.checkpoint_steps,
+            seed=options.seed,
+            save_checkpoints_steps=options.checkpoint_steps,
             warm_start_from=warm_start,
-            session_config=determinism.session_config(args.deterministic),
+            session_config=determinism.session_config(options.deterministic),
         )
 
     @contextlib.contextmanager
@@ -154,7 +161,7 @@ def _pixel_stats(trained: tf.data.Dataset) -> tuple[float, float]:
 
 class IdxKind(DataKind):
     """MNIST-format IDX files (--data-dir, the default): the reference CNN and its baselines
-    (training/train.py, training/compare.py)."""
+    (training/kinds/idx_training.py, idx_comparison.py)."""
 
     name = "idx"
     option = "--data-dir"
@@ -170,37 +177,45 @@ class IdxKind(DataKind):
         "--num-gpus": "num_gpus",
     }
 
-    def given(self, args) -> bool:
+    def given(self, options) -> bool:
         # --data-dir has a default: IDX is the kind when no other kind's option is given.
         return False
 
-    def refuse_options(self, args, chosen: str) -> None:
+    def refuse_options(self, options, chosen: str) -> None:
         for option, attribute in self.only_options.items():
-            if getattr(args, attribute):
+            if getattr(options, attribute):
                 raise UsageError(f"{option} is for the IDX image kinds; not with {chosen}")
 
-    def default_folders(self, args) -> tuple[str, str]:
+    def default_folders(self, source) -> tuple[str, str]:
         return cli.DEFAULT_MODEL_DIR, cli.DEFAULT_EXPORT_DIR
 
-    def train(self, args, others) -> int:
-        return idx_train.train_idx(args, others)
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
+        return train_idx(config, others)
 
-    def compare(self, args, others) -> int:
-        return idx_compare.compare_idx(args, others)
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
+        return compare_idx(config, others)
 
-    def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
         for other in others:
-            if other.given(args):
+            if other.given(options):
                 raise UsageError(
                     f"{other.option}: the serving version was trained on MNIST-format images "
                     f"(--data-dir), not a {other.noun}; retrain it on its own kind of data"
                 )
-        options = " or ".join(other.option for other in others)
+        named = " or ".join(other.option for other in others)
         for other in others:
             for option, attribute in other.only_options.items():
-                if getattr(args, attribute) is not None:
-                    raise UsageError(f"{option} is for {options} models")
-        return IdxData(args.data_dir, labels_of_idx())
+                if getattr(options, attribute) is not None:
+                    raise UsageError(f"{option} is for {named} models")
+        return IdxData(options.data_dir, labels_of_idx())
 
 
 IDX = IdxKind()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,22 @@ from artifact.contract import (
 )
 from artifact.saved_model import SavedModelPredictor
 from training import (
-    exported,
+    exported_model,
     image_folder,
     sources,
 )
-from training.compare_any import cmd_compare_any
+from training.cli import DEFAULT_EPOCHS
+from training.configs import (
+    CompareConfig,
+    DataOptions,
+    EvaluateConfig,
+    ModelOptions,
+    RunOptions,
+    TrainConfig,
+)
 from training.errors import DataError, UsageError
-from training.evaluation import build_report
-from training.kinds.base import DataKind, base_path
+from training.evaluation_report import build_report
+from training.kinds.base import DataKind, base_path, given_path
 from training.kinds.model_data import (
     CLASSIFICATION,
     ModelData,
@@ -29,9 +38,9 @@ from training.kinds.model_data import (
     _quantized,
     estimator_config,
 )
+from training.kinds.prepared_comparison import compare_prepared
+from training.kinds.prepared_training import Prepared, run_params, train_and_report
 from training.runs import EVAL_BATCH_SIZE
-from training.train import DEFAULT_EPOCHS
-from training.train_any import Prepared, cmd_train_any, run_params
 
 
 class FolderData(ModelData):
@@ -108,35 +117,37 @@ class FolderData(ModelData):
     def predictions(self, predictor, features) -> np.ndarray:
         return predictor.run(features[INPUT_KEY], SIGNATURE_NAME)["classes"]
 
-    def run_params(self, args, max_steps, baseline_params) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         data = {**self.folder.to_json(), "image_size": self.size, "channels": self.channels}
-        params = run_params(args, args.model, max_steps, "raw", data)
+        params = run_params(options, model, max_steps, "raw", data)
         return {**params, "num_classes": len(self.labels)}
 
     def report(self, truth, predicted, groups, **context) -> dict:
         return build_report(truth, predicted, self.labels, task=CLASSIFICATION, **context)
 
-    def estimator(self, run_dir, params, args, warm_start):
-        return image_folder.make_estimator(params, estimator_config(args, run_dir), warm_start)
+    def estimator(self, run_dir, params, options: RunOptions | None, warm_start):
+        return image_folder.make_estimator(params, estimator_config(options, run_dir), warm_start)
 
     def receiver_fn(self):
         return image_folder.serving_input_receiver_fn(self.size, self.channels)
 
 
-def _folder_data(args, recorded: dict, has_baseline: bool, others) -> FolderData:
+def _folder_data(options: DataOptions, recorded: dict, has_baseline: bool, others) -> FolderData:
     for other in others:
-        if other.given(args):
+        if other.given(options):
             raise UsageError(
                 f"{other.option}: the serving version was trained on a folder of images"
             )
-    path = args.image_folder if not has_baseline else base_path(
-        args.image_folder, recorded.get("image_folder"), "--image-folder", Path.is_dir
+    path = given_path(options.image_folder, "--image-folder") if not has_baseline else base_path(
+        options.image_folder, recorded.get("image_folder"), "--image-folder", Path.is_dir
     )  # fmt: skip
     folder = image_folder.scan_image_folder(path)
-    size = recorded.get("image_size") or args.image_size or image_folder.DEFAULT_IMAGE_SIZE
-    channels = recorded.get("channels") or args.channels or image_folder.DEFAULT_CHANNELS
-    for option, given, kept in (("--image-size", args.image_size, size),
-                                ("--channels", args.channels, channels)):  # fmt: skip
+    size = recorded.get("image_size") or options.image_size or image_folder.DEFAULT_IMAGE_SIZE
+    channels = recorded.get("channels") or options.channels or image_folder.DEFAULT_CHANNELS
+    for option, given, kept in (("--image-size", options.image_size, size),
+                                ("--channels", options.channels, channels)):  # fmt: skip
         if given is not None and given != kept:
             raise UsageError(f"{option} {given}: the serving version takes {kept}")
     if has_baseline and tuple(recorded.get("classes") or ()) != folder.classes:
@@ -164,28 +175,26 @@ class ImageFolderKind(DataKind):
     def models_text(self) -> str:
         return " or ".join(self.model_kinds)
 
-    def default_folders(self, args) -> tuple[str, str]:
-        name = Path(args.image_folder).resolve().name
+    def default_folders(self, source) -> tuple[str, str]:
+        name = Path(source).resolve().name
         return f"runs/{name}", f"models/{name}"
 
-    def fill_defaults(self, args) -> None:
-        # An image folder's classes are its subfolders, and its receiver is raw.
-        args.image_size = args.image_size or image_folder.DEFAULT_IMAGE_SIZE
-        args.channels = args.channels or image_folder.DEFAULT_CHANNELS
-        args.receiver = "raw"
-
-    def prepare(self, args) -> Prepared:
-        folder = image_folder.scan_image_folder(args.image_folder)
-        size, channels, count = args.image_size, args.channels, len(folder.train)
+    def prepare(self, config: TrainConfig) -> Prepared:
+        """The folder scanned and checked; --image-size and --channels defaulted (its classes
+        are its subfolders, and its receiver is raw)."""
+        folder = image_folder.scan_image_folder(given_path(config.image_folder, self.option))
+        size = config.image_size or image_folder.DEFAULT_IMAGE_SIZE
+        channels = config.channels or image_folder.DEFAULT_CHANNELS
+        count = len(folder.train)
         return Prepared(
             count=count,
             data={**folder.to_json(), "image_size": size, "channels": channels},
-            what=f"{count:,} images of {len(folder.classes)} classes from {args.image_folder} "
+            what=f"{count:,} images of {len(folder.classes)} classes from {config.image_folder} "
             f"({size}x{size}x{channels})",
             extra_params={"num_classes": len(folder.classes)},
             estimator=image_folder.make_estimator,
             train_input=lambda: image_folder.train_input_fn(
-                folder, size, channels, args.batch_size, args.seed
+                folder, size, channels, config.batch_size, config.seed
             ),
             eval_input=lambda: image_folder.eval_input_fn(folder, size, channels, EVAL_BATCH_SIZE),
             export=lambda estimator, export_dir, context: image_folder.export_image_model(
@@ -193,32 +202,40 @@ class ImageFolderKind(DataKind):
             ),
         )
 
-    def train(self, args, others) -> int:
-        return cmd_train_any(args, self, others, DEFAULT_EPOCHS)
+    def train(self, config: TrainConfig, others: Sequence[DataKind]) -> int:
+        return train_and_report(config, self, others, DEFAULT_EPOCHS)
 
-    def compare(self, args, others) -> int:
-        return cmd_compare_any(args, self, others, DEFAULT_EPOCHS)
+    def compare(self, config: CompareConfig, others: Sequence[DataKind]) -> int:
+        return compare_prepared(config, self, others, DEFAULT_EPOCHS)
 
-    def retrain_data(self, args, recorded, params, has_baseline, labels_of_idx, others):
-        return _folder_data(args, recorded, has_baseline, others)
+    def retrain_data(
+        self,
+        options: DataOptions,
+        recorded: dict,
+        params: dict,
+        has_baseline: bool,
+        labels_of_idx: Callable[[], tuple[str, ...]],
+        others: Sequence[DataKind],
+    ) -> ModelData:
+        return _folder_data(options, recorded, has_baseline, others)
 
     def takes(self, version) -> bool:
-        return isinstance(version, exported.ImageVersion)
+        return isinstance(version, exported_model.ImageVersion)
 
-    def evaluate_export(self, args, version) -> dict:
+    def evaluate_export(self, config: EvaluateConfig, version) -> dict:
         """Every image of --image-folder, its class by its subfolder."""
-        if not args.image_folder:
+        if not config.image_folder:
             raise UsageError(
                 f"{version.path} is a model of {version.shape_text()} images: evaluate it with "
                 f"--image-folder DIR holding a subfolder per class ({', '.join(version.labels)})"
             )
-        images, truth, _ = exported.read_labeled_folder(version, args.image_folder)
+        images, truth, _ = exported_model.read_labeled_folder(version, config.image_folder)
         predictor = SavedModelPredictor(version.path)
         inputs = {version.input_name: images}
-        outputs = exported.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
+        outputs = exported_model.run_batched(predictor, version.signature, inputs, EVAL_BATCH_SIZE)
         return build_report(
-            truth, exported.image_classes(outputs), version.labels, task="classification",
-            image_folder=str(args.image_folder), saved_model=str(version.path), split="all",
+            truth, exported_model.image_classes(outputs), version.labels, task="classification",
+            image_folder=str(config.image_folder), saved_model=str(version.path), split="all",
         )  # fmt: skip
 
 

@@ -51,10 +51,11 @@ from training import (
     publish,
     sources,
 )
+from training.configs import ModelOptions, RunOptions
 from training.errors import DataError
-from training.evaluation import build_report
+from training.evaluation_report import build_report
 from training.feedback_source import FeedbackSelection
-from training.train_any import run_config
+from training.kinds.prepared_training import run_config
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 # At most this many bytes of examples wait in each source's shuffle buffer (and never more
@@ -325,10 +326,14 @@ class ModelData(abc.ABC):
     default_model: str = "cnn"
 
     @abc.abstractmethod
-    def run_params(self, args, max_steps: int, baseline_params: dict) -> dict:
+    def run_params(
+        self, options: ModelOptions, model: str, max_steps: int, baseline_params: dict
+    ) -> dict:
         """The run's params (what its Estimator is built from), as `train` records them.
 
         Args:
+            options: the retrain's budget, layers and schedule (its RetrainConfig).
+            model: the model kind (--model, or the serving version's).
             baseline_params: the serving version's, when the candidate starts from it ({}
                 otherwise): what lives in the graph, not the checkpoint, is kept.
         """
@@ -354,8 +359,10 @@ class ModelData(abc.ABC):
         """The export's serving input receiver function."""
 
     @abc.abstractmethod
-    def estimator(self, run_dir: Path, params: dict, args, warm_start):
-        """The Estimator of this kind, in run_dir, started from warm_start (or None)."""
+    def estimator(self, run_dir: Path, params: dict, options: RunOptions | None, warm_start):
+        """The Estimator of this kind, in run_dir, started from warm_start (or None);
+        without options (a retrain's seed, checkpoints and evaluations), one that only builds
+        graphs."""
 
     @contextlib.contextmanager
     def staged(
@@ -413,8 +420,8 @@ class HeldOut:
         return {}
 
 
-def estimator_config(args, run_dir: Path) -> tf.estimator.RunConfig:
-    """The run's RunConfig (`train`'s); without args, one that only builds graphs."""
-    if args is None:
+def estimator_config(options: RunOptions | None, run_dir: Path) -> tf.estimator.RunConfig:
+    """The run's RunConfig (`train`'s); without options, one that only builds graphs."""
+    if options is None:
         return tf.estimator.RunConfig(model_dir=str(run_dir))
-    return run_config(args, run_dir)
+    return run_config(options, run_dir)

@@ -11,8 +11,8 @@ from training import (
     feedback_source,
     kinds,
     lock,
-    train,
 )
+from training.configs import run_seed
 from training.errors import UsageError
 from training.versions import (
     PUBLISH_MODES,
@@ -55,7 +55,7 @@ non_negative_float.__name__ = "non-negative number"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `retrain` subcommand's options: train's, with the same meaning, plus its own."""
     cli.add_data_arguments(p)
-    train.add_run_arguments(
+    cli.add_run_arguments(
         p,
         model_dir_help="runs folder: each retrain trains in a folder of its own under it "
         "(retrain-<hash of the data and options>), which a killed retrain resumes; "
@@ -63,10 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         any_data=True,
     )
     cli.add_budget_arguments(p, DEFAULT_EPOCHS)
-    train.add_model_arguments(p, seed=0)
-    train.add_schedule_arguments(p)
-    train.add_hook_arguments(p)
-    train.add_any_data_arguments(p)
+    cli.add_model_arguments(p, seed=0)
+    cli.add_schedule_arguments(p)
+    cli.add_hook_arguments(p)
+    cli.add_any_data_arguments(p)
     new = p.add_argument_group("new data")
     new.add_argument(
         "--extra-data",
@@ -268,8 +268,10 @@ class RetrainConfig:
             raise UsageError(
                 f"--publish {args.publish} moves a label in the model config: give --config"
             )
-        model_dir, export_dir = kinds.of_args(args).default_folders(args)
+        kind = kinds.chosen(args)
+        model_dir, export_dir = kind.default_folders(kind.source(args))
         given = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
         given["model_dir"] = args.model_dir or model_dir
         given["export_dir"] = args.export_dir or export_dir
+        given["seed"] = run_seed(args.seed, args.deterministic)
         return cls(**given)

@@ -25,7 +25,7 @@ from training import (
     runs,
     sources,
     staging,
-    train,
+    train_loop,
 )
 from training.errors import UsageError
 from training.retrain.arguments import BASELINE_COPY, DEFAULT_EPOCHS, RUN_PREFIX, RetrainConfig
@@ -56,10 +56,10 @@ from training.versions import (
 )
 
 
-def retrain(args: RetrainConfig) -> int:
+def retrain(config: RetrainConfig) -> int:
     """Train a candidate, judge it against the serving version, publish it only if blessed."""
-    hooks = cli.hook_names(args.hooks)
-    model_dir = Path(args.model_dir)
+    hooks = cli.hook_names(config.hooks)
+    model_dir = Path(config.model_dir)
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
         lock_file = os.open(model_dir / lock.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -67,46 +67,48 @@ def retrain(args: RetrainConfig) -> int:
     except OSError as err:
         raise UsageError(f"--model-dir {model_dir}: cannot write there: {err.strerror}") from err
     try:
-        with lock.hold(model_dir / lock.LOCK_FILE, args.wait_for_lock), ExitStack() as held:
+        with lock.hold(model_dir / lock.LOCK_FILE, config.wait_for_lock), ExitStack() as held:
             # The repository root, not the model's folder: a first publish makes that one.
             # On object storage there is no folder to lock: the model dir's lock is the one.
-            remote = is_url(args.export_dir)
-            repository = None if remote else Path(args.export_dir).absolute().parent
-            if args.stage_to:
-                _hold_staging_area(args, repository, held)
+            remote = is_url(config.export_dir)
+            repository = None if remote else Path(config.export_dir).absolute().parent
+            if config.stage_to:
+                _hold_staging_area(config.stage_to, config, repository, held)
             elif repository is not None:
                 try:
-                    held.enter_context(lock.hold_directory(repository, args.wait_for_lock))
+                    held.enter_context(lock.hold_directory(repository, config.wait_for_lock))
                 except OSError as err:
                     raise UsageError(
-                        f"--export-dir {args.export_dir}: cannot open its folder: {err.strerror}"
+                        f"--export-dir {config.export_dir}: cannot open its folder: {err.strerror}"
                     ) from err
-            return _retrain(args, hooks, model_dir, held)
+            return _retrain(config, hooks, model_dir, held)
     except lock.LockHeld as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_LOCKED
 
 
-def _hold_staging_area(args, repository: Path | None, held: ExitStack) -> None:
+def _hold_staging_area(
+    stage_to: str, config: RetrainConfig, repository: Path | None, held: ExitStack
+) -> None:
     """--stage-to's folder, made, locked for the run (not the repository: a staged retrain
     writes nothing there) and emptied of what an earlier retrain staged."""
-    stage_dir = staging.make_area(args.stage_to, repository)
-    held.enter_context(lock.hold_directory(stage_dir, args.wait_for_lock))
+    stage_dir = staging.make_area(stage_to, repository)
+    held.enter_context(lock.hold_directory(stage_dir, config.wait_for_lock))
     staging.clear(stage_dir)
 
 
-def _thresholds(args, task: str) -> blessing.Thresholds:
+def _thresholds(config: RetrainConfig, task: str) -> blessing.Thresholds:
     """The gate of the model's task; the other task's options are refused."""
     classifier = {
-        "--min-accuracy": args.min_accuracy,
-        "--max-accuracy-drop": args.max_accuracy_drop,
-        "--max-class-recall-drop": args.max_class_recall_drop,
+        "--min-accuracy": config.min_accuracy,
+        "--max-accuracy-drop": config.max_accuracy_drop,
+        "--max-class-recall-drop": config.max_class_recall_drop,
     }
     regressor = {
-        "--max-rmse": args.max_rmse,
-        "--max-rmse-increase": args.max_rmse_increase,
-        "--max-mae-increase": args.max_mae_increase,
-        "--max-slice-error-increase": args.max_slice_error_increase,
+        "--max-rmse": config.max_rmse,
+        "--max-rmse-increase": config.max_rmse_increase,
+        "--max-mae-increase": config.max_mae_increase,
+        "--max-slice-error-increase": config.max_slice_error_increase,
     }
     classifies = task == blessing.CLASSIFICATION
     for option, value in (regressor if classifies else classifier).items():
@@ -116,13 +118,13 @@ def _thresholds(args, task: str) -> blessing.Thresholds:
                 f"is a {'classifier' if classifies else 'regressor'}"
             )
     return blessing.Thresholds(
-        min_accuracy=args.min_accuracy,
-        max_accuracy_drop=args.max_accuracy_drop or 0.0,
-        max_class_recall_drop=args.max_class_recall_drop,
-        max_rmse=args.max_rmse,
-        max_rmse_increase=args.max_rmse_increase or 0.0,
-        max_mae_increase=args.max_mae_increase,
-        max_slice_error_increase=args.max_slice_error_increase,
+        min_accuracy=config.min_accuracy,
+        max_accuracy_drop=config.max_accuracy_drop or 0.0,
+        max_class_recall_drop=config.max_class_recall_drop,
+        max_rmse=config.max_rmse,
+        max_rmse_increase=config.max_rmse_increase or 0.0,
+        max_mae_increase=config.max_mae_increase,
+        max_slice_error_increase=config.max_slice_error_increase,
         task=task,
     )
 
@@ -143,55 +145,56 @@ def _scan(readers, holdout_seed: int) -> list[sources.Scanned]:
     return scanned
 
 
-def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> int:
-    export_dir = location(args.export_dir)
-    entry = config_entry(args.config, export_dir) if args.config else None
+def _retrain(config: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> int:
+    export_dir = location(config.export_dir)
+    entry = config_entry(config.config, export_dir) if config.config else None
     model_name = entry.name if entry is not None else basename(export_dir)
     # A serving version on object storage is judged from a local copy.
     fetch_to = model_dir / BASELINE_COPY if is_url(export_dir) else None
     baseline = serving_baseline(entry, export_dir, fetch_to)
     baseline_report = (read_report(baseline.path) or {}) if baseline is not None else {}
-    model = kinds.retrain_data(args, baseline_report, lambda: _labels(args, baseline))
-    labels = _model_labels(args, baseline, model)
-    args = _model_kind(args, baseline, baseline_report, model)
-    thresholds = _thresholds(args, model.task)
+    model = kinds.retrain_data(config, baseline_report, lambda: _labels(config, baseline))
+    labels = _model_labels(config, baseline, model)
+    config = _model_kind(config, baseline, baseline_report, model)
+    thresholds = _thresholds(config, model.task)
     selection = None
-    if args.feedback_dir:
-        root = Path(args.feedback_dir)
+    if config.feedback_dir:
+        root = Path(config.feedback_dir)
         if not root.is_dir():
             raise data.DataError(f"--feedback-dir {root}: folder not found")
         store = feedback.store_dir(root, model_name)
         # Held until the retrain ends: expiry does not remove shards it streams.
         held.enter_context(feedback.reading(store))
-        max_age = args.feedback_max_age_days
+        max_age = config.feedback_max_age_days
         selection = feedback_source.select_feedback(
             store,
-            args.max_feedback_per_sender,
-            tuple(args.exclude_sender),
+            config.max_feedback_per_sender,
+            tuple(config.exclude_sender),
             None if max_age is None else dt.timedelta(days=max_age),
         )
-    readers = model.readers(args.extra_data, selection)
-    scanned = _scan(readers, args.holdout_seed)
-    assembled = sources.assemble(scanned, args.holdout_fraction, args.holdout_seed)
+    readers = model.readers(config.extra_data, selection)
+    scanned = _scan(readers, config.holdout_seed)
+    assembled = sources.assemble(scanned, config.holdout_fraction, config.holdout_seed)
     if assembled.train_count == 0:
         raise data.DataError(f"{model.base}: no example left to train on")
     start = None
-    if baseline is not None and not args.from_scratch:
+    if baseline is not None and not config.from_scratch:
         start = _start_checkpoint(baseline, baseline_report)
-        args = _keep_architecture(args, baseline, baseline_report)
-    steps_per_epoch = math.ceil(assembled.train_count / args.batch_size)
-    max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
+        config = _keep_architecture(config, baseline, baseline_report)
+    steps_per_epoch = math.ceil(assembled.train_count / config.batch_size)
+    max_steps = cli.budget_steps(config, DEFAULT_EPOCHS, steps_per_epoch)
     base_params = (baseline_report.get("params") or {}) if start is not None else {}
-    params = model.run_params(args, max_steps, base_params)
+    model_kind = config.model or model.default_model  # _model_kind has chosen it
+    params = model.run_params(config, model_kind, max_steps, base_params)
     params.update(
         data_dir=str(model.base),
         labels=list(labels),
         hooks=list(hooks),
-        check_numerics=args.check_numerics,
+        check_numerics=config.check_numerics,
         warm_start_from=start,
         baseline_version=baseline.version if baseline is not None else None,
     )
-    inputs_key = _inputs_key(params, assembled, args.from_scratch)
+    inputs_key = _inputs_key(params, assembled, config.from_scratch)
     run_dir = model_dir / (RUN_PREFIX + _run_id(inputs_key, params))
     print(blessing.format_sources(assembled.sources), flush=True)
     for source in assembled.sources:
@@ -203,7 +206,7 @@ def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> in
             "these options (its blessing.json says so): nothing new to train on."
         )
         _record_staged_outcome(
-            args, model_name, baseline, staging.UNCHANGED,
+            config, model_name, baseline, staging.UNCHANGED,
             f"the serving version {baseline.version} was retrained on these very inputs",
         )  # fmt: skip
         return 0
@@ -219,12 +222,12 @@ def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> in
         if published is not None:
             print(f"{run_dir} at step {step} is already published as {published}.")
             _record_staged_outcome(
-                args, model_name, baseline, staging.PUBLISHED,
+                config, model_name, baseline, staging.PUBLISHED,
                 f"{run_dir} at step {step} was published earlier",
                 published_version=published_number(published),
             )  # fmt: skip
-            if args.publish != "version":
-                move_label(args.config, entry, args.publish, published_number(published))
+            if config.publish != "version":
+                move_label(config.config, entry, config.publish, published_number(published))
             return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = write_selections(run_dir, readers, assembled.selections)
@@ -235,26 +238,26 @@ def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> in
     started = time.perf_counter()
     if step < max_steps:
         warm_start = model.warm_start(start, params, run_dir) if start and step == 0 else None
-        estimator = model.estimator(run_dir, params, args, warm_start)
+        estimator = model.estimator(run_dir, params, config, warm_start)
         print(
             f"Training on {assembled.train_count:,} examples ({steps_per_epoch} steps/epoch) "
             f"to step {max_steps}" + (f", resuming at step {step}" if step else ""),
             flush=True,
         )
-        train.train_and_evaluate(
+        train_loop.train_and_evaluate(
             estimator,
-            lambda: training_input(model, readers, paths, trained, args.batch_size, args.seed),
+            lambda: training_input(model, readers, paths, trained, config.batch_size, config.seed),
             lambda: evaluation_input(model, readers, paths),
             max_steps,
             run_dir,
-            args.batch_size,
-            args.eval_every_secs,
+            config.batch_size,
+            config.eval_every_secs,
         )
     else:
         print(f"{run_dir} is already at step {step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
     gate = Gate(
-        args=args,
+        config=config,
         thresholds=thresholds,
         entry=entry,
         model_name=model_name,
@@ -271,7 +274,7 @@ def _retrain(args: RetrainConfig, hooks, model_dir: Path, held: ExitStack) -> in
         model=model,
         readers=tuple(readers),
         selections=tuple(paths),
-        args=args,
+        config=config,
     )
     code = _judge_and_publish(gate, candidate)
     # The decisions (a byte an example) are written again if the run is ever resumed.

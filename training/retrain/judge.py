@@ -46,7 +46,7 @@ from training.versions import (
 class Gate:
     """What a candidate is judged against, by which thresholds, and where a blessed one goes."""
 
-    args: RetrainConfig  # its --data-dir, --export-dir, --config and --publish
+    config: RetrainConfig  # its --data-dir, --export-dir, --config and --publish
     thresholds: blessing.Thresholds
     entry: ModelEntry | None  # --config's entry for --export-dir; None without --config
     model_name: str
@@ -67,7 +67,7 @@ class Candidate:
     model: ModelData
     readers: tuple[Reader, ...]
     selections: tuple[Path, ...]  # each reader's decisions, one byte an example
-    args: RetrainConfig
+    config: RetrainConfig
 
 
 def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
@@ -83,11 +83,13 @@ def _judge_and_publish(gate: Gate, candidate: Candidate) -> int:
         if not verdict.blessed:
             _record_not_blessed(gate, candidate, document, verdict)
             return EXIT_NOT_BLESSED
-        if gate.args.stage_to:
-            _stage(gate, candidate, document, staged, Path(gate.args.stage_to))
+        if gate.config.stage_to:
+            _stage(gate, candidate, document, staged, Path(gate.config.stage_to))
             return 0
-        pin_stable_before_a_canary(gate.args.config, gate.entry, gate.args.publish, gate.baseline)
-        published = _publish_as_next_version(staged, gate.args.export_dir, document)
+        pin_stable_before_a_canary(
+            gate.config.config, gate.entry, gate.config.publish, gate.baseline
+        )
+        published = _publish_as_next_version(staged, gate.config.export_dir, document)
     _record_published(gate, candidate, document, published)
     return 0
 
@@ -139,7 +141,7 @@ def _staged_candidate(
         write_export_plots(extra, report, str(run_dir), held_out.truth, predicted["values"])
 
     estimator = model.estimator(
-        run_dir, {**candidate.params, "fine_tune_from": None}, candidate.args, None
+        run_dir, {**candidate.params, "fine_tune_from": None}, candidate.config, None
     )
     warmup = model.warmup_images(held_out)
     with model.staged(
@@ -204,8 +206,8 @@ def _blessing_document(
             "holdout": assembled.holdout,
         },
         publish={
-            "mode": gate.args.publish,
-            "config": gate.args.config,
+            "mode": gate.config.publish,
+            "config": gate.config.config,
             "version": None,
             "label_changes": None,
         },
@@ -217,52 +219,57 @@ def _record_not_blessed(
 ) -> None:
     write_json(candidate.run_dir / BLESSING_FILE, document)
     _record_staged_outcome(
-        gate.args, gate.model_name, gate.baseline, staging.NOT_BLESSED,
+        gate.config, gate.model_name, gate.baseline, staging.NOT_BLESSED,
         "; ".join(check.describe() for check in verdict.failed),
     )  # fmt: skip
     print(
-        f"Not published: the model repository {gate.args.export_dir} is unchanged; the "
+        f"Not published: the model repository {gate.config.export_dir} is unchanged; the "
         f"report is {candidate.run_dir / BLESSING_FILE}.",
         flush=True,
     )
 
 
-def _staged_fields(args, model_name: str, baseline: Baseline | None) -> dict:
+def _staged_fields(config: RetrainConfig, model_name: str, baseline: Baseline | None) -> dict:
     """What staged.json says the candidate was judged for and against."""
     return {
         "model": model_name,
-        "export_dir": args.export_dir
-        if is_url(args.export_dir)
-        else os.path.abspath(args.export_dir),
-        "config": args.config,
+        "export_dir": config.export_dir
+        if is_url(config.export_dir)
+        else os.path.abspath(config.export_dir),
+        "config": config.config,
         "baseline_version": baseline.version if baseline is not None else None,
     }
 
 
 def _record_staged_outcome(
-    args, model_name: str, baseline: Baseline | None, outcome: str, reason: str, **more
+    config: RetrainConfig,
+    model_name: str,
+    baseline: Baseline | None,
+    outcome: str,
+    reason: str,
+    **more,
 ) -> None:
     """With --stage-to, a staged.json for a run that stages no candidate."""
-    if args.stage_to:
-        fields = _staged_fields(args, model_name, baseline)
-        staging.record(Path(args.stage_to), outcome, fields, reason, **more)
+    if config.stage_to:
+        fields = _staged_fields(config, model_name, baseline)
+        staging.record(Path(config.stage_to), outcome, fields, reason, **more)
 
 
 def _stage(gate: Gate, candidate: Candidate, document: dict, staged: Path, stage_dir: Path) -> None:
     """--stage-to (`stage_dir`): the blessed candidate with its blessing.json left for the
     publish step; the repository is not written."""
-    args = gate.args
+    config = gate.config
     document["publish"].update(mode="staged", staged_to=os.path.abspath(stage_dir))
     staging.stage_candidate(
-        stage_dir, staged, document, _staged_fields(args, gate.model_name, gate.baseline),
+        stage_dir, staged, document, _staged_fields(config, gate.model_name, gate.baseline),
         f"blessed against {_describe_baseline(gate.baseline)}",
     )  # fmt: skip
     write_json(candidate.run_dir / BLESSING_FILE, document)
-    config = f" --config {args.config}" if args.config else ""
+    config_option = f" --config {config.config}" if config.config else ""
     print(
-        f"Blessed: staged in {stage_dir}; the model repository {args.export_dir} is "
+        f"Blessed: staged in {stage_dir}; the model repository {config.export_dir} is "
         f"unchanged. Publish it with `python -m training publish --staged {stage_dir} "
-        f"--export-dir {args.export_dir}{config}`.",
+        f"--export-dir {config.export_dir}{config_option}`.",
         flush=True,
     )
 
@@ -286,8 +293,8 @@ def _record_published(
     the run dir."""
     print(f"Blessed: published {published}", flush=True)
     version = published_number(published)
-    if gate.args.publish != "version":
-        changes = move_label(gate.args.config, gate.entry, gate.args.publish, version)
+    if gate.config.publish != "version":
+        changes = move_label(gate.config.config, gate.entry, gate.config.publish, version)
         document["publish"]["label_changes"] = changes
     write_json(candidate.run_dir / BLESSING_FILE, document)
 

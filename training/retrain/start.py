@@ -74,14 +74,14 @@ def _describe_baseline(baseline: Baseline | None) -> str:
     return f"version {baseline.version}, {baseline.chosen_by}"
 
 
-def _labels(args, baseline: Baseline | None) -> tuple[str, ...]:
+def _labels(config: RetrainConfig, baseline: Baseline | None) -> tuple[str, ...]:
     """The baseline's class labels (the service answers and takes feedback with them)."""
     exported = read_labels(baseline.path) if baseline is not None else None
     if baseline is None or exported is None:
-        return cli.labels(args)
-    if args.labels != "auto" and cli.labels(args) != exported:
+        return cli.labels(config.labels, config.data_dir)
+    if config.labels != "auto" and cli.labels(config.labels, config.data_dir) != exported:
         raise UsageError(
-            f"--labels {args.labels}: the serving version {baseline.version} answers with "
+            f"--labels {config.labels}: the serving version {baseline.version} answers with "
             f"{', '.join(exported)}; leave --labels out to keep them"
         )
     return exported
@@ -113,50 +113,50 @@ def _start_checkpoint(baseline: Baseline, report: dict) -> str:
 
 
 def _model_kind(
-    args: RetrainConfig, baseline: Baseline | None, report: dict, model
+    config: RetrainConfig, baseline: Baseline | None, report: dict, model
 ) -> RetrainConfig:
     """--model: the serving version's kind when left out (warm-starting needs the same);
     the data's default kind for a first model. Returns the config with it."""
     known = kinds.KINDS[model.kind].model_kinds
     recorded = (report.get("params") or {}).get("model") if baseline is not None else None
-    if args.model is None:
-        args = dataclasses.replace(args, model=recorded or model.default_model)
-    if args.model not in known:
+    if config.model is None:
+        config = dataclasses.replace(config, model=recorded or model.default_model)
+    if config.model not in known:
         raise UsageError(
-            f"--model {args.model} is not a kind for this model's data; use {', '.join(known)}"
+            f"--model {config.model} is not a kind for this model's data; use {', '.join(known)}"
         )
-    if baseline is not None and not args.from_scratch:
+    if baseline is not None and not config.from_scratch:
         kind = recorded or "cnn"
-        if kind != args.model:
+        if kind != config.model:
             raise UsageError(
-                f"--model {args.model}: the serving version {baseline.version} is a {kind} "
+                f"--model {config.model}: the serving version {baseline.version} is a {kind} "
                 f"model; warm-starting needs the same kind: use --model {kind}, or "
                 "--from-scratch"
             )
-    return args
+    return config
 
 
-def _keep_architecture(args: RetrainConfig, baseline: Baseline, report: dict) -> RetrainConfig:
+def _keep_architecture(config: RetrainConfig, baseline: Baseline, report: dict) -> RetrainConfig:
     """--hidden-units: the serving version's when left at its default (warm-starting needs
     the same layers); another one given is refused. Returns the config with them."""
     recorded = (report.get("params") or {}).get("hidden_units")
-    if not recorded or args.model not in ("dnn", "dnn_linear") or args.hidden_units == recorded:
-        return args
-    if args.hidden_units == list(DEFAULT_HIDDEN_UNITS):
-        return dataclasses.replace(args, hidden_units=list(recorded))
-    given, kept = (",".join(map(str, units)) for units in (args.hidden_units, recorded))
+    if not recorded or config.model not in ("dnn", "dnn_linear") or config.hidden_units == recorded:
+        return config
+    if config.hidden_units == list(DEFAULT_HIDDEN_UNITS):
+        return dataclasses.replace(config, hidden_units=list(recorded))
+    given, kept = (",".join(map(str, units)) for units in (config.hidden_units, recorded))
     raise UsageError(
         f"--hidden-units {given}: the serving version {baseline.version} has {kept}; "
         f"warm-starting needs the same layers: leave --hidden-units out, or --from-scratch"
     )
 
 
-def _model_labels(args, baseline: Baseline | None, model) -> tuple[str, ...]:
+def _model_labels(config: RetrainConfig, baseline: Baseline | None, model) -> tuple[str, ...]:
     """The classes of a CSV or image-folder model (its data's, the serving version's when
     it has a labels.txt); the IDX labels were checked against --labels already."""
     if model.kind == "idx":
         return model.labels
-    if args.labels != "auto":
+    if config.labels != "auto":
         raise UsageError(f"--labels is for MNIST-format images; a {model.kind} model's classes "
                          "come from its data")  # fmt: skip
     exported = read_labels(baseline.path) if baseline is not None else None

@@ -34,7 +34,7 @@ from artifact.contract import (
 )
 from artifact.repository import read_report
 from training import image_folder, plots, runs, tabular
-from training.comparison import CHART_FILE, RESULTS_FILE, TABLE_FILE
+from training.comparison_table import CHART_FILE, RESULTS_FILE, TABLE_FILE
 from training.sample_data import write_sample_data
 from training.tabular_schema import holdout_rows, infer_schema, read_rows
 

@@ -9,7 +9,7 @@ from support.helpers import assert_one_error_line
 from support.training_harness import COMPARE_BATCH_SIZE, COMPARE_STEPS, LABELS, call_main
 
 from artifact.repository import read_report
-from training.comparison import RESULTS_FILE, TABLE_FILE, format_table
+from training.comparison_table import RESULTS_FILE, TABLE_FILE, format_table
 from training.errors import UsageError
 from training.estimator import MODEL_KINDS
 from training.runs import directory_bytes, exported_report, local_version

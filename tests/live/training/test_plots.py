@@ -19,7 +19,7 @@ from artifact.contract import (
 )
 from artifact.repository import read_report
 from training import plots
-from training.comparison import CHART_FILE, RESULTS_FILE
+from training.comparison_table import CHART_FILE, RESULTS_FILE
 from training.estimator import MODEL_KINDS
 
 

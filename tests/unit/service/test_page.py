@@ -36,7 +36,7 @@ RNG = np.random.default_rng(0)
 
 
 def report(accuracy: float, step: int) -> dict:
-    """An evaluation report as training/evaluation.py writes it (numbers made up)."""
+    """An evaluation report as training/evaluation_report.py writes it (numbers made up)."""
     confusion = np.diag([30] * 10).tolist()
     return {
         "accuracy": accuracy,
@@ -326,7 +326,7 @@ def test_uploads_answer_the_prepared_image_not_the_file(client):
 
 
 def test_a_regressors_versions_headline_is_its_rmse(client, repository):
-    """training/evaluation.py's regression report: rmse and mae, no accuracy; its plots."""
+    """training/evaluation_report.py's regression report: rmse and mae, no accuracy; its plots."""
     extra = write_version(repository, 4) / ASSETS_EXTRA
     extra.mkdir()
     regression = {"rmse": 3.25, "mae": 2.5, "max_error": 7.0, "examples": 40, "slices": {}}

@@ -20,10 +20,9 @@ from support.feedback_stores import (
 )
 
 from artifact.feedback import PROVENANCE_FILE, FeedbackWriter, closed_shards, read_examples
+from training.commands import expire_feedback
 from training.errors import DataError
 from training.feedback_source import (
-    add_expire_arguments,
-    cmd_expire_feedback,
     format_senders,
     select_feedback,
 )
@@ -147,14 +146,14 @@ def test_a_damaged_shard_is_a_data_error_naming_it(store):
 
 def expire_args(*argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_expire_arguments(parser)
+    expire_feedback.add_arguments(parser)
     return parser.parse_args([str(a) for a in argv])
 
 
 def test_expire_feedback_removes_what_is_older_from_the_store(store, capsys):
     # Two days and a half before NOW, counted from today: alice's first four go.
     days = (dt.datetime.now(dt.UTC) - NOW) / DAY + 2.5
-    code = cmd_expire_feedback(
+    code = expire_feedback.run(
         expire_args("--feedback-dir", store.parent, "--model", "m", "--max-age-days", days)
     )
     assert code == 0
@@ -162,7 +161,7 @@ def test_expire_feedback_removes_what_is_older_from_the_store(store, capsys):
     out = capsys.readouterr().out
     assert "4 examples older than" in out and "(0 shards removed, 1 compacted); 12 kept" in out
     with pytest.raises(DataError, match="folder not found"):
-        cmd_expire_feedback(
+        expire_feedback.run(
             expire_args("--feedback-dir", store / "x", "--model", "m", "--max-age-days", 1)
         )
     with pytest.raises(SystemExit):

@@ -1,5 +1,5 @@
 """The regression report and the classification report for any number of classes
-(training/evaluation.py): numbers worked out by hand, no TensorFlow."""
+(training/evaluation_report.py): numbers worked out by hand, no TensorFlow."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from training.evaluation import build_regression_report, build_report, format_report
+from training.evaluation_report import build_regression_report, build_report, format_report
 
 
 def test_regression_report_overall_and_per_slice():

@@ -19,6 +19,7 @@ from support.helpers import assert_one_error_line, tree
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import parse_config
 from training import lock, staging
+from training.commands import publish as publish_command
 from training.errors import UsageError
 
 MODEL = "fashion_mnist"
@@ -97,12 +98,12 @@ def staged(tmp_path, repository):
 def publish(stage_dir, repository, *argv, config=True) -> int:
     """`python -m training publish` as main() runs it: a UsageError is one line, exit 2."""
     parser = argparse.ArgumentParser()
-    staging.add_arguments(parser)
+    publish_command.add_arguments(parser)
     given = ["--staged", stage_dir, "--export-dir", repository / MODEL, *argv]
     if config:
         given += ["--config", repository / "models.config"]
     try:
-        return staging.cmd_publish(parser.parse_args([str(a) for a in given]))
+        return publish_command.run(parser.parse_args([str(a) for a in given]))
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""`python -m training train --csv FILE` and `train --image-folder DIR`: any data, not only IDX.
+"""`python -m training train --csv FILE` and `train --image-folder DIR`: training on the data a
+kind's `prepare` read and checked (training/kinds/csv.py, image_folder.py), not only IDX.
 
 A CSV file trains a pre-made Estimator on feature columns (training/tabular.py); an image
 folder trains a small CNN on images of any size (training/image_folder.py). Both validate
@@ -21,15 +22,16 @@ import tensorflow as tf
 
 from artifact.storage import location
 from training import cli, determinism, distributed, runs
+from training.configs import ModelOptions, RunOptions, TrainConfig
 from training.errors import UsageError
-from training.evaluation import format_report
+from training.evaluation_report import format_report
 from training.hooks import ProgressHook
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """A CSV file or an image folder read and checked for a run (its kind's `prepare`):
-    what train_any counts, records, trains and exports."""
+    what train_prepared counts, records, trains and exports."""
 
     count: int  # training examples
     data: dict  # the data as the run's params record it
@@ -42,39 +44,38 @@ class Prepared:
     export: Callable[[tf.estimator.Estimator, object, dict], tuple[Path | str, dict]]
 
 
-def _check_options(args, kind, others) -> None:
-    """Refuse what does not apply to the data; fill in the defaults of what does."""
+def _check_options(config: TrainConfig, kind, others) -> None:
+    """Refuse what does not apply to the data (its kind's `prepare` defaults what does)."""
     for other in others:
-        other.refuse_options(args, kind.option)
+        other.refuse_options(config, kind.option)
     if distributed.read_tf_config() is not None:
         raise UsageError(f"TF_CONFIG is set: {kind.option} trains on one host only; unset it")
-    if args.model not in (None, *kind.model_kinds):
-        raise UsageError(f"--model {args.model} is not for {kind.option}; use {kind.models_text}")
-    kind.fill_defaults(args)
+    if config.model not in (None, *kind.model_kinds):
+        raise UsageError(f"--model {config.model} is not for {kind.option}; use {kind.models_text}")
 
 
-def run_params(args, kind: str, max_steps: int, receiver: str, data: dict) -> dict:
+def run_params(options: ModelOptions, kind: str, max_steps: int, receiver: str, data: dict) -> dict:
     """The params of a CSV or image-folder run: what its Estimator is built from and
     params.json records (`train`'s, and a retrain's of such a model)."""
     return {
         "model": kind,
-        **cli.schedule_params(args, max_steps),
+        **cli.schedule_params(options, max_steps),
         "receiver": receiver,
         "data": data,
     }
 
 
-def run_config(args, model_dir: Path) -> tf.estimator.RunConfig:
+def run_config(options: RunOptions, model_dir: Path) -> tf.estimator.RunConfig:
     """The RunConfig of a CSV or image-folder run (`train`'s, and a retrain's of such a
     model): the seed, checkpoint interval, summaries and --deterministic's sessions."""
     return tf.estimator.RunConfig(
         model_dir=str(model_dir),
-        tf_random_seed=args.seed,
-        save_checkpoints_steps=args.checkpoint_steps,
+        tf_random_seed=options.seed,
+        save_checkpoints_steps=options.checkpoint_steps,
         save_summary_steps=100,
         keep_checkpoint_max=3,
         log_step_count_steps=100,
-        session_config=determinism.session_config(getattr(args, "deterministic", False)),
+        session_config=determinism.session_config(options.deterministic),
     )
 
 
@@ -92,7 +93,7 @@ def _check_resumable(model_dir: Path, params: dict) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainedRun:
-    """What train_any did: the kind trained, its budget (steps, and the training examples one
+    """What train_prepared did: the kind trained, its budget (steps, and the training examples one
     epoch holds), how long it took, and the version it exported with its evaluation report
     (None with --no-export)."""
 
@@ -105,10 +106,10 @@ class TrainedRun:
     report: dict | None
 
 
-def cmd_train_any(args, kind, others, default_epochs: float) -> int:
+def train_and_report(config: TrainConfig, kind, others, default_epochs: float) -> int:
     """Train on a CSV file or an image folder (`kind`, training/kinds/); export a new version
     unless --no-export. `others`: the other kinds, whose options are refused."""
-    run = train_any(args, kind, others, default_epochs)
+    run = train_prepared(config, kind, others, default_epochs)
     if run.version is not None and run.report is not None:
         print(format_report(run.report), flush=True)
         print(f"Exported {run.version} after {run.train_seconds / 60:.1f} min of training.")
@@ -116,28 +117,28 @@ def cmd_train_any(args, kind, others, default_epochs: float) -> int:
     return 0
 
 
-def train_any(args, kind, others, default_epochs: float) -> TrainedRun:
-    """Train args.model (or the data's default kind) on the data of `kind` (a CSV file or an
+def train_prepared(config: TrainConfig, kind, others, default_epochs: float) -> TrainedRun:
+    """Train config.model (or the data's default kind) on the data of `kind` (a CSV file or an
     image folder, training/kinds/) to the budget, evaluating on the held-out rows or images;
-    export unless args.no_export.
+    export unless config.no_export.
 
     Raises:
         UsageError / DataError: options that do not apply, bad data, a model dir of another
             run; all before anything is written.
     """
-    _check_options(args, kind, others)
-    default_model_dir, default_export_dir = kind.default_folders(args)
-    model_dir = Path(args.model_dir or default_model_dir)
-    export_dir = location(args.export_dir or default_export_dir)
-    prepared = kind.prepare(args)
-    model, count = args.model or kind.default_model, prepared.count
-    steps_per_epoch = math.ceil(count / args.batch_size)
-    max_steps = cli.budget_steps(args, default_epochs, steps_per_epoch)
-    params = run_params(args, model, max_steps, args.receiver, prepared.data)
+    _check_options(config, kind, others)
+    default_model_dir, default_export_dir = kind.default_folders(kind.source(config))
+    model_dir = Path(config.model_dir or default_model_dir)
+    export_dir = location(config.export_dir or default_export_dir)
+    prepared = kind.prepare(config)
+    model, count = config.model or kind.default_model, prepared.count
+    steps_per_epoch = math.ceil(count / config.batch_size)
+    max_steps = cli.budget_steps(config, default_epochs, steps_per_epoch)
+    params = run_params(config, model, max_steps, config.receiver or "raw", prepared.data)
     _check_resumable(model_dir, params)
-    config = run_config(args, model_dir)
+    estimator_config = run_config(config, model_dir)
     params.update(prepared.extra_params)
-    estimator = prepared.estimator(params, config)
+    estimator = prepared.estimator(params, estimator_config)
     # Everything is checked: from here on the run writes.
     model_dir.mkdir(parents=True, exist_ok=True)
     runs.write_params(model_dir, params)
@@ -154,22 +155,21 @@ def train_any(args, kind, others, default_epochs: float) -> TrainedRun:
             tf.estimator.TrainSpec(
                 prepared.train_input,
                 max_steps=max_steps,
-                hooks=[ProgressHook(max_steps, args.batch_size, label="train")],
+                hooks=[ProgressHook(max_steps, config.batch_size, label="train")],
             ),
             tf.estimator.EvalSpec(
                 prepared.eval_input,
                 steps=None,
                 start_delay_secs=0,
-                throttle_secs=args.eval_every_secs,
+                throttle_secs=config.eval_every_secs,
             ),
         )
     else:
         print(f"{model_dir} is already at step {start_step} >= {max_steps}: nothing to train.")
     train_seconds = time.perf_counter() - started
-    if args.no_export:
+    if config.no_export:
         return TrainedRun(model, model_dir, max_steps, count, train_seconds, None, None)
-    source = getattr(args, kind.attribute)
-    context = runs.report_context(source, model_dir, params, train_seconds)
+    context = runs.report_context(kind.source(config), model_dir, params, train_seconds)
     context["split"] = "holdout"
     version, report = prepared.export(estimator, export_dir, context)
     return TrainedRun(model, model_dir, max_steps, count, train_seconds, version, report)

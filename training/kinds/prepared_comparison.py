@@ -3,22 +3,23 @@ one budget, ranked by the task's metric.
 
 The recommended workflow on a user's own data: the pre-made kinds (linear, dnn, dnn_linear) on
 the same CSV file, or the image kinds (cnn, keras) on the same folder. Each is trained by
-`train`'s own code (training/train_any.py: train_and_evaluate on the training rows or images)
-for the same steps, batch size, learning rate and seed, exported to WORK_DIR/models/KIND with
-its report and plots, and ranked on the held-out rows or images by the task's metric: a
-classifier's accuracy (best first, with each class's recall), a regressor's RMSE (lowest
-first, with its MAE, largest error and largest slice error). The table is printed and saved
-as comparison.md and comparison.json, and drawn as comparison.png, as for IDX data.
+`train`'s own code (training/kinds/prepared_training.py: train_and_evaluate on the training
+rows or images) for the same steps, batch size, learning rate and seed, exported to
+WORK_DIR/models/KIND with its report and plots, and ranked on the held-out rows or images by
+the task's metric: a classifier's accuracy (best first, with each class's recall), a
+regressor's RMSE (lowest first, with its MAE, largest error and largest slice error). The
+table is printed and saved as comparison.md and comparison.json, and drawn as comparison.png,
+as for IDX data.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 from pathlib import Path
 
-from training import plots, runs, train_any
-from training.comparison import (
+from training import cli, plots, runs
+from training.comparison_table import (
     budget_text,
     check_work_dir,
     chosen_kinds,
@@ -26,39 +27,50 @@ from training.comparison import (
     save_comparison,
     saved_model_parameter_count,
 )
-from training.evaluation import is_regression, worst_slice
-from training.train import DEFAULT_CHECKPOINT_STEPS, DEFAULT_EVAL_EVERY_SECS
+from training.configs import CompareConfig, TrainConfig
+from training.evaluation_report import is_regression, worst_slice
+from training.hooks import DEFAULT_HOOKS
+from training.kinds.prepared_training import TrainedRun, train_prepared
 
 
-def _kind_args(args, kind: str, work_dir: Path) -> argparse.Namespace:
-    """`train`'s options for one kind: compare's data, budget and model options, its own
-    model dir and export dir, and none of the IDX kinds' options."""
-    return argparse.Namespace(
-        **{
-            **vars(args),
-            "model": kind,
-            "model_dir": str(work_dir / kind),
-            "export_dir": str(work_dir / "models" / kind),
-            # train's schedule: the last evaluation is of the exported step.
-            "checkpoint_steps": DEFAULT_CHECKPOINT_STEPS,
-            "eval_every_secs": DEFAULT_EVAL_EVERY_SECS,
-            "no_export": False,
-            "warm_start_from": None,
-            "fine_tune_from": None,
-            "check_numerics": False,
-            "num_gpus": None,
-        }
+def _train_config(config: CompareConfig, kind: str, work_dir: Path) -> TrainConfig:
+    """`train`'s config for one kind: compare's data, budget and model options, its own
+    model dir and export dir, train's defaults for the rest, and none of the IDX kinds'
+    options."""
+    train_fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    shared = {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(config)
+        if field.name in train_fields
+    }
+    return TrainConfig(
+        **shared,
+        model=kind,
+        model_dir=str(work_dir / kind),
+        export_dir=str(work_dir / "models" / kind),
+        # train's schedule: the last evaluation is of the exported step.
+        checkpoint_steps=cli.DEFAULT_CHECKPOINT_STEPS,
+        eval_every_secs=cli.DEFAULT_EVAL_EVERY_SECS,
+        no_export=False,
+        hooks=list(DEFAULT_HOOKS),
+        check_numerics=False,
+        warm_start_from=None,
+        fine_tune_from=None,
+        warm_start_vars=".*",
+        fine_tune_scopes=None,
+        max_worker_delay_secs=None,
+        num_gpus=None,
     )
 
 
-def _report(run: train_any.TrainedRun) -> dict:
+def _report(run: TrainedRun) -> dict:
     """A run's evaluation report (read back from its version when the run did not keep it)."""
     if run.report is not None:
         return run.report
     return runs.exported_report(runs.local_version(run.version))
 
 
-def result_row(run: train_any.TrainedRun) -> dict:
+def result_row(run: TrainedRun) -> dict:
     """One kind's row: the task's metrics on the held-out data, cost and size."""
     version = runs.local_version(run.version)
     report = _report(run)
@@ -110,28 +122,28 @@ def format_regression_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_compare_any(args, kind, others, default_epochs: float) -> int:
+def compare_prepared(config: CompareConfig, kind, others, default_epochs: float) -> int:
     """Train, export and evaluate each model kind on --csv or --image-folder (`kind`,
     training/kinds/); print and save the table, best first by the task's metric."""
-    source = f"{kind.option} {getattr(args, kind.attribute)}"
-    kinds = chosen_kinds(args.models, kind.model_kinds, " for " + kind.option)
-    work_dir = Path(args.work_dir)
+    source = f"{kind.option} {kind.source(config)}"
+    kinds = chosen_kinds(config.models, kind.model_kinds, " for " + kind.option)
+    work_dir = Path(config.work_dir)
     check_work_dir(work_dir)
     print(f"Comparing {', '.join(kinds)} on {source}; work dir {work_dir}", flush=True)
     rows = []
     for model in kinds:
-        last = train_any.train_any(_kind_args(args, model, work_dir), kind, others, default_epochs)
+        last = train_prepared(_train_config(config, model, work_dir), kind, others, default_epochs)
         row = result_row(last)
         rows.append(row)
         metric = "rmse" if row["task"] == "regression" else "accuracy"
         print(f"[{model}] held-out {metric} {row[metric]:.4f}; exported {last.version}", flush=True)
     budget = budget_text(
-        last.max_steps, args.batch_size, math.ceil(last.train_examples / args.batch_size)
+        last.max_steps, config.batch_size, math.ceil(last.train_examples / config.batch_size)
     )
     last_report = _report(last)
     examples = last_report["examples"]
     results = {"task": rows[0]["task"], "budget_steps": last.max_steps,
-               "batch_size": args.batch_size}  # fmt: skip
+               "batch_size": config.batch_size}  # fmt: skip
     if rows[0]["task"] == "regression":
         rows.sort(key=lambda row: row["rmse"])
         heading = f"RMSE on {examples:,} held-out rows after {budget}, best (lowest) first"
@@ -150,7 +162,7 @@ def cmd_compare_any(args, kind, others, default_epochs: float) -> int:
             return plots.plot_comparison(rows, labels, path, heading, "Held-out accuracy")
 
     save_comparison(
-        work_dir, heading, f"Data: {source}. Budget: {budget}, seed {args.seed}.", table,
+        work_dir, heading, f"Data: {source}. Budget: {budget}, seed {config.seed}.", table,
         {**results, "results": rows}, draw,
     )  # fmt: skip
     return 0

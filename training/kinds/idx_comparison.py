@@ -1,4 +1,5 @@
-"""`python -m training compare`: every model kind on the same data and budget, best first.
+"""`python -m training compare` on MNIST-format IDX images (the `idx` kind's,
+training/kinds/idx.py): every model kind on the same data and budget, best first.
 
 The recommended workflow: a pre-made baseline first, then the custom Estimator, and keep the
 custom model only if it beats the baselines by enough to pay for itself. Each kind trains for
@@ -10,18 +11,17 @@ exports are a model repository under --work-dir/models
 (`MODEL_BASE_PATH=<work-dir>/models MODEL_NAME=dnn python -m service` serves one).
 
 With --csv or --image-folder, the kinds of that data are compared instead, ranked by the
-task's metric (training/compare_any.py).
+task's metric (training/kinds/prepared_comparison.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
 
 from training import cli, data, determinism, plots, runs
-from training.comparison import (
+from training.comparison_table import (
     budget_text,
     check_work_dir,
     chosen_kinds,
@@ -29,89 +29,58 @@ from training.comparison import (
     save_comparison,
     saved_model_parameter_count,
 )
+from training.configs import CompareConfig
 from training.estimator import MODEL_KINDS, make_estimator
 from training.hooks import ProgressHook
-from training.image_folder import IMAGE_KINDS
+from training.kinds.idx_training import model_params, pixel_stats
 from training.publish import export_evaluated
-from training.tabular import TABULAR_KINDS
-from training.train import DEFAULT_EPOCHS as ANY_EPOCHS
-from training.train import (
-    add_any_data_arguments,
-    add_model_arguments,
-    model_params,
-    pixel_stats,
-)
 
+# compare's budget on IDX images (a CSV file's or an image folder's is train's).
 DEFAULT_EPOCHS = 1.0
-DEFAULT_WORK_DIR = "runs/compare"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `compare` subcommand's options."""
-    cli.add_data_arguments(p)
-    p.add_argument(
-        "--models",
-        type=cli.name_list,
-        default=None,
-        help=f"the kinds to compare, comma-separated (default: {','.join(MODEL_KINDS)}; with "
-        f"--csv {','.join(TABULAR_KINDS)}; with --image-folder {','.join(IMAGE_KINDS)})",
-    )
-    p.add_argument(
-        "--work-dir",
-        default=DEFAULT_WORK_DIR,
-        help="new or empty folder for each kind's model dir, the exports and the table "
-        "(default: %(default)s)",
-    )
-    # The same budget for every kind.
-    cli.add_budget_arguments(
-        p, DEFAULT_EPOCHS, f"{DEFAULT_EPOCHS:g}; with --csv or --image-folder {ANY_EPOCHS:g}"
-    )
-    add_model_arguments(p, seed=0)  # one seed for every kind unless told otherwise
-    add_any_data_arguments(p)
-
-
-def compare_idx(args, others) -> int:
+def compare_idx(config: CompareConfig, others) -> int:
     """Train, export and evaluate each model kind on IDX images; print and save the table,
     best first. `others`: the other kinds of data (training/kinds/), whose options are
     refused."""
     for other in others:
-        other.refuse_options(args, "--data-dir")
-    kinds = chosen_kinds(args.models, MODEL_KINDS)
-    work_dir = Path(args.work_dir)
+        other.refuse_options(config, "--data-dir")
+    kinds = chosen_kinds(config.models, MODEL_KINDS)
+    work_dir = Path(config.work_dir)
     check_work_dir(work_dir)
-    labels = cli.labels(args)
-    train_split, train_images, _ = data.load_split(args.data_dir, "train")
-    _, test_images, test_labels = data.load_split(args.data_dir, "test")
-    steps_per_epoch = math.ceil(train_split.count / args.batch_size)
-    max_steps = cli.budget_steps(args, DEFAULT_EPOCHS, steps_per_epoch)
+    labels = cli.labels(config.labels, config.data_dir)
+    train_split, train_images, _ = data.load_split(config.data_dir, "train")
+    _, test_images, test_labels = data.load_split(config.data_dir, "test")
+    steps_per_epoch = math.ceil(train_split.count / config.batch_size)
+    max_steps = cli.budget_steps(config, DEFAULT_EPOCHS, steps_per_epoch)
     stats = pixel_stats(train_images)
     print(
-        f"Comparing {', '.join(kinds)}: {max_steps} steps of {args.batch_size} each on "
-        f"{train_split.count:,} images from {args.data_dir}; work dir {work_dir}",
+        f"Comparing {', '.join(kinds)}: {max_steps} steps of {config.batch_size} each on "
+        f"{train_split.count:,} images from {config.data_dir}; work dir {work_dir}",
         flush=True,
     )
     rows = []
     for kind in kinds:
         model_dir = work_dir / kind
-        params = model_params(args, kind, max_steps, stats)
-        params.update(data_dir=str(args.data_dir), labels=list(labels))
+        params = model_params(config, kind, max_steps, stats)
+        params.update(data_dir=str(config.data_dir), labels=list(labels))
         model_dir.mkdir(parents=True)
         runs.write_params(model_dir, params)
         estimator = make_estimator(
             str(model_dir),
             params,
-            seed=args.seed,
+            seed=config.seed,
             save_checkpoints_steps=max_steps,
-            session_config=determinism.session_config(args.deterministic),
+            session_config=determinism.session_config(config.deterministic),
         )
         started = time.perf_counter()
         estimator.train(
-            lambda: data.train_input_fn(train_split, args.batch_size, args.seed),
+            lambda: data.train_input_fn(train_split, config.batch_size, config.seed),
             max_steps=max_steps,
-            hooks=[ProgressHook(max_steps, args.batch_size, label=kind)],
+            hooks=[ProgressHook(max_steps, config.batch_size, label=kind)],
         )
         train_seconds = time.perf_counter() - started
-        context = runs.report_context(args.data_dir, model_dir, params, train_seconds)
+        context = runs.report_context(config.data_dir, model_dir, params, train_seconds)
         version = runs.local_version(
             export_evaluated(
                 estimator, work_dir / "models" / kind, labels, test_images, test_labels, context
@@ -132,12 +101,12 @@ def compare_idx(args, others) -> int:
         )
         print(f"[{kind}] test accuracy {report['accuracy']:.4f}; exported {version}", flush=True)
     rows.sort(key=lambda row: row["accuracy"], reverse=True)
-    budget = budget_text(max_steps, args.batch_size, steps_per_epoch)
-    results = {"budget_steps": max_steps, "batch_size": args.batch_size, "labels": list(labels)}
+    budget = budget_text(max_steps, config.batch_size, steps_per_epoch)
+    results = {"budget_steps": max_steps, "batch_size": config.batch_size, "labels": list(labels)}
     save_comparison(
         work_dir,
         f"Test accuracy on {len(test_labels):,} images after {budget}, best first",
-        f"Budget: {budget}, seed {args.seed}.",
+        f"Budget: {budget}, seed {config.seed}.",
         format_table(rows, labels),
         {**results, "results": rows},
         lambda path: plots.plot_comparison(
