@@ -26,6 +26,7 @@ _Config = TypeVar("_Config")
 
 def _given(cls: type[_Config], args: argparse.Namespace, **replaced: Any) -> _Config:
     """A config of every field's option as parsed, some replaced."""
+    # A TypeVar cannot say "a dataclass type": mypy cannot see that every config is one.
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     given = {field.name: getattr(args, field.name) for field in fields}
     return cls(**{**given, **replaced})
