@@ -308,7 +308,7 @@ def test_a_classifier_with_neither_classes_nor_a_known_width_is_named(tmp_path):
     from tensorflow.core.framework import types_pb2
     from tensorflow.core.protobuf import meta_graph_pb2
 
-    from training import exported
+    from training import exported_model
     from training.errors import UsageError
 
     signature = meta_graph_pb2.SignatureDef()
@@ -317,4 +317,4 @@ def test_a_classifier_with_neither_classes_nor_a_known_width_is_named(tmp_path):
     signature.outputs["probabilities"].dtype = types_pb2.DT_FLOAT
     signature.outputs["probabilities"].tensor_shape.unknown_rank = True
     with pytest.raises(UsageError, match="output 'probabilities' has an unknown shape"):
-        exported._tabular(tmp_path, "predict", signature, None)
+        exported_model._tabular(tmp_path, "predict", signature, None)
