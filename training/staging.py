@@ -21,7 +21,10 @@ to the repository. It runs no model code (no SavedModel is loaded): it checks wh
 blessing that says blessed, for this model and repository, against the version that still
 serves), copies it beside the versions hashing the bytes it copies, and renames the copy in as
 the next version (training/versions.py, as every export); then it moves --publish's label. A
-refused publish changes nothing and says why in one line.
+refused publish changes nothing and says why in one line. On object storage (--export-dir
+s3://... or gs://...) the copy is made in a private temporary folder and uploaded from there
+as the next version, its manifest last (artifact/storage.py), as `export` uploads; the bucket
+has no lock, as for a retrain that publishes there itself.
 
 What the digests protect: that what is published is what the retrain staged and judged; a
 staging area changed, half-copied or half-written since is refused. They cannot vouch for a
@@ -50,7 +53,7 @@ from pathlib import Path
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import ModelEntry
 from artifact.repository import SAVED_MODEL_FILE, list_versions, read_blessing
-from artifact.storage import display, is_url
+from artifact.storage import RemoteModel, StorageError, display, is_url, location
 from training import lock
 from training.configs import PublishConfig
 from training.errors import UsageError
@@ -62,6 +65,8 @@ from training.versions import (
     move_label,
     pin_stable_before_a_canary,
     publish_next,
+    publish_remote,
+    published_number,
     serving_baseline,
     sweep_stale_staging,
     write_json,
@@ -171,16 +176,16 @@ def publish(request: PublishConfig) -> int:
         raise UsageError(
             f"--publish {request.publish} moves a label in the model config: give --config"
         )
-    if is_url(request.export_dir):
-        raise UsageError(
-            f"--export-dir {display(request.export_dir)}: the publish step copies into a folder "
-            "on disk; a retrain without --stage-to publishes to object storage itself"
-        )
-    stage_dir, export_dir = Path(request.staged), Path(request.export_dir)
+    stage_dir = Path(request.staged)
+    export_dir = location(request.export_dir)
     manifest, manifest_sha256 = read_manifest(stage_dir)
     entry = config_entry(request.config, export_dir) if request.config else None
-    model = entry.name if entry is not None else export_dir.name
+    model = entry.name if entry is not None else _name_of(export_dir)
     _check_target(stage_dir, manifest, model, export_dir)
+    if not isinstance(export_dir, Path):
+        # No folder to lock on object storage (artifact/storage.py: the manifest's digests
+        # make readers refuse a version two publishers mixed).
+        return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
     # The repository root, not the model's folder: a first publish makes that one. Retrains
     # that publish themselves take the same lock.
     repository = export_dir.absolute().parent
@@ -195,6 +200,10 @@ def publish(request: PublishConfig) -> int:
                 f"--export-dir {export_dir}: cannot open its folder: {err.strerror}"
             ) from err
         return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
+
+
+def _name_of(export_dir: Path | str) -> str:
+    return export_dir.name if isinstance(export_dir, Path) else export_dir.rsplit("/", 1)[-1]
 
 
 def read_manifest(stage_dir: Path) -> tuple[dict, str]:
@@ -262,7 +271,7 @@ def _is_version(value, none_ok: bool = False) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_target(stage_dir: Path, manifest: dict, model: str, export_dir: Path) -> None:
+def _check_target(stage_dir: Path, manifest: dict, model: str, export_dir: Path | str) -> None:
     """The staging was made for this model in this repository."""
     if manifest["model"] != model:
         raise StagingRefused(
@@ -272,11 +281,14 @@ def _check_target(stage_dir: Path, manifest: dict, model: str, export_dir: Path)
     if not _same_path(manifest["export_dir"], export_dir):
         raise StagingRefused(
             f"--staged {stage_dir}: the candidate was judged against the versions in "
-            f"{manifest['export_dir']}, not --export-dir {export_dir}; nothing published"
+            f"{display(manifest['export_dir'])}, not --export-dir {display(export_dir)}; "
+            "nothing published"
         )
 
 
-def _same_path(recorded: str, given: Path) -> bool:
+def _same_path(recorded: str, given: Path | str) -> bool:
+    if is_url(recorded) or not isinstance(given, Path):
+        return location(recorded) == given
     if os.path.abspath(recorded) == os.path.abspath(given):
         return True
     try:
@@ -291,7 +303,7 @@ def _publish(
     manifest: dict,
     manifest_sha256: str,
     entry,
-    export_dir: Path,
+    export_dir: Path | str,
 ) -> int:
     outcome = manifest["outcome"]
     if outcome == NOT_BLESSED:
@@ -307,7 +319,7 @@ def _publish(
     if outcome == PUBLISHED:
         version = manifest["published_version"]
         _check_gated(export_dir, version, stage_dir)
-        print(f"{export_dir / str(version)} is published already ({manifest['reason']}).")
+        print(f"{_version_at(export_dir, version)} is published already ({manifest['reason']}).")
         _label(request, entry, version)
         return 0
     version_dir = stage_dir / VERSION_DIR
@@ -316,8 +328,8 @@ def _publish(
     blessing = _staged_blessing(stage_dir, version_dir, manifest)
     already = _published_from(export_dir, manifest_sha256)
     if already is not None:
-        print(f"{already} was published from this very staging already.")
-        _label(request, entry, int(already.name))
+        print(f"{display(already)} was published from this very staging already.")
+        _label(request, entry, published_number(already))
         return 0
     baseline = serving_baseline(entry, export_dir)
     _check_baseline(stage_dir, blessing, baseline)
@@ -343,9 +355,15 @@ def _publish(
         }
         write_json(folder / ASSETS_EXTRA / BLESSING_FILE, document)
 
-    published = _copy_in(stage_dir, version_dir, export_dir, manifest["files"], name_version)
-    print(f"Published {published} (staged {manifest.get('staged_at')}, {manifest['reason']})")
-    _label(request, entry, int(published.name))
+    published: Path | str
+    if isinstance(export_dir, Path):
+        published = _copy_in(stage_dir, export_dir, manifest["files"], name_version)
+    else:
+        published = _upload(stage_dir, export_dir, manifest["files"], name_version)
+    print(
+        f"Published {display(published)} (staged {manifest.get('staged_at')}, {manifest['reason']})"
+    )
+    _label(request, entry, published_number(published))
     return 0
 
 
@@ -354,22 +372,48 @@ def _label(request: PublishConfig, entry: ModelEntry | None, version: int) -> No
         move_label(request.config, entry, request.publish, version)
 
 
-def _check_gated(export_dir: Path, version: int, stage_dir: Path) -> None:
+def _check_gated(export_dir: Path | str, version: int, stage_dir: Path) -> None:
     """A version the retrain says it published must be there, published through the gate."""
-    path = dict(list_versions(export_dir)).get(version)
-    try:
-        blessing = read_blessing(path) if path is not None else None
-    except (OSError, ValueError):
-        blessing = None
+    blessing = dict(_blessings(export_dir)).get(version)
     if not (
         isinstance(blessing, dict)
         and blessing.get("blessed") is True
         and (blessing.get("versions") or {}).get("candidate") == version
     ):
         raise StagingRefused(
-            f"--staged {stage_dir}: says version {version} is published, but {export_dir} "
-            "holds no such version blessed by a retrain; nothing published"
+            f"--staged {stage_dir}: says version {version} is published, but "
+            f"{display(export_dir)} holds no such version blessed by a retrain; nothing published"
         )
+
+
+def _version_at(export_dir: Path | str, version: int) -> Path | str:
+    return export_dir / str(version) if isinstance(export_dir, Path) else f"{export_dir}/{version}"
+
+
+def _blessings(export_dir: Path | str) -> list[tuple[int, dict | None]]:
+    """(version, its blessing.json or None) of every complete version, oldest first; on object
+    storage, the versions whose manifest is there."""
+    if isinstance(export_dir, Path):
+        found = []
+        for version, path in list_versions(export_dir):
+            try:
+                found.append((version, read_blessing(path)))
+            except (OSError, ValueError):
+                found.append((version, None))
+        return found
+    model = RemoteModel(export_dir)
+    try:
+        complete, _, _ = model.versions()
+        found = []
+        for version in sorted(complete):
+            text = model.read_text(f"{version}/{ASSETS_EXTRA}/{BLESSING_FILE}")
+            try:
+                found.append((version, json.loads(text) if text else None))
+            except ValueError:
+                found.append((version, None))
+        return found
+    except StorageError as err:
+        raise UsageError(f"--export-dir: {err}; nothing published") from None
 
 
 def _staged_blessing(stage_dir: Path, version_dir: Path, manifest: dict) -> dict:
@@ -416,22 +460,17 @@ def _check_baseline(stage_dir: Path, blessing: dict, baseline: Baseline | None) 
     )
 
 
-def _published_from(export_dir: Path, manifest_sha256: str) -> Path | None:
+def _published_from(export_dir: Path | str, manifest_sha256: str) -> Path | str | None:
     """The version an earlier publish of this very staging made, if any."""
-    for _, path in reversed(list_versions(export_dir)):
-        try:
-            blessing = read_blessing(path)
-        except (OSError, ValueError):
-            continue
+    for version, blessing in reversed(_blessings(export_dir)):
         staged = ((blessing or {}).get("publish") or {}).get("staged") or {}
         if isinstance(staged, dict) and staged.get("manifest_sha256") == manifest_sha256:
-            return path
+            return _version_at(export_dir, version)
     return None
 
 
 def _copy_in(
     stage_dir: Path,
-    version_dir: Path,
     export_dir: Path,
     files: dict,
     before_rename: Callable[[int, Path], None],
@@ -449,6 +488,21 @@ def _copy_in(
         return publish_next(target, export_dir, before_rename)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
+
+
+def _upload(
+    stage_dir: Path,
+    url: str,
+    files: dict,
+    before_upload: Callable[[int, Path], None],
+) -> str:
+    """Copy the staged version into a private temporary folder, hashing what is copied;
+    checked, upload that copy as the next version at `url` (its manifest last). What is
+    uploaded is what was hashed: only this process writes the copy."""
+    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX) as copy:
+        target = Path(copy) / VERSION_DIR
+        _compare(stage_dir, _hashed(stage_dir, copy_to=target), files)
+        return publish_remote(target, url, before_upload)
 
 
 def _compare(stage_dir: Path, found: dict[str, dict], staged: dict[str, dict]) -> None:

@@ -23,8 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--export-dir",
         required=True,
-        help="the model's folder in the repository (the retrain's --export-dir): the "
-        "candidate becomes its next version",
+        help="the model's folder in the repository, or its URL on object storage "
+        "(s3://..., gs://...; the retrain's --export-dir): the candidate becomes its next "
+        "version",
     )
     p.add_argument(
         "--config",

@@ -1,7 +1,8 @@
-"""`--export-dir s3://...`: export and the gated retrain publish a version to a real
-S3-compatible server (moto's, started here on loopback, checking credentials), files first
-and the manifest last, as the service's readers require (artifact/storage.py); the retrain
-judges against a downloaded copy of the serving version. Serving from S3:
+"""`--export-dir s3://...`: export, the gated retrain and the publish step of a staged retrain
+publish a version to a real S3-compatible server (moto's, started here on loopback, checking
+credentials), files first and the manifest last, as the service's readers require
+(artifact/storage.py); the retrain judges against a downloaded copy of the serving version.
+Serving from S3:
 tests/live/service/test_object_storage.py."""
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def s3():
     server.stop()
 
 
-def complete_versions() -> dict:
-    complete, waiting, _ = RemoteModel(URL, settle_seconds=0).versions()
+def complete_versions(url: str = URL) -> dict:
+    complete, waiting, _ = RemoteModel(url, settle_seconds=0).versions()
     assert waiting == {}, waiting
     return complete
 
@@ -75,6 +76,50 @@ def test_export_and_retrain_publish_whole_versions_to_s3(
     assert blessing["blessed"] is True
     assert blessing["versions"]["candidate"] == 2 and blessing["versions"]["baseline"] == 1
     assert (tmp_path / "runs" / ".baseline" / "1" / "saved_model.pb").is_file()
+
+
+def test_a_staged_retrain_is_published_to_s3_by_the_publish_step(
+    s3, trained_model, small_data_dir, tmp_path, capsys
+):
+    """The shipped CronJob's split: `retrain --stage-to` reads the bucket only (it downloads
+    the serving version to judge against), `publish --staged` uploads what it staged."""
+    url = f"s3://{BUCKET}/staged/fashion_mnist"
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.model_dir, run)
+    assert call_main("export", "--model-dir", run, "--data-dir", small_data_dir,
+                     "--export-dir", url) == 0  # fmt: skip
+    code = call_main(
+        "retrain",
+        "--data-dir", small_data_dir,
+        "--model-dir", tmp_path / "runs",
+        "--export-dir", url,
+        "--stage-to", tmp_path / "staging",
+        "--max-steps", 60,
+        "--batch-size", 50,
+        "--eval-every-secs", 1000,
+        "--hooks", "none",
+        "--max-accuracy-drop", 1,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert sorted(complete_versions(url)) == [1]  # the retrain wrote nothing there
+    staged = json.loads((tmp_path / "staging" / "staged.json").read_text())
+    assert staged["outcome"] == "staged" and staged["export_dir"] == url
+
+    code = call_main("publish", "--staged", tmp_path / "staging", "--export-dir", url)
+    out = capsys.readouterr().out
+    assert code == 0 and f"Published {url}/2" in out, out
+    versions = complete_versions(url)
+    assert sorted(versions) == [1, 2]
+    copy = RemoteModel(url).download(versions[2], tmp_path / "copy" / "2")  # digests checked
+    blessing = json.loads((copy / ASSETS_EXTRA / BLESSING_FILE).read_text())
+    assert blessing["blessed"] is True
+    assert blessing["versions"]["candidate"] == 2 and blessing["versions"]["baseline"] == 1
+    assert blessing["publish"]["staged"]["from"] == str(tmp_path / "staging")
+    # Published once: the same staging again uploads nothing.
+    assert call_main("publish", "--staged", tmp_path / "staging", "--export-dir", url) == 0
+    assert "was published from this very staging already" in capsys.readouterr().out
+    assert sorted(complete_versions(url)) == [1, 2]
 
 
 def test_a_wrong_secret_key_publishes_nothing_and_never_shows_it(

@@ -12,12 +12,16 @@ import argparse
 import json
 import os
 import sys
+import uuid
 
+import fsspec
 import pytest
 from support.helpers import assert_one_error_line, tree
 
+from artifact import storage
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import parse_config
+from artifact.storage import RemoteModel
 from training import lock, staging
 from training.commands import publish as publish_command
 from training.errors import UsageError
@@ -328,3 +332,109 @@ def test_the_recorded_digests_cover_every_staged_file(staged):
     assert set(manifest["files"]) == {*VERSION_FILES, f"{ASSETS_EXTRA}/{BLESSING_FILE}"}
     size = manifest["files"]["saved_model.pb"]["bytes"]
     assert size == len(VERSION_FILES["saved_model.pb"])
+
+
+# --- on object storage: the same step, uploading (fsspec's in-memory filesystem) ------------
+# The same against a real S3-compatible server: tests/live/training/test_publish_to_s3.py.
+
+
+@pytest.fixture
+def bucket(tmp_path):
+    """memory://.../fashion_mnist holding version 1 as a publish leaves it (with a manifest)."""
+    url = f"memory://bucket-{uuid.uuid4().hex[:8]}/models/{MODEL}"
+    RemoteModel(url).publish(write_version(tmp_path / "v1"))
+    yield url
+    fs = fsspec.filesystem("memory")
+    fs.rm(url.removeprefix("memory:/").rsplit("/models", 1)[0], recursive=True)
+
+
+def stage_for(tmp_path, url, blessing=None, outcome=None, **more):
+    stage_dir = staging.make_area(tmp_path / "staging", None)
+    staging.clear(stage_dir)
+    where = {"model": MODEL, "export_dir": url, "config": None, "baseline_version": 1}
+    if outcome is not None:
+        staging.record(stage_dir, outcome, where, "ok", **more)
+        return stage_dir
+    candidate = write_version(tmp_path / "run" / ".export-x" / "1700000000")
+    blessing = blessing if blessing is not None else blessing_json()
+    staging.stage_candidate(stage_dir, candidate, blessing, where, "ok")
+    return stage_dir
+
+
+def publish_to(stage_dir, url) -> int:
+    parser = argparse.ArgumentParser()
+    publish_command.add_arguments(parser)
+    try:
+        return publish_command.run(
+            parser.parse_args(["--staged", str(stage_dir), "--export-dir", url])
+        )
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def bucket_tree(url) -> dict[str, bytes]:
+    fs, root = storage.filesystem(url)
+    return {p.removeprefix(root + "/"): fs.cat_file(p) for p in fs.find(root)}
+
+
+def test_a_staging_is_published_to_object_storage_as_the_next_version(tmp_path, bucket, capsys):
+    stage_dir = stage_for(tmp_path, bucket)
+    assert publish_to(stage_dir, bucket) == 0
+    assert f"Published {bucket}/2" in capsys.readouterr().out
+    complete, waiting, _ = RemoteModel(bucket, settle_seconds=0).versions()
+    assert sorted(complete) == [1, 2] and not waiting
+    files = bucket_tree(bucket)
+    for rel, content in VERSION_FILES.items():
+        assert files[f"2/{rel}"] == content, rel
+    # The manifest, uploaded last, lists every file with its digest, the blessing included.
+    manifest = json.loads(files[f"2/{storage.MANIFEST_FILE}"])
+    assert set(manifest["files"]) == {*VERSION_FILES, f"{ASSETS_EXTRA}/{BLESSING_FILE}"}
+    blessing = json.loads(files[f"2/{ASSETS_EXTRA}/{BLESSING_FILE}"])
+    assert blessing["versions"]["candidate"] == 2 and blessing["publish"]["version"] == 2
+    assert blessing["publish"]["staged"]["from"] == os.path.abspath(stage_dir)
+    # Again: found by the staging's digest, nothing uploaded.
+    before = bucket_tree(bucket)
+    assert publish_to(stage_dir, bucket) == 0
+    assert f"{bucket}/2 was published from this very staging already" in capsys.readouterr().out
+    assert bucket_tree(bucket) == before
+
+
+@pytest.mark.parametrize(
+    "spoil, fragments",
+    [
+        pytest.param(lambda s, url: change_byte(s / "version" / "saved_model.pb"), ["saved_model.pb: not the bytes that were staged"], id="changed"),
+        pytest.param(lambda s, url: (s / "version" / "extra.py").write_text("import os"), ["version/extra.py: not staged (added since)"], id="added"),
+        pytest.param(lambda s, url: RemoteModel(url).publish(write_version(s.parent / "v2")), ["judged against version 1, but version 2 serves now"], id="stale baseline"),
+    ],
+)  # fmt: skip
+def test_a_refused_upload_writes_nothing_to_the_bucket(tmp_path, bucket, capsys, spoil, fragments):
+    stage_dir = stage_for(tmp_path, bucket)
+    spoil(stage_dir, bucket)
+    before = bucket_tree(bucket)
+    assert publish_to(stage_dir, bucket) == 2
+    assert_one_error_line(capsys.readouterr().err, *fragments, "nothing published")
+    assert bucket_tree(bucket) == before
+
+
+def test_a_staging_judged_against_another_bucket_is_refused(tmp_path, bucket, capsys):
+    stage_dir = stage_for(tmp_path, bucket)
+    other = bucket.replace("/models/", "/elsewhere/")
+    assert publish_to(stage_dir, other) == 2
+    assert_one_error_line(
+        capsys.readouterr().err,
+        f"judged against the versions in {bucket}, not --export-dir {other}",
+    )
+    assert publish_to(stage_dir, str(tmp_path / "models" / MODEL)) == 2
+    assert_one_error_line(capsys.readouterr().err, "not --export-dir")
+
+
+def test_a_version_the_retrain_published_to_the_bucket_is_checked_there(tmp_path, bucket, capsys):
+    stage_dir = stage_for(tmp_path, bucket, outcome=staging.PUBLISHED, published_version=1)
+    assert publish_to(stage_dir, bucket) == 2  # version 1 was not published through the gate
+    assert_one_error_line(capsys.readouterr().err, "no such version blessed by a retrain")
+    blessed = blessing_json() | {"versions": {"candidate": 2}}
+    RemoteModel(bucket).publish(write_version(tmp_path / "v2", blessed))
+    stage_dir = stage_for(tmp_path, bucket, outcome=staging.PUBLISHED, published_version=2)
+    assert publish_to(stage_dir, bucket) == 0
+    assert f"{bucket}/2 is published already" in capsys.readouterr().out
