@@ -575,8 +575,8 @@ class RemoteModel:
             before_upload: called with the number and the folder before anything is
                 uploaded (to write a file that names the version).
         Raises:
-            StorageError: the upload failed; the partial version is never served (no
-                manifest), and its number is not taken again.
+            StorageError: the upload failed; what was uploaded of it is removed (the message
+                says so when that failed too), so it is never served.
         """
         version_dir = Path(version_dir)
         listed, _ = self.listing()
@@ -592,19 +592,38 @@ class RemoteModel:
             [r for r in rels if r.startswith("variables/")],
             [r for r in rels if r == SAVED_MODEL_FILE],
         ]
-        for group in groups:
-            if group:
-                self._call(
-                    functools.partial(
-                        self.fs.put,
-                        [str(version_dir / r) for r in group],
-                        [f"{remote_root}/{r}" for r in group],
-                    ),
-                    url,
-                )
         body = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-        self._call(lambda: self.fs.pipe_file(f"{remote_root}/{MANIFEST_FILE}", body), url)
+        try:
+            for group in groups:
+                if group:
+                    self._call(
+                        functools.partial(
+                            self.fs.put,
+                            [str(version_dir / r) for r in group],
+                            [f"{remote_root}/{r}" for r in group],
+                        ),
+                        url,
+                    )
+            self._call(lambda: self.fs.pipe_file(f"{remote_root}/{MANIFEST_FILE}", body), url)
+        except StorageError as err:
+            raise self._remove_partial(remote_root, url, err) from None
         return url
+
+    def _remove_partial(self, remote_root: str, url: str, err: StorageError) -> StorageError:
+        """After a failed upload: remove what of the version was uploaded, so that no reader
+        takes it for a version of another tool (complete without a manifest, once its listing
+        holds still); the error to raise, saying so when it cannot be removed."""
+        try:
+            if self.fs.exists(remote_root):
+                self.fs.rm(remote_root, recursive=True)
+            return err
+        except Exception as rm_err:  # noqa: BLE001 - one clear line
+            left = describe_error(rm_err, display(url))
+            return StorageError(
+                f"{err}; and what was uploaded of it could not be removed ({left}): delete "
+                f"{display(url)} before a server takes it",
+                err.transient,
+            )
 
 
 def _verify(root: Path, sizes: Mapping[str, int], manifest: Any) -> str | None:

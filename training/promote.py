@@ -25,6 +25,7 @@ from pathlib import Path
 
 from artifact.model_config import Policy, edit_config, parse_config, write_config
 from artifact.repository import parse_version
+from artifact.storage import display
 from training.errors import UsageError
 
 
@@ -67,7 +68,7 @@ def promote(
     if label is not None:
         if version not in on_disk:
             raise UsageError(
-                f"--version {version}: not in {entry.base_path} (on disk: "
+                f"--version {version}: not in {display(entry.base_path)} (on disk: "
                 f"{', '.join(map(str, on_disk)) or 'none'})"
             )
         served = entry.aspired(on_disk)
@@ -91,7 +92,7 @@ def promote(
             if missing:
                 raise UsageError(
                     f"--policy {policy.describe()}: version(s) {', '.join(map(str, missing))} "
-                    f"not in {entry.base_path}"
+                    f"not in {display(entry.base_path)}"
                 )
         if policy != entry.policy:
             changes.append(f"{model}: policy {entry.policy.describe()} -> {policy.describe()}")

@@ -65,7 +65,6 @@ from training.versions import (
     move_label,
     pin_stable_before_a_canary,
     publish_next,
-    publish_remote,
     published_number,
     serving_baseline,
     sweep_stale_staging,
@@ -91,6 +90,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 class StagingRefused(UsageError):
     """The staging area holds nothing that may be published; the message says why."""
+
+
+class StorageUnavailable(Exception):
+    """Object storage did not answer while publishing: nothing was published, and trying again
+    later may work (exit 75, not 2: the CronJob retries it, as a refusal it does not)."""
 
 
 # --- the retrain's side -----------------------------------------------------------------------
@@ -171,7 +175,8 @@ def record(stage_dir: Path, outcome: str, fields: dict, reason: str, **more) -> 
 
 def publish(request: PublishConfig) -> int:
     """Check the staging area and publish what it holds; 0 published (or nothing to publish),
-    2 refused, 3 not blessed, 75 another publisher holds the repository."""
+    2 refused, 3 not blessed, 75 another publisher holds the repository or the staging area,
+    or object storage did not answer (try again later)."""
     if request.publish != "version" and not request.config:
         raise UsageError(
             f"--publish {request.publish} moves a label in the model config: give --config"
@@ -182,24 +187,26 @@ def publish(request: PublishConfig) -> int:
     entry = config_entry(request.config, export_dir) if request.config else None
     model = entry.name if entry is not None else _name_of(export_dir)
     _check_target(stage_dir, manifest, model, export_dir)
-    if not isinstance(export_dir, Path):
-        # No folder to lock on object storage (artifact/storage.py: the manifest's digests
-        # make readers refuse a version two publishers mixed).
-        return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
     # The repository root, not the model's folder: a first publish makes that one. Retrains
-    # that publish themselves take the same lock.
-    repository = export_dir.absolute().parent
+    # that publish themselves take the same lock. A bucket has no folder to lock: the staging
+    # area's lock keeps one publish of it at a time (and none while a retrain stages into it);
+    # publishers of different stagings are told apart by the manifests' digests
+    # (artifact/storage.py).
+    locked = export_dir.absolute().parent if isinstance(export_dir, Path) else stage_dir
     with ExitStack() as held:
         try:
-            held.enter_context(lock.hold_directory(repository))
+            held.enter_context(lock.hold_directory(locked))
         except lock.LockHeld as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_LOCKED
         except OSError as err:
-            raise UsageError(
-                f"--export-dir {export_dir}: cannot open its folder: {err.strerror}"
-            ) from err
-        return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
+            option = "--export-dir" if isinstance(export_dir, Path) else "--staged"
+            raise UsageError(f"{option} {locked}: cannot open its folder: {err.strerror}") from err
+        try:
+            return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
+        except StorageUnavailable as err:
+            print(f"error: {err}; try again later", file=sys.stderr)
+            return EXIT_LOCKED
 
 
 def _name_of(export_dir: Path | str) -> str:
@@ -319,7 +326,10 @@ def _publish(
     if outcome == PUBLISHED:
         version = manifest["published_version"]
         _check_gated(export_dir, version, stage_dir)
-        print(f"{_version_at(export_dir, version)} is published already ({manifest['reason']}).")
+        print(
+            f"{display(_version_at(export_dir, version))} is published already "
+            f"({manifest['reason']})."
+        )
         _label(request, entry, version)
         return 0
     version_dir = stage_dir / VERSION_DIR
@@ -376,9 +386,9 @@ def _check_gated(export_dir: Path | str, version: int, stage_dir: Path) -> None:
     """A version the retrain says it published must be there, published through the gate."""
     blessing = dict(_blessings(export_dir)).get(version)
     if not (
-        isinstance(blessing, dict)
+        blessing is not None
         and blessing.get("blessed") is True
-        and (blessing.get("versions") or {}).get("candidate") == version
+        and (_field(blessing, "versions") or {}).get("candidate") == version
     ):
         raise StagingRefused(
             f"--staged {stage_dir}: says version {version} is published, but "
@@ -391,29 +401,39 @@ def _version_at(export_dir: Path | str, version: int) -> Path | str:
 
 
 def _blessings(export_dir: Path | str) -> list[tuple[int, dict | None]]:
-    """(version, its blessing.json or None) of every complete version, oldest first; on object
-    storage, the versions whose manifest is there."""
+    """(version, its blessing.json, or None when it has none that reads as a JSON object) of
+    every complete version, oldest first (on object storage, by artifact/storage.py's rule)."""
+    found: list[tuple[int, dict | None]] = []
     if isinstance(export_dir, Path):
-        found = []
         for version, path in list_versions(export_dir):
             try:
-                found.append((version, read_blessing(path)))
+                found.append((version, _object(read_blessing(path))))
             except (OSError, ValueError):
                 found.append((version, None))
         return found
     model = RemoteModel(export_dir)
     try:
         complete, _, _ = model.versions()
-        found = []
         for version in sorted(complete):
-            text = model.read_text(f"{version}/{ASSETS_EXTRA}/{BLESSING_FILE}")
             try:
-                found.append((version, json.loads(text) if text else None))
-            except ValueError:
+                text = model.read_text(f"{version}/{ASSETS_EXTRA}/{BLESSING_FILE}")
+                found.append((version, _object(json.loads(text)) if text else None))
+            except ValueError:  # not UTF-8, or not JSON
                 found.append((version, None))
         return found
     except StorageError as err:
+        if err.transient:
+            raise StorageUnavailable(f"--export-dir: {err}; nothing published") from None
         raise UsageError(f"--export-dir: {err}; nothing published") from None
+
+
+def _object(document) -> dict | None:
+    return document if isinstance(document, dict) else None
+
+
+def _field(document: dict | None, key: str) -> dict | None:
+    """document[key] when both are JSON objects (a blessing another tool wrote may be anything)."""
+    return _object(document.get(key)) if document is not None else None
 
 
 def _staged_blessing(stage_dir: Path, version_dir: Path, manifest: dict) -> dict:
@@ -463,8 +483,8 @@ def _check_baseline(stage_dir: Path, blessing: dict, baseline: Baseline | None) 
 def _published_from(export_dir: Path | str, manifest_sha256: str) -> Path | str | None:
     """The version an earlier publish of this very staging made, if any."""
     for version, blessing in reversed(_blessings(export_dir)):
-        staged = ((blessing or {}).get("publish") or {}).get("staged") or {}
-        if isinstance(staged, dict) and staged.get("manifest_sha256") == manifest_sha256:
+        staged = _field(_field(blessing, "publish"), "staged")
+        if staged is not None and staged.get("manifest_sha256") == manifest_sha256:
             return _version_at(export_dir, version)
     return None
 
@@ -502,7 +522,12 @@ def _upload(
     with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX) as copy:
         target = Path(copy) / VERSION_DIR
         _compare(stage_dir, _hashed(stage_dir, copy_to=target), files)
-        return publish_remote(target, url, before_upload)
+        try:
+            return RemoteModel(url).publish(target, before_upload)
+        except StorageError as err:
+            if err.transient:
+                raise StorageUnavailable(f"--export-dir: nothing published: {err}") from None
+            raise UsageError(f"--export-dir: nothing published: {err}") from None
 
 
 def _compare(stage_dir: Path, found: dict[str, dict], staged: dict[str, dict]) -> None:

@@ -62,9 +62,9 @@ def config_entry(config: str | Path, export_dir: Path | str) -> ModelEntry:
     for entry in entries:
         if _same_place(entry.base_path, export_dir):
             return entry
-    listed = ", ".join(f"{e.name} at {e.base_path}" for e in entries)
+    listed = ", ".join(f"{e.name} at {display(e.base_path)}" for e in entries)
     raise UsageError(
-        f"--config {path}: no model there has its base_path at --export-dir {export_dir} "
+        f"--config {path}: no model there has its base_path at --export-dir {display(export_dir)} "
         f"(it lists: {listed})"
     )
 

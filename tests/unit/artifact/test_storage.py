@@ -240,6 +240,47 @@ def test_a_download_that_is_not_what_the_manifest_names_is_refused(root, tmp_pat
     assert list((tmp_path / "cache").iterdir()) == []
 
 
+def test_a_failed_upload_is_removed_so_no_reader_takes_it(root, tmp_path, monkeypatch):
+    """Every file up but the manifest: complete by the rule for other tools' versions, so it
+    must not stay."""
+    model = RemoteModel(root, settle_seconds=0)
+    uploaded = []
+    original_put = MemoryFileSystem.put
+
+    def put(self, sources, targets, **kwargs):
+        uploaded.extend(t.rsplit("/1/", 1)[1] for t in targets)
+        return original_put(self, sources, targets, **kwargs)
+
+    def no_manifest(self, path, value, **kwargs):
+        raise ConnectionError("Could not connect to the endpoint URL")
+
+    monkeypatch.setattr(MemoryFileSystem, "put", put)
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", no_manifest)
+    with pytest.raises(StorageError, match="cannot reach the storage endpoint") as caught:
+        model.publish(local_version(tmp_path))
+    assert caught.value.transient
+    # Uploaded in the order that keeps readers off it: saved_model.pb last of the files.
+    assert uploaded[-1] == "saved_model.pb" and set(uploaded) == set(MODEL_FILES)
+    assert model.listing() == ({}, [])
+
+
+def test_a_failed_upload_that_cannot_be_removed_names_the_version_to_delete(
+    root, tmp_path, monkeypatch
+):
+    model = RemoteModel(root, settle_seconds=0)
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError("AccessDenied")
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", refused)
+    monkeypatch.setattr(MemoryFileSystem, "rm", refused)
+    with pytest.raises(StorageError) as caught:
+        model.publish(local_version(tmp_path))
+    message = str(caught.value)
+    assert message.startswith(f"{root}/1: access denied"), message
+    assert "could not be removed" in message and f"delete {root}/1 before a server" in message
+
+
 def test_read_text_of_a_missing_file_is_none(root):
     put(root, {"1/assets.extra/labels.txt": b"a\nb\n"})
     model = RemoteModel(root)

@@ -16,6 +16,7 @@ import uuid
 
 import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from support.helpers import assert_one_error_line, tree
 
 from artifact import storage
@@ -438,3 +439,77 @@ def test_a_version_the_retrain_published_to_the_bucket_is_checked_there(tmp_path
     stage_dir = stage_for(tmp_path, bucket, outcome=staging.PUBLISHED, published_version=2)
     assert publish_to(stage_dir, bucket) == 0
     assert f"{bucket}/2 is published already" in capsys.readouterr().out
+
+
+def test_an_upload_the_storage_did_not_take_exits_75_and_leaves_nothing(
+    tmp_path, bucket, capsys, monkeypatch
+):
+    """75 (try again later): the CronJob retries it; 2 would fail the Job as a refusal."""
+    stage_dir = stage_for(tmp_path, bucket)
+    before = bucket_tree(bucket)
+
+    def unreachable(self, path, value, **kwargs):
+        raise ConnectionError("Could not connect to the endpoint URL")
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", unreachable)  # the manifest, last
+    assert publish_to(stage_dir, bucket) == 75
+    assert_one_error_line(
+        capsys.readouterr().err, "nothing published", "cannot reach the storage", "try again later"
+    )
+    monkeypatch.undo()
+    assert bucket_tree(bucket) == before  # what was uploaded of version 2 is removed
+
+
+def test_one_publish_of_a_staging_at_a_time(tmp_path, bucket, capsys):
+    """A bucket has no folder to lock: the staging area's lock is held (a retrain staging
+    into it holds it too)."""
+    stage_dir = stage_for(tmp_path, bucket)
+    before = bucket_tree(bucket)
+    with lock.hold_directory(stage_dir):
+        assert publish_to(stage_dir, bucket) == 75
+    assert_one_error_line(capsys.readouterr().err, "try again later")
+    assert bucket_tree(bucket) == before
+
+
+def test_a_staging_changed_while_it_is_copied_is_refused(tmp_path, bucket, capsys, monkeypatch):
+    """What is uploaded is the copy, checked again: a file changed after the first check."""
+    stage_dir = stage_for(tmp_path, bucket)
+    checked = staging._staged_blessing
+
+    def then_changed(*args):
+        blessing = checked(*args)
+        change_byte(stage_dir / "version" / "variables" / "variables.index")
+        return blessing
+
+    monkeypatch.setattr(staging, "_staged_blessing", then_changed)
+    before = bucket_tree(bucket)
+    assert publish_to(stage_dir, bucket) == 2
+    assert_one_error_line(
+        capsys.readouterr().err, "variables.index: not the bytes that were staged"
+    )
+    assert bucket_tree(bucket) == before
+
+
+def test_credentials_in_the_url_are_never_shown(tmp_path, capsys):
+    url = f"memory://key:s3cr3t@bucket-{uuid.uuid4().hex[:8]}/models/{MODEL}"
+    RemoteModel(url).publish(write_version(tmp_path / "v1"))
+    stage_dir = stage_for(tmp_path, url)
+    assert publish_to(stage_dir, url) == 0
+    assert publish_to(stage_dir, url) == 0
+    assert publish_to(stage_dir, url.replace("/models/", "/other/")) == 2
+    captured = capsys.readouterr()
+    assert "Published memory://***@bucket-" in captured.out
+    assert "s3cr3t" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not UTF-8", b"[1]", b'{"publish": "x"}'])
+def test_a_blessing_of_another_tool_in_an_old_version_counts_as_none(
+    tmp_path, bucket, repository, content, capsys
+):
+    """Both repositories read it the same way: the publish goes on."""
+    fs, root = storage.filesystem(bucket)
+    fs.pipe_file(f"{root}/1/{ASSETS_EXTRA}/{BLESSING_FILE}", content)
+    (repository / MODEL / "1" / ASSETS_EXTRA / BLESSING_FILE).write_bytes(content)
+    assert publish_to(stage_for(tmp_path / "a", bucket), bucket) == 0
+    assert publish(stage(tmp_path / "b", repository), repository, config=False) == 0
+    assert "Published" in capsys.readouterr().out
