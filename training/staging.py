@@ -200,8 +200,12 @@ def publish(request: PublishConfig) -> int:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_LOCKED
         except OSError as err:
-            option = "--export-dir" if isinstance(export_dir, Path) else "--staged"
-            raise UsageError(f"{option} {locked}: cannot open its folder: {err.strerror}") from err
+            where = (
+                f"--export-dir {export_dir}"
+                if isinstance(export_dir, Path)
+                else f"--staged {locked}"
+            )
+            raise UsageError(f"{where}: cannot open its folder: {err.strerror}") from err
         try:
             return _publish(request, stage_dir, manifest, manifest_sha256, entry, export_dir)
         except StorageUnavailable as err:
