@@ -28,20 +28,9 @@ STAND_IN = textwrap.dedent(
     from pathlib import Path
     from service.workers import die_with_supervisor, worker_index
 
-    die_with_supervisor()
     record = Path(os.environ["RECORD"])
     index = worker_index()
-    starts = record / f"starts-{index}"
-    with open(starts, "a") as f:
-        f.write(f"{os.getpid()} {os.environ['PROMETHEUS_MULTIPROC_DIR']}\\n")
     behavior = os.environ.get(f"BEHAVIOR_{index}", "serve")
-    if behavior == "exit2":
-        print("error: PORT: a stand-in that cannot start", file=sys.stderr)
-        sys.exit(2)
-    if behavior == "crash":
-        sys.exit(1)
-    if behavior == "crash-once" and len(starts.read_text().splitlines()) == 1:
-        sys.exit(1)
 
     def stop(sig, frame):
         with open(record / f"stopped-{index}", "a") as f:
@@ -50,8 +39,22 @@ STAND_IN = textwrap.dedent(
             return  # draining: only a second signal stops it now
         sys.exit(0)
 
+    # Ready to be told before its start is recorded: a test that stops the supervisor once it
+    # sees the start must find the signal recorded, however the scheduler interleaves them.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    die_with_supervisor()
+    starts = record / f"starts-{index}"
+    with open(starts, "a") as f:
+        f.write(f"{os.getpid()} {os.environ['PROMETHEUS_MULTIPROC_DIR']}\\n")
+    if behavior == "exit2":
+        print("error: PORT: a stand-in that cannot start", file=sys.stderr)
+        sys.exit(2)
+    if behavior == "crash":
+        sys.exit(1)
+    if behavior == "crash-once" and len(starts.read_text().splitlines()) == 1:
+        sys.exit(1)
+
     while True:
         time.sleep(0.05)
     """
