@@ -53,7 +53,15 @@ from pathlib import Path
 from artifact.contract import ASSETS_EXTRA, BLESSING_FILE
 from artifact.model_config import ModelEntry
 from artifact.repository import SAVED_MODEL_FILE, list_versions, read_blessing
-from artifact.storage import RemoteModel, StorageError, display, is_url, location
+from artifact.storage import (
+    RemoteModel,
+    StorageError,
+    basename,
+    display,
+    is_url,
+    join,
+    location,
+)
 from training import lock
 from training.configs import PublishConfig
 from training.errors import UsageError
@@ -185,7 +193,7 @@ def publish(request: PublishConfig) -> int:
     export_dir = location(request.export_dir)
     manifest, manifest_sha256 = read_manifest(stage_dir)
     entry = config_entry(request.config, export_dir) if request.config else None
-    model = entry.name if entry is not None else _name_of(export_dir)
+    model = entry.name if entry is not None else basename(export_dir)
     _check_target(stage_dir, manifest, model, export_dir)
     # The repository root, not the model's folder: a first publish makes that one. Retrains
     # that publish themselves take the same lock. A bucket has no folder to lock: the staging
@@ -211,10 +219,6 @@ def publish(request: PublishConfig) -> int:
         except StorageUnavailable as err:
             print(f"error: {err}; try again later", file=sys.stderr)
             return EXIT_LOCKED
-
-
-def _name_of(export_dir: Path | str) -> str:
-    return export_dir.name if isinstance(export_dir, Path) else export_dir.rsplit("/", 1)[-1]
 
 
 def read_manifest(stage_dir: Path) -> tuple[dict, str]:
@@ -331,7 +335,7 @@ def _publish(
         version = manifest["published_version"]
         _check_gated(export_dir, version, stage_dir)
         print(
-            f"{display(_version_at(export_dir, version))} is published already "
+            f"{display(join(export_dir, str(version)))} is published already "
             f"({manifest['reason']})."
         )
         _label(request, entry, version)
@@ -398,10 +402,6 @@ def _check_gated(export_dir: Path | str, version: int, stage_dir: Path) -> None:
             f"--staged {stage_dir}: says version {version} is published, but "
             f"{display(export_dir)} holds no such version blessed by a retrain; nothing published"
         )
-
-
-def _version_at(export_dir: Path | str, version: int) -> Path | str:
-    return export_dir / str(version) if isinstance(export_dir, Path) else f"{export_dir}/{version}"
 
 
 def _blessings(export_dir: Path | str) -> list[tuple[int, dict | None]]:
@@ -489,7 +489,7 @@ def _published_from(export_dir: Path | str, manifest_sha256: str) -> Path | str 
     for version, blessing in reversed(_blessings(export_dir)):
         staged = _field(_field(blessing, "publish"), "staged")
         if staged is not None and staged.get("manifest_sha256") == manifest_sha256:
-            return _version_at(export_dir, version)
+            return join(export_dir, str(version))
     return None
 
 

@@ -36,6 +36,22 @@ def complete_versions(url: str = URL) -> dict:
     return complete
 
 
+def retrain(data_dir, model_dir, export_dir: str, *more) -> int:
+    """A short retrain whose gate blesses any candidate (--max-accuracy-drop 1)."""
+    return call_main(
+        "retrain",
+        "--data-dir", data_dir,
+        "--model-dir", model_dir,
+        "--export-dir", export_dir,
+        *more,
+        "--max-steps", 60,
+        "--batch-size", 50,
+        "--eval-every-secs", 1000,
+        "--hooks", "none",
+        "--max-accuracy-drop", 1,
+    )  # fmt: skip
+
+
 def test_export_and_retrain_publish_whole_versions_to_s3(
     s3, trained_model, small_data_dir, tmp_path, capsys
 ):
@@ -55,17 +71,7 @@ def test_export_and_retrain_publish_whole_versions_to_s3(
     )
 
     # The gated retrain: judged against version 1 downloaded, published as version 2.
-    code = call_main(
-        "retrain",
-        "--data-dir", small_data_dir,
-        "--model-dir", tmp_path / "runs",
-        "--export-dir", URL,
-        "--max-steps", 60,
-        "--batch-size", 50,
-        "--eval-every-secs", 1000,
-        "--hooks", "none",
-        "--max-accuracy-drop", 1,
-    )  # fmt: skip
+    code = retrain(small_data_dir, tmp_path / "runs", URL)
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Blessed: published {URL}/2" in out, out
@@ -88,18 +94,7 @@ def test_a_staged_retrain_is_published_to_s3_by_the_publish_step(
     shutil.copytree(trained_model.model_dir, run)
     assert call_main("export", "--model-dir", run, "--data-dir", small_data_dir,
                      "--export-dir", url) == 0  # fmt: skip
-    code = call_main(
-        "retrain",
-        "--data-dir", small_data_dir,
-        "--model-dir", tmp_path / "runs",
-        "--export-dir", url,
-        "--stage-to", tmp_path / "staging",
-        "--max-steps", 60,
-        "--batch-size", 50,
-        "--eval-every-secs", 1000,
-        "--hooks", "none",
-        "--max-accuracy-drop", 1,
-    )  # fmt: skip
+    code = retrain(small_data_dir, tmp_path / "runs", url, "--stage-to", tmp_path / "staging")
     out = capsys.readouterr().out
     assert code == 0, out
     assert sorted(complete_versions(url)) == [1]  # the retrain wrote nothing there
