@@ -13,8 +13,10 @@ settings of one checkout (`. .,LOG_FORMAT=json`: every side runs with LOG_LEVEL=
 its log thrown away unless it says otherwise). Each runs with this venv's Python.
 Interleaved rounds, each in another order (rotated, and reversed every other round), so a
 machine that slows down or speeds up during the run weighs on every side alike; the medians
-are printed, and each side's ratios to the first. The model is the newest export under
-models/fashion_mnist, or a small one trained first (common).
+are printed, and each side's ratios to the first. Each reading says the share of the cores'
+time the hypervisor took meanwhile (steal, /proc/stat): on a virtual machine, a round taken
+while another tenant held the host's cores measured a slower machine. The model is the newest
+export under models/fashion_mnist, or a small one trained first (common).
 
 With --constant-model the SavedModel's call answers a constant of its shapes instead (in each
 checkout's `artifact.saved_model.SavedModelPredictor.run`): what is left is the service's own
@@ -43,8 +45,10 @@ from benchmarks.common import (
     PATH,
     find_or_train_model,
     free_port,
+    machine_cpu_ticks,
     process_cpu_seconds,
     request_bodies,
+    steal_share,
 )
 from benchmarks.servers import SERVERS, constant_run
 
@@ -116,6 +120,7 @@ class Reading(NamedTuple):
     rate: float  # requests/s
     cpu: float  # the server's CPU µs per request
     p50: float  # ms
+    steal: float = 0.0  # the share of the cores' time the hypervisor took meanwhile
 
 
 def measure(
@@ -155,14 +160,16 @@ def measure(
             # queued: let them leave before the measured run fills the queue again.
             time.sleep(1)
             before = process_cpu_seconds(server.pid)
+            ticks = machine_cpu_ticks()
             out = wrk(port, body, seconds, concurrency)
+            steal = steal_share(ticks, machine_cpu_ticks())
             used = process_cpu_seconds(server.pid) - before
             requests = int(re.search(r"(\d+) requests in", out).group(1))
             if "Non-2xx" in out:
                 statuses = re.search(r"^BENCH_STATUSES (.*)$", out, re.MULTILINE)
                 raise RuntimeError(f"{side}: answers other than 200: {statuses and statuses[1]}")
             rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-            readings[concurrency] = Reading(rate, used / requests * 1e6, p50_ms(out))
+            readings[concurrency] = Reading(rate, used / requests * 1e6, p50_ms(out), steal)
         return readings
     finally:
         server.terminate()
@@ -205,12 +212,12 @@ def main(argv: list[str] | None = None) -> int:
                 for concurrency, reading in readings.items():
                     results[(side, concurrency)].append(reading)
                     print(f"{side} c={concurrency}: {reading.rate:,.0f} req/s, "
-                          f"{reading.cpu:,.0f} µs CPU/request, p50 {reading.p50:.3f} ms",
-                          flush=True)  # fmt: skip
+                          f"{reading.cpu:,.0f} µs CPU/request, p50 {reading.p50:.3f} ms, "
+                          f"steal {reading.steal:.0%}", flush=True)  # fmt: skip
     for concurrency in args.concurrency:
         medians = {
             side: Reading(*(statistics.median(r[i] for r in results[(side, concurrency)])
-                            for i in range(3)))
+                            for i in range(4)))
             for side in sides
         }  # fmt: skip
         base = medians[sides[0]]
@@ -218,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"c={concurrency} {side}: median {median.rate:,.0f} req/s, {median.cpu:,.0f} µs "
                 f"CPU/request, p50 {median.p50:.3f} ms; {median.rate / base.rate:.2f}x, "
-                f"{median.cpu / base.cpu:.2f}x and {median.p50 / base.p50:.2f}x {sides[0]}'s"
+                f"{median.cpu / base.cpu:.2f}x and {median.p50 / base.p50:.2f}x {sides[0]}'s "
+                f"(steal {median.steal:.0%})"
             )
     return 0
 

@@ -59,12 +59,14 @@ from benchmarks.common import (
     cpu_used,
     find_or_train_model,
     free_port,
+    machine_cpu_ticks,
     measure_ceiling,
     process_tree,
     request_bodies,
     run_loads,
     run_wrk,
     start_server,
+    steal_share,
     stop_server,
     tree_cpu_seconds,
 )
@@ -612,6 +614,25 @@ def build_result(
     return result
 
 
+def highest_steal(result: dict) -> float:
+    """The highest share of the cores' time the hypervisor took during one measured load of
+    the run (every row's `steal`, as run_wrk reads it)."""
+    found = [0.0]
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("steal"), float):
+                found.append(value["steal"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(result)
+    return max(found)
+
+
 def save_and_print(result: dict) -> None:
     """latest.json, latest.png and latest.md under benchmarks/results; the table on stdout."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -654,10 +675,14 @@ def main(argv: list[str] | None = None) -> int:
             print()
             print(protocols_table(protocols))
             return 0
+        ticks = machine_cpu_ticks()
         measured = measure_everything(setup, args.peers)
+        steal = steal_share(ticks, machine_cpu_ticks())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    save_and_print(build_result(setup.version_path, **measured))
+    result = build_result(setup.version_path, **measured)
+    result["steal"] = {"run": steal, "highest_load": highest_steal(result)}
+    save_and_print(result)
     return 0
 
 

@@ -210,6 +210,22 @@ def process_cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(all, stolen) clock ticks of every core since boot (/proc/stat's `cpu` line): stolen
+    is the time a virtual machine's cores were ready to run but the hypervisor ran something
+    else (another tenant), which no reading inside the machine otherwise shows."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice, counted in user]
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the cores' time the hypervisor took between two machine_cpu_ticks
+    readings (0 on bare metal): a run whose share is high measured a slower machine."""
+    total, stolen = after[0] - before[0], after[1] - before[1]
+    return stolen / total if total > 0 else 0.0
+
+
 def process_tree(pid: int) -> list[int]:
     """The process and every descendant of it (a supervisor's workers, a peer's), by their
     parent ids in /proc."""
@@ -284,7 +300,9 @@ def run_wrk(
     ]
     pids = process_tree(server_pid) if server_pid is not None else []
     before = tree_cpu_seconds(pids)
+    ticks = machine_cpu_ticks()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    steal = steal_share(ticks, machine_cpu_ticks())
     cpu = cpu_used(before, tree_cpu_seconds(pids))
     latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
     if set(latency) != {"50", "99"}:
@@ -296,6 +314,7 @@ def run_wrk(
         "p50_ms": _ms(latency["50"]),
         "p99_ms": _ms(latency["99"]),
         "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+        "steal": steal,
     }
     if statuses:
         result["statuses"] = json.loads(re.search(r"^BENCH_STATUSES (.*)$", out, re.M).group(1))
@@ -336,7 +355,8 @@ def run_loads(
         log(
             f"   c={concurrency:<3} {n} img/req  {r['requests_per_s']:8.1f} req/s  "
             f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}"
-            + ("" if cpu is None else f"  CPU {cpu:6.0f} µs/req"),
+            + ("" if cpu is None else f"  CPU {cpu:6.0f} µs/req")
+            + (f"  steal {r['steal']:.0%}" if r["steal"] >= 0.005 else ""),
             flush=True,
         )
     return results

@@ -104,7 +104,7 @@ def benchmark_block(result: dict, measured: dict | None = None) -> str:
     lines = [
         f"Run: `{command}` on {result['date']}, {machine.get('cores', '?')} cores "
         f"({machine.get('cpu', '?')}), Python {machine.get('python', '?')}, "
-        f"`TF_ENABLE_ONEDNN_OPTS={machine.get('onednn', '?')}`.",
+        f"`TF_ENABLE_ONEDNN_OPTS={machine.get('onednn', '?')}`." + steal_text(result),
     ]
     note = staleness_note(result, measured or {})
     if note:
@@ -116,6 +116,19 @@ def benchmark_block(result: dict, measured: dict | None = None) -> str:
                 break
         lines += ["", chunk]
     return "\n".join(lines)
+
+
+def steal_text(result: dict) -> str:
+    """What the hypervisor took of the cores while the run measured (runs from before it was
+    read say nothing): a run it took much from measured a slower machine, and its peers and
+    rows measured at other moments may have met another speed."""
+    steal = result.get("steal")
+    if not steal:
+        return ""
+    return (
+        f" The hypervisor took {steal['run']:.0%} of the cores' time over the run (steal, from "
+        f"/proc/stat), and up to {steal['highest_load']:.0%} during one measured load."
+    )
 
 
 def load_name(key: str) -> str:

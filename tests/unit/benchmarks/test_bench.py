@@ -460,3 +460,18 @@ def test_with_only_the_shipped_dnn_a_cnn_is_trained(tmp_path, monkeypatch):
     assert trained == tmp_path / "work" / "models" / "fashion_mnist" / "1"
     (command,) = commands
     assert "--model" not in command  # the defaults: the CNN
+
+
+def test_steal_is_the_hypervisors_share_of_the_cores_time_between_two_readings():
+    total, stolen = common.machine_cpu_ticks()
+    assert total > 0 and 0 <= stolen <= total
+    assert common.steal_share((1000, 10), (1400, 110)) == 0.25
+    assert common.steal_share((1000, 10), (1000, 10)) == 0.0  # no tick between the two
+
+
+def test_the_run_says_the_highest_steal_of_any_measured_load():
+    run = result()
+    run["servers"]["batched"]["c64x1"]["steal"] = 0.31
+    run["protocols"]["grpc"]["steal"] = 0.02
+    assert bench.highest_steal(run) == 0.31
+    assert bench.highest_steal(result()) == 0.0  # a run from before steal was read

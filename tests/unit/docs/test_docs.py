@@ -283,6 +283,16 @@ def test_the_benchmark_block_shows_every_table_of_the_last_run(figures):
         assert f"### {heading}" in block
 
 
+def test_the_benchmark_block_says_what_the_hypervisor_took_when_the_run_read_it(figures):
+    result = json.loads(figures.LATEST.read_text())
+    result.pop("steal", None)
+    assert "steal" not in figures.benchmark_block(result)  # a run from before it was read
+    result["steal"] = {"run": 0.04, "highest_load": 0.37}
+    assert "took 4% of the cores' time over the run (steal, from /proc/stat), and up to 37%" in (
+        figures.benchmark_block(result)
+    )
+
+
 def benchmark_at(date: str) -> dict:
     result = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
     return {**result, "date": date}
