@@ -14,17 +14,24 @@ service starts: the port bound and let go first (`service.__main__.listening_soc
 with WORKERS > 1 the service's own supervisor (service/workers.py) starts that many floor
 processes on the port with SO_REUSEPORT, as it starts the service's workers.
 
+With FLOOR_HOPS=n each request also waits, n times, for a function that does nothing to run
+on another thread (`run_in_executor`, one worker thread): the price of the hand-off every
+prediction makes to the batcher's thread and back, which a trivial endpoint never pays
+(row F3, one hop; docs/benchmarks.md, "Where c=1's time goes").
+
 The rest of this module is what the tables need and no server: the floor's loads and the
 columns every row gets ("share of ceiling", "share of floor", "CPU µs/req").
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # The loads the floor is measured at: (concurrency, instances per request).
@@ -41,11 +48,17 @@ CLOSE = (b"connection", b"close")
 
 class FloorApp:
     """The ASGI app: read the body, parse it, answer `{"instances": n}` (n: how many instances
-    the body held); 400 for a body that is not JSON. The lifespan is answered at once."""
+    the body held); 400 for a body that is not JSON. The lifespan is answered at once.
 
-    def __init__(self) -> None:
+    Args:
+        hops: how many times each request waits for a no-op on another thread first.
+    """
+
+    def __init__(self, hops: int = 0) -> None:
         # As the service's ingress: once draining, every answer closes its connection.
         self.draining = False
+        self.hops = hops
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hop") if hops else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -65,6 +78,8 @@ class FloorApp:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        for _ in range(self.hops):
+            await asyncio.get_running_loop().run_in_executor(self._thread, _nothing)
         status = 200
         try:
             parsed = orjson.loads(body) if body else {}
@@ -82,6 +97,10 @@ class FloorApp:
         """Nothing to cancel: no request waits on anything but its own client."""
 
 
+def _nothing() -> None:
+    """What a hop runs on the other thread."""
+
+
 async def _lifespan(receive, send) -> None:
     message = await receive()
     if message["type"] == "lifespan.startup":
@@ -95,8 +114,8 @@ class FloorService:
     app with `ingress`, `grpc_server`, `on_startup_error`, `startup_error` and
     `start_draining`, so SIGTERM drains it as it drains the service."""
 
-    def __init__(self) -> None:
-        self.ingress = FloorApp()
+    def __init__(self, hops: int = 0) -> None:
+        self.ingress = FloorApp(hops)
         self.grpc_server = None
         self.on_startup_error = None
         self.startup_error = None
@@ -106,6 +125,18 @@ class FloorService:
 
     def start_draining(self) -> None:
         self.ingress.draining = True
+
+
+def hops_setting() -> int:
+    """FLOOR_HOPS: a whole number of hops, 0 when unset.
+
+    Raises:
+        SystemExit: not a whole number from 0 to 16.
+    """
+    text = os.environ.get("FLOOR_HOPS", "0")
+    if not text.isdigit() or int(text) > 16:
+        raise SystemExit(f"FLOOR_HOPS: expected a whole number from 0 to 16, got {text!r}")
+    return int(text)
 
 
 def main() -> int:
@@ -127,7 +158,7 @@ def main() -> int:
         command = [sys.executable, "-m", "benchmarks.floor"]
         return Supervisor(settings.workers, stop_seconds, command=command).run()
     sock.close()  # the server binds the port itself, as `python -m service` lets it
-    server.run(FloorService(), settings)
+    server.run(FloorService(hops_setting()), settings)
     # Granian's threads may still be winding down when its serve() returns, and an interpreter
     # finalizing under them aborts (SIGABRT: a Rust panic that cannot unwind, in about half of
     # the quick stops tried here). The floor has nothing to flush or close: it leaves without
@@ -142,8 +173,10 @@ def main() -> int:
 FLOOR_NAMES = {
     "one_process": "(F1) HTTP floor, no model",
     "workers": "(F2) HTTP floor, no model, WORKERS=2",
+    "one_hop": "(F3) HTTP floor, no model, one thread hop a request",
 }
-FLOOR_WORKERS = {"one_process": 1, "workers": 2}
+FLOOR_WORKERS = {"one_process": 1, "workers": 2, "one_hop": 1}
+FLOOR_HOPS = {"one_process": 0, "workers": 0, "one_hop": 1}
 
 
 def measure_floor(
@@ -170,7 +203,8 @@ def measure_floor(
     for layout in layouts:
         port = free_port()
         env = {**base_env, "PORT": str(port), "GRPC_PORT": "0",
-               "WORKERS": str(FLOOR_WORKERS[layout])}  # fmt: skip
+               "WORKERS": str(FLOOR_WORKERS[layout]),
+               "FLOOR_HOPS": str(FLOOR_HOPS[layout])}  # fmt: skip
         log(f"== {FLOOR_NAMES[layout]}", flush=True)
         command = [sys.executable, "-m", "benchmarks.floor"]
         log_path = workdir / f"floor-{layout}.log"

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +55,34 @@ def test_the_floor_parses_the_body_and_answers_a_small_one(chunks):
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"content-length"] == str(len(answer)).encode()
     assert b"connection" not in headers
+
+
+def test_with_hops_each_request_waits_for_another_thread_that_many_times(monkeypatch):
+    ran = []
+    monkeypatch.setattr(floor, "_nothing", lambda: ran.append(threading.current_thread().name))
+    status, _, answer = call(floor.FloorService(hops=2), json.dumps(floor.FLOOR_BODY).encode())
+    assert status == 200 and json.loads(answer) == {"instances": 1}
+    assert len(ran) == 2 and all(name.startswith("hop") for name in ran)
+    call(floor.FloorService(), json.dumps(floor.FLOOR_BODY).encode())
+    assert len(ran) == 2  # none without
+
+
+@pytest.mark.parametrize(("text", "hops"), [(None, 0), ("0", 0), ("1", 1), ("16", 16)])
+def test_floor_hops_is_read_from_the_environment(monkeypatch, text, hops):
+    if text is None:
+        monkeypatch.delenv("FLOOR_HOPS", raising=False)
+    else:
+        monkeypatch.setenv("FLOOR_HOPS", text)
+    assert floor.hops_setting() == hops
+
+
+@pytest.mark.parametrize("text", ["-1", "one", "17", ""])
+def test_a_floor_hops_that_is_not_a_small_whole_number_is_refused_by_name(monkeypatch, text):
+    monkeypatch.setenv("FLOOR_HOPS", text)
+    with pytest.raises(
+        SystemExit, match=f"FLOOR_HOPS: expected a whole number from 0 to 16, got {text!r}"
+    ):
+        floor.hops_setting()
 
 
 def test_a_body_that_is_not_json_is_a_400_that_says_so():
