@@ -26,8 +26,9 @@ classifier through :predict with named instances and a 32x32x3 image CNN
 Every row is read against two references measured in the same run: the model's in-process
 ceiling (1), and the HTTP floor (F, benchmarks/floor.py): the service's own server and
 process layout answering a trivial JSON endpoint with no model, at c=1 and c=64, one process
-(F1) and WORKERS=2 (F2). Each row gives its share of both and the CPU its server's processes
-used per request (user and system time of all their threads, from /proc, over wrk's run).
+(F1), WORKERS=2 (F2), and one process with a hand-off to another thread per request (F3).
+Each row gives its share of both and the CPU its server's processes used per request (user
+and system time of all their threads, from /proc, over wrk's run).
 """
 
 from __future__ import annotations
