@@ -618,20 +618,19 @@ def build_result(
 def highest_steal(result: dict) -> float:
     """The highest share of the cores' time the hypervisor took during one measured load of
     the run (every row's `steal`, as run_wrk reads it)."""
-    found = [0.0]
+    return max(_steals(result), default=0.0)
 
-    def walk(value) -> None:
-        if isinstance(value, dict):
-            if isinstance(value.get("steal"), float):
-                found.append(value["steal"])
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
 
-    walk(result)
-    return max(found)
+def _steals(value):
+    """Every row's `steal` under `value`, however deep."""
+    if isinstance(value, dict):
+        if isinstance(value.get("steal"), float):
+            yield value["steal"]
+        for item in value.values():
+            yield from _steals(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _steals(item)
 
 
 def save_and_print(result: dict) -> None:
