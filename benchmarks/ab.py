@@ -3,7 +3,7 @@ on the same model, one image per request; at each concurrency the requests/s, th
 and the server process's CPU per request (from /proc).
 
     python -m benchmarks.ab SIDE SIDE [MORE ...] [--rounds 4] [--seconds 8]
-                            [--concurrency 64] [--constant-model]
+                            [--concurrency 64] [--constant-model] [--model tabular]
 
 A SIDE is a checkout (`git worktree add /tmp/old <commit>` makes one), run as it ships
 (`python -m service`), or CHECKOUT@SERVER: that checkout's app on another server
@@ -16,7 +16,8 @@ machine that slows down or speeds up during the run weighs on every side alike; 
 are printed, and each side's ratios to the first. Each reading says the share of the cores'
 time the hypervisor took meanwhile (steal, /proc/stat): on a virtual machine, a round taken
 while another tenant held the host's cores measured a slower machine. The model is the newest
-export under models/fashion_mnist, or a small one trained first (common).
+export under models/fashion_mnist, or a small one trained first (common); with `--model
+tabular`, the tabular classifier `make bench` serves (benchmarks/generic.py), one row a request.
 
 With --constant-model the SavedModel's call answers a constant of its shapes instead (in each
 checkout's `artifact.saved_model.SavedModelPredictor.run`): what is left is the service's own
@@ -43,6 +44,7 @@ import httpx
 from benchmarks.common import (
     LUA,
     PATH,
+    ROOT,
     find_or_train_model,
     free_port,
     machine_cpu_ticks,
@@ -55,10 +57,10 @@ from benchmarks.servers import SERVERS, constant_run
 SERVERS_SCRIPT = Path(__file__).resolve().parent / "servers.py"
 
 
-def wrk(port: int, body: Path, seconds: int, concurrency: int = 64) -> str:
+def wrk(port: int, body: Path, seconds: int, concurrency: int = 64, path: str = PATH) -> str:
     # BENCH_STATUSES: wrk counts the answers by status (benchmarks/post.lua), so that an
     # answer other than 200 is told apart by its status.
-    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": PATH, "BENCH_STATUSES": "1"}
+    env = {**os.environ, "BENCH_BODY": str(body), "BENCH_PATH": path, "BENCH_STATUSES": "1"}
     command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "-s", str(LUA), "--latency",
                f"http://127.0.0.1:{port}"]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
@@ -123,17 +125,43 @@ class Reading(NamedTuple):
     steal: float = 0.0  # the share of the cores' time the hypervisor took meanwhile
 
 
+class Served(NamedTuple):
+    """The model every side serves, and the request each one is asked."""
+
+    version: Path  # the export's version directory (<base>/<name>/<version>)
+    body: Path  # one instance a request
+    path: str  # the :predict path
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {"MODEL_NAME": self.version.parent.name,
+                "MODEL_BASE_PATH": str(self.version.parent.parent)}  # fmt: skip
+
+
+def served_model(model: str, scratch: Path) -> Served:
+    """Fashion-MNIST's CNN or the tabular classifier, trained into scratch when none is
+    exported, with a one-instance body."""
+    if model == "fashion_mnist":
+        version = find_or_train_model(scratch)
+        return Served(version, request_bodies(scratch)[1], PATH)
+    from benchmarks import generic
+
+    tabular = next(m for m in generic.MODELS if m.key == "tabular")
+    version = generic.find_or_train(tabular, scratch, ROOT / "models")
+    body = generic.model_bodies("tabular", version, scratch, [(1, 1)])[1]
+    return Served(version, body, f"/v1/models/{version.parent.name}:predict")
+
+
 def measure(
     side: Side,
-    model_base: Path,
-    body: Path,
+    served: Served,
     seconds: int,
     concurrencies: list[int],
     constant_model: bool = False,
 ) -> dict[int, Reading]:
     """One side's readings at each concurrency, each after a warm-up."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(side.checkout), "MODEL_BASE_PATH": str(model_base),
+    env = {**os.environ, "PYTHONPATH": str(side.checkout), **served.environment,
            "PORT": str(port), "GRPC_PORT": "0", "LOG_LEVEL": "warning",
            **dict(side.settings)}  # fmt: skip
     if constant_model:
@@ -155,13 +183,13 @@ def measure(
             time.sleep(0.2)
         readings = {}
         for concurrency in concurrencies:
-            wrk(port, body, 2, concurrency)
+            wrk(port, served.body, 2, concurrency, served.path)
             # The warm-up's last requests, their connections closed by wrk, may still be
             # queued: let them leave before the measured run fills the queue again.
             time.sleep(1)
             before = process_cpu_seconds(server.pid)
             ticks = machine_cpu_ticks()
-            out = wrk(port, body, seconds, concurrency)
+            out = wrk(port, served.body, seconds, concurrency, served.path)
             steal = steal_share(ticks, machine_cpu_ticks())
             used = process_cpu_seconds(server.pid) - before
             requests = int(re.search(r"(\d+) requests in", out).group(1))
@@ -185,7 +213,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", default="64", help="comma-separated concurrencies (default 64)"
     )
     parser.add_argument("--constant-model", action="store_true")
+    parser.add_argument("--model", choices=("fashion_mnist", "tabular"), default="fashion_mnist")
     args = parser.parse_args(argv)
+    if args.constant_model and args.model != "fashion_mnist":
+        # constant_run answers Fashion-MNIST's outputs: another model's would not fit them.
+        parser.error("--constant-model answers Fashion-MNIST's outputs: only with that model")
     if len(args.sides) < 2:
         parser.error("name at least two sides: the first is the base the others are read against")
     try:
@@ -199,16 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     sides = args.sides
     with tempfile.TemporaryDirectory() as scratch:
-        version = find_or_train_model(Path(scratch))
-        body = request_bodies(Path(scratch))[1]
+        served = served_model(args.model, Path(scratch))
         results: dict[tuple[Side, int], list[Reading]] = {
             (side, c): [] for side in sides for c in args.concurrency
         }
         for turn in range(args.rounds):
             order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
             for side in order if turn % 2 == 0 else order[::-1]:
-                readings = measure(side, version.parent.parent, body, args.seconds,
-                                   args.concurrency, args.constant_model)  # fmt: skip
+                readings = measure(side, served, args.seconds, args.concurrency,
+                                   args.constant_model)  # fmt: skip
                 for concurrency, reading in readings.items():
                     results[(side, concurrency)].append(reading)
                     print(f"{side} c={concurrency}: {reading.rate:,.0f} req/s, "

@@ -10,7 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.ab import CONSTANT_SERVICE, Side, p50_ms, parse_arguments, process_cpu_seconds
+from benchmarks.ab import (
+    CONSTANT_SERVICE,
+    Served,
+    Side,
+    p50_ms,
+    parse_arguments,
+    process_cpu_seconds,
+)
 
 
 def test_process_cpu_counts_the_work_of_the_process():
@@ -61,3 +68,16 @@ def test_a_side_may_carry_settings_of_its_own(tmp_path):
                                       ("     50%    1.20s", 1200.0)])  # fmt: skip
 def test_the_p50_of_wrk_in_milliseconds(line, ms):
     assert p50_ms(f"Latency Distribution\n{line}\n     75%  3.00ms\n") == pytest.approx(ms)
+
+
+def test_the_model_is_fashion_mnist_unless_the_tabular_classifier_is_asked_for(tmp_path, capsys):
+    assert parse_arguments([str(tmp_path), str(tmp_path)]).model == "fashion_mnist"
+    args = parse_arguments([str(tmp_path), str(tmp_path), "--model", "tabular"])
+    assert args.model == "tabular"
+    # The constant model answers Fashion-MNIST's shapes only.
+    with pytest.raises(SystemExit):
+        parse_arguments([str(tmp_path), str(tmp_path), "--model", "tabular", "--constant-model"])
+    assert "only with that model" in capsys.readouterr().err
+    served = Served(tmp_path / "models" / "tabular_classifier" / "3", tmp_path / "b.json", "/p")
+    assert served.environment == {"MODEL_NAME": "tabular_classifier",
+                                  "MODEL_BASE_PATH": str(tmp_path / "models")}  # fmt: skip
