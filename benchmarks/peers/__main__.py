@@ -9,6 +9,10 @@
   sweep [--seconds S] [--model DIR] [--all-loads] [--only KEY...]
                      every setting in spec.SWEEP (or those named, from SWEEP or ROWS), at c=64
                      with one image per request unless --all-loads; prints, saves nothing
+  versus [--tabular] [--rounds N] [--seconds S] [--no-tricks] [--save] [--checkout DIR]
+                     head to head: this service and the peers up at once, loaded in turn
+                     at c=64 in interleaved rounds, medians and ratios (versus.py); with
+                     --save, into benchmarks/results/versus-<model>.json
   lock [PEER...]     re-resolve requirements-PEER.in and rewrite requirements-PEER.lock
 
 The full comparison, with this service's rows in the same run and table, is
@@ -72,6 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     sweep_parser.add_argument("--all-loads", action="store_true", help="bench.py's four loads")
     sweep_parser.add_argument("--only", nargs="*", help="keys of spec.SWEEP or spec.ROWS to run")
+    versus_parser = sub.add_parser("versus", help="head to head at c=64, interleaved rounds")
+    versus_parser.add_argument("--tabular", action="store_true", help="the tabular classifier")
+    versus_parser.add_argument("--rounds", type=int, default=3, help="rounds (at least 1)")
+    versus_parser.add_argument("--seconds", type=int, default=8, help="wrk duration per load")
+    versus_parser.add_argument("--no-tricks", action="store_true", help="the plain peers only")
+    versus_parser.add_argument("--save", action="store_true", help="write the run's JSON")
+    versus_parser.add_argument("--checkout", type=Path, action="append", default=[],
+                               help="another checkout's service beside this one's")  # fmt: skip
     lock_parser = sub.add_parser("lock", help="rewrite the peers' lock files")
     lock_parser.add_argument(
         "peers", nargs="*", help=f"of {', '.join(venvs.PEERS)}; all by default"
@@ -80,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(getattr(args, "only", None) or ()) - set(spec.BY_KEY)
     if unknown:
         parser.error(f"unknown key(s) {sorted(unknown)}: choose from {list(spec.BY_KEY)}")
+
+    if args.command == "versus" and (args.rounds < 1 or args.seconds < 1):
+        parser.error(f"--rounds and --seconds: at least 1, got {args.rounds} and {args.seconds}")
+    for checkout in getattr(args, "checkout", None) or ():
+        if not (checkout / "service" / "__main__.py").is_file():
+            parser.error(f"--checkout {checkout}: not a checkout of this project (no service/)")
 
     if args.command == "setup":
         for peer in venvs.PEERS:
@@ -96,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (apt-get install wrk; `make bench` does it)")
         return 2
+    if args.command == "versus":
+        from benchmarks.peers import versus
+
+        model = spec.TABULAR if args.tabular else spec.MODEL_NAME
+        return versus.main(model, args.rounds, args.seconds, not args.no_tricks, args.save,
+                           args.checkout)  # fmt: skip
     from benchmarks.common import LOADS
 
     if args.command == "run" and args.tabular:
