@@ -44,12 +44,11 @@ import httpx
 from benchmarks.common import (
     LUA,
     PATH,
-    ROOT,
-    find_or_train_model,
+    Served,
     free_port,
     machine_cpu_ticks,
     process_cpu_seconds,
-    request_bodies,
+    served_model,
     steal_share,
 )
 from benchmarks.servers import SERVERS, constant_run
@@ -123,33 +122,6 @@ class Reading(NamedTuple):
     cpu: float  # the server's CPU µs per request
     p50: float  # ms
     steal: float = 0.0  # the share of the cores' time the hypervisor took meanwhile
-
-
-class Served(NamedTuple):
-    """The model every side serves, and the request each one is asked."""
-
-    version: Path  # the export's version directory (<base>/<name>/<version>)
-    body: Path  # one instance a request
-    path: str  # the :predict path
-
-    @property
-    def environment(self) -> dict[str, str]:
-        return {"MODEL_NAME": self.version.parent.name,
-                "MODEL_BASE_PATH": str(self.version.parent.parent)}  # fmt: skip
-
-
-def served_model(model: str, scratch: Path) -> Served:
-    """Fashion-MNIST's CNN or the tabular classifier, trained into scratch when none is
-    exported, with a one-instance body."""
-    if model == "fashion_mnist":
-        version = find_or_train_model(scratch)
-        return Served(version, request_bodies(scratch)[1], PATH)
-    from benchmarks import generic
-
-    tabular = next(m for m in generic.MODELS if m.key == "tabular")
-    version = generic.find_or_train(tabular, scratch, ROOT / "models")
-    body = generic.model_bodies("tabular", version, scratch, [(1, 1)])[1]
-    return Served(version, body, f"/v1/models/{version.parent.name}:predict")
 
 
 def measure(

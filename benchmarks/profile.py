@@ -306,18 +306,10 @@ def commit_of(checkout: Path) -> str:
 
 def model_and_body(model: str, workdir: Path) -> tuple[dict, Path, str]:
     """The service's model variables, a one-instance body and the :predict path."""
-    from benchmarks import common, generic
+    from benchmarks.common import served_model
 
-    if model == "fashion_mnist":
-        version = common.find_or_train_model(workdir)
-        body = common.request_bodies(workdir)[1]
-    else:
-        tabular = next(m for m in generic.MODELS if m.key == "tabular")
-        version = generic.find_or_train(tabular, workdir, ROOT / "models")
-        body = generic.model_bodies("tabular", version, workdir, [(1, 1)])[1]
-    name = version.parent.name
-    env = {"MODEL_NAME": name, "MODEL_BASE_PATH": str(version.parent.parent)}
-    return env, body, f"/v1/models/{name}:predict"
+    served = served_model(model, workdir)
+    return served.environment, served.body, served.path
 
 
 def start_service(checkout: Path, model_env: dict, log_path: Path) -> tuple[subprocess.Popen, int]:

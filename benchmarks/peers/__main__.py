@@ -12,7 +12,7 @@
   versus [--tabular] [--rounds N] [--seconds S] [--no-tricks] [--save] [--checkout DIR]
                      head to head: this service and the peers up at once, loaded in turn
                      at c=64 in interleaved rounds, medians and ratios (versus.py); with
-                     --save, into benchmarks/results/versus-<model>.json
+                     --save, into benchmarks/results/versus-<model>-<date>-<time>.json
   lock [PEER...]     re-resolve requirements-PEER.in and rewrite requirements-PEER.lock
 
 The full comparison, with this service's rows in the same run and table, is

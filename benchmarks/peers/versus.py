@@ -9,15 +9,16 @@ show for it (docs/benchmark-peers.md, "Head to head"): a ratio of two such rows 
 readings' drift. Here every contender (this service as it ships, one process, and each row of
 spec.ROWS or spec.TABULAR_ROWS) is started once and checked against the SavedModel's own
 probabilities, then loaded by wrk in rounds, each in another order (rotated, and reversed
-every other round, as benchmarks/ab.py does), so a machine that slows down or speeds up weighs
-on every contender alike. The medians are compared. Each reading says the contender's CPU per
-request (its whole process tree), the hypervisor's steal meanwhile, and the CPU the idle
-contenders used during it: they wait on sockets, and the reading shows that they did.
+every other round, as benchmarks/ab.py does), so that a machine that slows down or speeds up
+spreads over every contender rather than one. The medians are compared. Each reading says the
+contender's CPU per request (its whole process tree), the hypervisor's steal meanwhile, and
+the CPU each idle contender used during it: they should wait on their sockets, and the reading
+shows how much they did not.
 
 `--checkout DIR` adds another checkout's service (`git worktree add /tmp/before <commit>`),
 run with this venv's Python as benchmarks/ab.py runs one: whether a change moved the ratios to
 the peers, measured against the same peers in the same rounds. With `--save`, the run is
-written to benchmarks/results/versus-<model>.json.
+written to benchmarks/results/versus-<model>-<date>-<time>.json.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.peers import run, spec
+from benchmarks.profile import commit_of
 
 CONCURRENCY = 64
 # The service's :predict answers in TF Serving's row format: each row's probabilities.
@@ -56,10 +58,17 @@ class Contender:
     path: str
     body: Path
     process: subprocess.Popen
+    peer: bool = False  # a peer runs in a session of its own, with workers to end with it
 
     @property
     def pids(self) -> list[int]:
         return common.process_tree(self.process.pid)
+
+    def stop(self) -> None:
+        if self.peer:
+            run.stop(self.process)
+        else:
+            common.stop_server(self.process)
 
 
 def service_probabilities(answer: dict, classes: int) -> np.ndarray:
@@ -88,8 +97,10 @@ def check_service(port: int, path: str, body: Path, expected: np.ndarray) -> flo
     if response.status_code != 200:
         raise RuntimeError(f"{SERVICE}: HTTP {response.status_code}: {response.text[:500]}")
     got = service_probabilities(response.json(), expected.shape[1])
+    if got.shape != expected.shape:
+        raise RuntimeError(f"{SERVICE}: probabilities of shape {got.shape}, not {expected.shape}")
     diff = float(np.max(np.abs(got - expected)))
-    if got.shape != expected.shape or diff > run.TOLERANCE:
+    if diff > run.TOLERANCE:
         raise RuntimeError(f"{SERVICE}: probabilities differ from the model's by {diff:.2g}")
     return diff
 
@@ -160,29 +171,26 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def start_service(
-    version: Path, workdir: Path, path: str, body: Path, expected, checkout: Path | None = None
-) -> Contender:
-    """This checkout's service, or (`checkout`) another checkout's run with this venv's Python
-    as benchmarks/ab.py runs one: the service before a change, against the same peers."""
+def start_service(version: Path, workdir: Path, path: str, body: Path, key: str,
+                  checkout: Path | None = None) -> Contender:  # fmt: skip
+    """This checkout's service, one process, or (`checkout`) another checkout's, run with this
+    venv's Python as benchmarks/ab.py runs one: the service before a change, against the same
+    peers."""
     from benchmarks.bench import service_environment
 
     port = common.free_port()
     env = {**service_environment(), "MODEL_NAME": version.parent.name,
            "MODEL_BASE_PATH": str(version.parent.parent), "PORT": str(port)}  # fmt: skip
-    key = SERVICE
+    env.pop("WORKERS", None)
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout)
-        key = f"{SERVICE} at {commit(checkout)}"
     process = common.start_server([sys.executable, "-m", "service"], env, port,
                                   workdir / f"service-{port}.log", ready_path="/readyz",
                                   cwd=checkout or common.ROOT)  # fmt: skip
-    contender = Contender(key, key, port, path, body, process)
-    check_service(port, path, body, expected)
-    return contender
+    return Contender(key, key, port, path, body, process)
 
 
-def start_peer(variant: spec.Variant, version: Path, workdir: Path, body: Path, expected):
+def start_peer(variant: spec.Variant, version: Path, workdir: Path, body: Path) -> Contender:
     rundir = workdir / f"peer-{variant.key}"
     rundir.mkdir(parents=True, exist_ok=True)
     port = common.free_port()
@@ -190,9 +198,18 @@ def start_peer(variant: spec.Variant, version: Path, workdir: Path, body: Path, 
     process = common.start_server(cmd, env, port, rundir / "server.log",
                                   ready_path=spec.ready_path(variant), cwd=cwd,
                                   new_session=True)  # fmt: skip
-    contender = Contender(variant.key, variant.title, port, spec.infer_path(variant), body, process)
-    run.check_answer(variant, port, body.read_text(), expected)
-    return contender
+    return Contender(variant.key, variant.title, port, spec.infer_path(variant), body, process,
+                     peer=True)  # fmt: skip
+
+
+def service_keys(checkouts: tuple[Path, ...]) -> dict[str, Path | None]:
+    """Each service's key: this checkout's, then each other one by its commit (and its path,
+    when two share a commit)."""
+    keys: dict[str, Path | None] = {SERVICE: None}
+    for checkout in checkouts:
+        key = f"{SERVICE} at {commit_of(checkout)}"
+        keys[f"{key} ({checkout})" if key in keys else key] = checkout
+    return keys
 
 
 def reading(contender: Contender, others: list[Contender], seconds: int) -> dict:
@@ -203,8 +220,9 @@ def reading(contender: Contender, others: list[Contender], seconds: int) -> dict
     before = {key: common.tree_cpu_seconds(pids) for key, pids in idle.items()}
     row = common.run_wrk(contender.port, contender.body, CONCURRENCY, seconds, contender.path,
                          server_pid=contender.process.pid)  # fmt: skip
-    if row["errors"]:
-        raise RuntimeError(f"{contender.title}: {row['errors']} errors under wrk")
+    if row["errors"] or not row["requests_per_s"]:
+        raise RuntimeError(f"{contender.title}: {row['errors']} errors under wrk, "
+                           f"{row['requests_per_s']} requests/s")  # fmt: skip
     row["others_cpu_s"] = {
         key: common.cpu_used(before[key], common.tree_cpu_seconds(pids))
         for key, pids in idle.items()
@@ -229,9 +247,12 @@ def head_to_head(
     variants = spec.ROWS if model == spec.MODEL_NAME else spec.TABULAR_ROWS
     variants = [v for v in variants if tricks or not v.tricks]
     versions = run.prepare(variants, log=log)
+    started_at = commit_of(common.ROOT)  # the code measured, before anything can change it
     with tempfile.TemporaryDirectory(prefix="bench-versus-") as scratch:
         workdir = Path(scratch)
-        version, body = model_and_body(model, workdir)
+        served = common.served_model("fashion_mnist" if model == spec.MODEL_NAME else "tabular",
+                                     workdir)  # fmt: skip
+        version, body = served.version, served.body
         log(f"Model {version}", flush=True)
         expected = run.reference_probabilities(
             version, spec.instances_of(body.read_text(), model), model
@@ -239,15 +260,16 @@ def head_to_head(
         path = f"/v1/models/{version.parent.name}:predict"
         contenders: dict[str, Contender] = {}
         try:
-            contenders[SERVICE] = start_service(version, workdir, path, body, expected)
-            for checkout in checkouts:
-                other = start_service(version, workdir, path, body, expected, checkout)
-                contenders[other.key] = other
+            # Each is held before it is checked: one that answers wrongly is stopped too.
+            for key, checkout in service_keys(checkouts).items():
+                contenders[key] = start_service(version, workdir, path, body, key, checkout)
+                check_service(contenders[key].port, path, body, expected)
             for variant in variants:
                 log(f"== starting {variant.title}", flush=True)
                 (peer_body,) = run.peer_bodies(variant.peer, {1: body}, workdir, model).values()
-                contenders[variant.key] = start_peer(variant, version, workdir, peer_body,
-                                                     expected)  # fmt: skip
+                contenders[variant.key] = start_peer(variant, version, workdir, peer_body)
+                run.check_answer(variant, contenders[variant.key].port, peer_body.read_text(),
+                                 expected)  # fmt: skip
             for contender in contenders.values():
                 common.run_wrk(contender.port, contender.body, 16, run.WARMUP_S, contender.path)
             readings: dict[str, list[dict]] = {key: [] for key in contenders}
@@ -262,15 +284,12 @@ def head_to_head(
                         f"{row['cpu_us_per_request']:,.0f} µs CPU/request, steal "
                         f"{row['steal']:.0%}, the others {idle:.2f} s CPU", flush=True)  # fmt: skip
         finally:
-            for key, contender in contenders.items():
-                if key.startswith(SERVICE):
-                    common.stop_server(contender.process)
-                else:
-                    run.stop(contender.process)
+            for contender in contenders.values():
+                contender.stop()
     return {
         "model": model,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit(),
+        "commit": started_at,
         "rounds": rounds,
         "seconds": seconds,
         "titles": {key: c.title for key, c in contenders.items()},
@@ -280,28 +299,10 @@ def head_to_head(
     }
 
 
-def model_and_body(model: str, workdir: Path) -> tuple[Path, Path]:
-    """The exported version `make bench` serves for this model, and a one-instance body."""
-    if model == spec.MODEL_NAME:
-        return common.find_or_train_model(workdir), common.request_bodies(workdir)[1]
-    from benchmarks import generic
-
-    tabular = next(m for m in generic.MODELS if m.key == "tabular")
-    version = generic.find_or_train(tabular, workdir, common.ROOT / "models")
-    return version, generic.model_bodies("tabular", version, workdir, [(1, 1)])[1]
-
-
-def commit(checkout: Path = common.ROOT) -> str:
-    """The checkout's short commit, "+changes" when its tracked files differ from it."""
-    out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain",
-                            "--untracked-files=no"], capture_output=True, text=True)  # fmt: skip
-    return (out.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
-
-
 def save(result: dict, directory: Path = RESULTS) -> Path:
-    path = directory / f"versus-{result['model']}.json"
+    """The run as JSON, named by its model and time: each run is kept."""
+    stamp = result["date"].replace("-", "").replace(":", "").replace(" UTC", "").replace(" ", "-")
+    path = directory / f"versus-{result['model']}-{stamp}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
 

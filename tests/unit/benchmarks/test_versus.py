@@ -3,6 +3,9 @@ how the service's answer is read, the medians and ratios, and the table."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -44,15 +47,17 @@ def row(rate: float, p99: float, cpu: float = 500.0, steal: float = 0.0) -> dict
 def test_the_medians_of_the_rounds_give_the_ratios():
     readings = {
         versus.SERVICE: [row(3000, 40), row(1500, 80), row(2000, 50)],
-        "peer": [row(500, 400, steal=0.02), row(1000, 100), row(600, 200)],
+        # The peer's medians fall in other rounds than the service's.
+        "peer": [row(700, 200, steal=0.02), row(1000, 400), row(400, 100)],
     }
     medians = versus.summarize(readings)
     assert medians[versus.SERVICE]["requests_per_s"] == 2000
     assert "service_throughput_x" not in medians[versus.SERVICE]
     peer = medians["peer"]
-    assert peer["requests_per_s"] == 600 and peer["p99_ms"] == 200
-    # The medians' ratio, not a ratio of one round's readings.
-    assert peer["service_throughput_x"] == pytest.approx(2000 / 600)
+    assert peer["requests_per_s"] == 700 and peer["p99_ms"] == 200
+    # The ratio of the medians (2000 / 700), not the median of the rounds' ratios (4.29, 1.5
+    # and 5: 4.29), nor one round's; the p99 share likewise (50 / 200, not 0.2).
+    assert peer["service_throughput_x"] == pytest.approx(2000 / 700)
     assert peer["service_p99_share"] == pytest.approx(50 / 200)
     assert peer["steal_max"] == 0.02 and peer["rounds"] == 3
 
@@ -70,9 +75,51 @@ def test_the_table_gives_each_contender_its_medians_and_the_idle_ones_cpu():
     assert "A peer: 0.04 s" in text and "this service: 0.12 s" in text
 
 
-def test_a_saved_run_is_named_by_its_model(tmp_path):
-    path = versus.save({"model": "tabular_classifier", "medians": {}}, tmp_path)
-    assert path.name == "versus-tabular_classifier.json"
+def test_each_saved_run_is_kept_under_its_model_and_time(tmp_path):
+    first = versus.save({"model": "tabular_classifier", "date": "2026-12-06 06:38 UTC"}, tmp_path)
+    second = versus.save({"model": "tabular_classifier", "date": "2026-12-06 07:38 UTC"}, tmp_path)
+    assert first.name == "versus-tabular_classifier-20261206-0638.json"
+    assert second != first and first.exists()
+
+
+def test_two_checkouts_at_one_commit_are_two_contenders(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    keys = versus.service_keys((tmp_path / "a", tmp_path / "b"))
+    assert list(keys)[0] == versus.SERVICE and len(keys) == 3
+    assert list(keys.values()) == [None, tmp_path / "a", tmp_path / "b"]
+
+
+def sleeper(tmp_path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_contender_that_answers_wrongly_is_stopped_with_the_others(tmp_path, monkeypatch):
+    started = []
+
+    def start(version, workdir, path, body, key, checkout=None):
+        process = sleeper(tmp_path)
+        started.append(process)
+        return versus.Contender(key, key, 1, path, body, process)
+
+    def wrong(*args):
+        raise RuntimeError("probabilities differ from the model's")
+
+    import artifact.quiet
+
+    monkeypatch.setattr(artifact.quiet, "quiet_tensorflow", lambda: None)  # no TensorFlow here
+    monkeypatch.setattr(versus.run, "prepare", lambda variants, log: {})
+    monkeypatch.setattr(versus.common, "served_model", lambda model, workdir: versus.common.Served(
+        tmp_path / "m" / "fashion_mnist" / "1", tmp_path / "body.json", "/p"))  # fmt: skip
+    monkeypatch.setattr(versus.spec, "instances_of", lambda text, model: [])
+    (tmp_path / "body.json").write_text("{}")
+    monkeypatch.setattr(versus.run, "reference_probabilities", lambda *a: np.zeros((1, 10)))
+    monkeypatch.setattr(versus, "start_service", start)
+    monkeypatch.setattr(versus, "check_service", wrong)
+    with pytest.raises(RuntimeError, match="differ"):
+        versus.head_to_head("fashion_mnist", 1, 1, checkouts=(tmp_path,), log=lambda *a, **k: None)
+    # The first service was started, failed its check, and was stopped all the same.
+    assert len(started) == 1 and started[0].poll() is not None
 
 
 @pytest.mark.parametrize("argv", [["versus", "--rounds", "0"], ["versus", "--seconds", "0"]])
