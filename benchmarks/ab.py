@@ -44,13 +44,12 @@ import httpx
 from benchmarks.common import (
     LUA,
     PATH,
-    Served,
     free_port,
     machine_cpu_ticks,
     process_cpu_seconds,
-    served_model,
     steal_share,
 )
+from benchmarks.generic import Served, served_model
 from benchmarks.servers import SERVERS, constant_run
 
 SERVERS_SCRIPT = Path(__file__).resolve().parent / "servers.py"

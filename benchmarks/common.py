@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -361,33 +360,3 @@ def run_loads(
             flush=True,
         )
     return results
-
-
-class Served(NamedTuple):
-    """The model every side serves, and the request each one is asked."""
-
-    version: Path  # the export's version directory (<base>/<name>/<version>)
-    body: Path  # one instance a request
-    path: str  # the :predict path
-
-    @property
-    def environment(self) -> dict[str, str]:
-        return {"MODEL_NAME": self.version.parent.name,
-                "MODEL_BASE_PATH": str(self.version.parent.parent)}  # fmt: skip
-
-
-def served_model(model: str, scratch: Path) -> Served:
-    """The model `make bench` serves, Fashion-MNIST's CNN or ("tabular") the tabular
-    classifier of benchmarks/generic.py, trained into scratch when none is exported, with a
-    one-instance body."""
-    if model == "fashion_mnist":
-        version = find_or_train_model(scratch)
-        return Served(version, request_bodies(scratch)[1], PATH)
-    if model != "tabular":
-        raise ValueError(f"unknown model {model!r}: fashion_mnist or tabular")
-    from benchmarks import generic
-
-    tabular = next(m for m in generic.MODELS if m.key == "tabular")
-    version = generic.find_or_train(tabular, scratch, ROOT / "models")
-    body = generic.model_bodies("tabular", version, scratch, [(1, 1)])[1]
-    return Served(version, body, f"/v1/models/{version.parent.name}:predict")

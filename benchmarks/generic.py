@@ -28,13 +28,17 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from benchmarks.common import (
+    PATH,
     ROOT,
+    find_or_train_model,
     free_port,
     measure_ceiling,
+    request_bodies,
     run_loads,
     run_wrk,
     start_server,
@@ -386,3 +390,31 @@ def generic_table(result: dict) -> str:
             ),
         ]  # fmt: skip
     return "\n".join(lines)
+
+
+class Served(NamedTuple):
+    """The model every side serves, and the request each one is asked."""
+
+    version: Path  # the export's version directory (<base>/<name>/<version>)
+    body: Path  # one instance a request
+    path: str  # the :predict path
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {"MODEL_NAME": self.version.parent.name,
+                "MODEL_BASE_PATH": str(self.version.parent.parent)}  # fmt: skip
+
+
+def served_model(model: str, scratch: Path) -> Served:
+    """The model `make bench` serves, Fashion-MNIST's CNN or ("tabular") the tabular
+    classifier of benchmarks/generic.py, trained into scratch when none is exported, with a
+    one-instance body."""
+    if model == "fashion_mnist":
+        version = find_or_train_model(scratch)
+        return Served(version, request_bodies(scratch)[1], PATH)
+    if model != "tabular":
+        raise ValueError(f"unknown model {model!r}: fashion_mnist or tabular")
+    tabular = next(m for m in MODELS if m.key == "tabular")
+    version = find_or_train(tabular, scratch, ROOT / "models")
+    body = model_bodies("tabular", version, scratch, [(1, 1)])[1]
+    return Served(version, body, f"/v1/models/{version.parent.name}:predict")

@@ -306,7 +306,7 @@ def commit_of(checkout: Path) -> str:
 
 def model_and_body(model: str, workdir: Path) -> tuple[dict, Path, str]:
     """The service's model variables, a one-instance body and the :predict path."""
-    from benchmarks.common import served_model
+    from benchmarks.generic import served_model
 
     served = served_model(model, workdir)
     return served.environment, served.body, served.path

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, generic
 from benchmarks.peers import run, spec
 from benchmarks.profile import commit_of
 
@@ -250,7 +250,7 @@ def head_to_head(
     started_at = commit_of(common.ROOT)  # the code measured, before anything can change it
     with tempfile.TemporaryDirectory(prefix="bench-versus-") as scratch:
         workdir = Path(scratch)
-        served = common.served_model("fashion_mnist" if model == spec.MODEL_NAME else "tabular",
+        served = generic.served_model("fashion_mnist" if model == spec.MODEL_NAME else "tabular",
                                      workdir)  # fmt: skip
         version, body = served.version, served.body
         log(f"Model {version}", flush=True)

@@ -12,12 +12,12 @@ import pytest
 
 from benchmarks.ab import (
     CONSTANT_SERVICE,
-    Served,
     Side,
     p50_ms,
     parse_arguments,
     process_cpu_seconds,
 )
+from benchmarks.generic import Served
 
 
 def test_process_cpu_counts_the_work_of_the_process():

@@ -109,7 +109,7 @@ def test_a_contender_that_answers_wrongly_is_stopped_with_the_others(tmp_path, m
 
     monkeypatch.setattr(artifact.quiet, "quiet_tensorflow", lambda: None)  # no TensorFlow here
     monkeypatch.setattr(versus.run, "prepare", lambda variants, log: {})
-    monkeypatch.setattr(versus.common, "served_model", lambda model, workdir: versus.common.Served(
+    monkeypatch.setattr(versus.generic, "served_model", lambda model, workdir: versus.generic.Served(
         tmp_path / "m" / "fashion_mnist" / "1", tmp_path / "body.json", "/p"))  # fmt: skip
     monkeypatch.setattr(versus.spec, "instances_of", lambda text, model: [])
     (tmp_path / "body.json").write_text("{}")
